@@ -1,0 +1,32 @@
+"""Build script: maps the top-level folders onto the ``graphfeed.*`` namespace.
+
+``graphfeed`` itself is an implicit namespace package; each top-level folder is one
+subpackage (``server/`` -> ``graphfeed.server``).  The native op library in
+``cuda_ext/`` is built here as well (see ``cuda_ext/build.py``); when it cannot be
+built the package still installs and falls back to the pure-torch sampler.
+"""
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).parent
+TOP_LEVEL = ("cli", "server", "client", "proto", "cuda_ext")
+
+
+def namespace_packages():
+    package_dir, packages = {}, []
+    for top in TOP_LEVEL:
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT)
+            name = ".".join(("graphfeed",) + rel.parts)
+            packages.append(name)
+            package_dir[name] = rel.as_posix()
+    return packages, package_dir
+
+
+packages, package_dir = namespace_packages()
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    package_data={"graphfeed.proto": ["*.proto"], "graphfeed.cuda_ext": ["csrc/**/*"]},
+)
