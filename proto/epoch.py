@@ -1,0 +1,98 @@
+"""The epoch contract: which batches exist in an epoch and which rank gets which.
+
+Both sides compute the same plan: the client (to know ``len(loader)`` and which server
+to pull each batch from) and every server (to produce the batches of the seeds it owns).
+The plan depends only on the number of input nodes each partition owns, so the
+client never needs the node ids.
+
+Rules (see README "Epoch contract"):
+
+* A batch's seeds all belong to one partition (its server produces it: locality).
+* Partition ``p``'s input nodes are shuffled with a generator seeded by
+  ``(seed, epoch, p)`` (when ``shuffle``) and cut into chunks of ``batch_size``.
+* The batch order is shuffled with ``(seed, epoch)`` (when ``shuffle``), else it is
+  partition by partition.
+* Every rank gets the same number of batches: rank ``r`` takes batches
+  ``r, r + W, r + 2W, ...``.  Without ``drop_last``, every input node is a seed exactly
+  once per epoch: when the number of batches is not a multiple of ``W``, the largest
+  batches are split in two (so some batches are smaller than ``batch_size``; none is
+  larger, and nothing is repeated).  With ``drop_last``, partial batches are dropped and
+  then the last ``T mod W`` batches of the order, so every batch is full and some nodes
+  are not seen in that epoch (a different subset each epoch when shuffling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from graphfeed.proto.seeding import batch_seed, stream_seed
+
+MAX_BATCH_SIZE = 1 << 22
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """One batch of an epoch: seeds ``order[start:stop]`` of partition ``part``'s input list."""
+
+    index: int   # position in the epoch's global order
+    part: int
+    start: int
+    stop: int
+    seed: int    # the batch's sampling seed
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be an integer in 1..{MAX_BATCH_SIZE}, got {batch_size!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not valid for world_size {world_size} (need 0 <= rank < world_size)")
+
+
+def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
+               shuffle: bool, drop_last: bool) -> list[BatchSpec]:
+    """The global batch order of one epoch (all ranks), ``len`` a multiple of ``world_size``."""
+    check_loader_args(batch_size, world_size, 0)
+    total = sum(counts)
+    if total < world_size and not drop_last:
+        raise ValueError(f"{total} input node(s) cannot be spread over {world_size} ranks: "
+                         f"every rank needs at least one batch; use fewer ranks or more input nodes")
+    chunks = [(p, s, min(s + batch_size, n)) for p, n in enumerate(counts) for s in range(0, n, batch_size)]
+    if drop_last:
+        chunks = [c for c in chunks if c[2] - c[1] == batch_size]
+    if shuffle and chunks:
+        g = torch.Generator().manual_seed(stream_seed(seed, epoch, -1))
+        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
+    if drop_last:
+        chunks = chunks[:len(chunks) - len(chunks) % world_size]
+    else:
+        chunks = _split_until_divisible(chunks, world_size)
+    return [BatchSpec(i, p, s, e, batch_seed(seed, epoch, i)) for i, (p, s, e) in enumerate(chunks)]
+
+
+def _split_until_divisible(chunks: list[tuple[int, int, int]], world_size: int) -> list[tuple[int, int, int]]:
+    chunks = list(chunks)
+    while len(chunks) % world_size:
+        i = max(range(len(chunks)), key=lambda j: chunks[j][2] - chunks[j][1])
+        p, s, e = chunks[i]
+        mid = s + (e - s + 1) // 2
+        chunks[i:i + 1] = [(p, s, mid), (p, mid, e)]
+    return chunks
+
+
+def rank_batches(plan: Sequence[BatchSpec], rank: int, world_size: int) -> list[BatchSpec]:
+    """The batches rank ``rank`` receives, in delivery order; ``seq`` is the list position."""
+    return list(plan[rank::world_size])
+
+
+def partition_order(gids: torch.Tensor, *, seed: int, epoch: int, part: int, shuffle: bool) -> torch.Tensor:
+    """Partition ``part``'s input nodes in the epoch's order (the list batches slice)."""
+    if not shuffle:
+        return gids
+    g = torch.Generator().manual_seed(stream_seed(seed, epoch, part))
+    return gids[torch.randperm(gids.numel(), generator=g)]

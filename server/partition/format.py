@@ -1,0 +1,160 @@
+"""The on-disk partition format: every path, the META.json schema and its version.
+
+Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
+
+    ROOT/META.json                         PartitionMeta (format_version, sizes, ranges, schema)
+    ROOT/part_{k}/nodes/{ntype}/x.npy      float features of the nodes part k owns   [n_k, F]
+    ROOT/part_{k}/nodes/{ntype}/y.npy      int64 labels                              [n_k]
+    ROOT/part_{k}/nodes/{ntype}/orig_id.npy  original id of each owned node          [n_k]
+    ROOT/part_{k}/nodes/{ntype}/{split}_idx.npy  global (renumbered) ids of owned split nodes, sorted
+    ROOT/part_{k}/edges/{src}__{rel}__{dst}/csc_{indptr,indices,eid}.npy
+                                            in-edges of owned dst nodes; indices are global src ids,
+                                            eid the edge's position in the input edge_index
+    ROOT/part_{k}/edges/.../csr_{indptr,indices,eid}.npy   out-edges (when asked for)
+    ROOT/part_{k}/edges/.../{csc,csr}_edge_attr.npy         optional, aligned with indices
+
+Node ids are renumbered so that part k owns the contiguous range
+``[ranges[k], ranges[k+1])`` of every node type (see :class:`RangePartitionBook`).
+Within a node's neighbor list, entries are sorted by neighbor global id, then edge id,
+so sampling results do not depend on how the list was built.
+
+This module is the only place that knows these names; bump :data:`FORMAT_VERSION`
+when any of them changes.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = 1
+META_FILE = "META.json"
+DEFAULT_NODE_TYPE = "_N"
+DEFAULT_EDGE_TYPE = ("_N", "to", "_N")
+SPLITS = ("train", "val", "test")
+TOPOLOGIES = ("csc", "csr")
+
+
+class PartitionFormatError(ValueError):
+    """A partition folder is missing, malformed or of another format version."""
+
+
+def edge_type_dirname(etype: tuple[str, str, str]) -> str:
+    return "__".join(etype)
+
+
+@dataclass(frozen=True)
+class PartitionMeta:
+    """Contents of ``META.json``: everything a reader needs before opening a part.
+
+    ``node_ranges[ntype]`` has ``num_parts + 1`` boundaries in renumbered ids;
+    ``features[ntype]`` maps a feature name to ``{"shape": [...], "dtype": str}``
+    (shape excludes the node dimension).
+    """
+
+    num_parts: int
+    node_types: list[str]
+    edge_types: list[list[str]]
+    node_ranges: dict[str, list[int]]
+    num_edges: dict[str, int]
+    topologies: list[str]
+    features: dict[str, dict[str, dict]]
+    num_classes: int
+    split_sizes: dict[str, int]
+    edge_features: dict[str, dict] = field(default_factory=dict)
+    graph_name: str = ""
+    method: str = "random"
+    edge_cut: int = 0
+    source_fingerprint: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(r[-1] for r in self.node_ranges.values())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PartitionMeta":
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise PartitionFormatError(
+                f"partition format_version {version!r} is not supported by this graphfeed "
+                f"(it reads version {FORMAT_VERSION}); re-run `graphfeed partition` with this version")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise PartitionFormatError(f"META.json does not match format version {FORMAT_VERSION}: {exc}") from exc
+
+
+class PartitionPaths:
+    """Every path inside a partition folder, in one place."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    @property
+    def meta(self) -> Path:
+        return self.root / META_FILE
+
+    def part(self, k: int) -> Path:
+        return self.root / f"part_{k}"
+
+    def node_dir(self, k: int, ntype: str = DEFAULT_NODE_TYPE) -> Path:
+        return self.part(k) / "nodes" / ntype
+
+    def node_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE) -> Path:
+        return self.node_dir(k, ntype) / f"{name}.npy"
+
+    def split_file(self, k: int, split: str, ntype: str = DEFAULT_NODE_TYPE) -> Path:
+        return self.node_file(k, f"{split}_idx", ntype)
+
+    def edge_dir(self, k: int, etype=DEFAULT_EDGE_TYPE) -> Path:
+        return self.part(k) / "edges" / edge_type_dirname(tuple(etype))
+
+    def edge_file(self, k: int, topology: str, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
+        return self.edge_dir(k, etype) / f"{topology}_{name}.npy"
+
+
+def read_meta(root: str | os.PathLike) -> PartitionMeta:
+    """Read and validate ``ROOT/META.json``; raises :class:`PartitionFormatError`."""
+    path = PartitionPaths(root).meta
+    if not path.is_file():
+        raise PartitionFormatError(
+            f"{path} not found: {root} is not a graphfeed partition folder "
+            f"(create one with `graphfeed partition --output {root} ...`)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PartitionFormatError(f"{path} is not valid JSON ({exc}); re-run `graphfeed partition`") from exc
+    return PartitionMeta.from_dict(data)
+
+
+def write_meta(root: str | os.PathLike, meta: PartitionMeta) -> None:
+    """Write META.json (fsynced); the builder writes it last."""
+    path = PartitionPaths(root).meta
+    with open(path, "w") as fh:
+        fh.write(meta.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.ascontiguousarray(array))
+
+
+def load_array(path: Path) -> np.ndarray:
+    """Memory-map an array copy-on-write: pages are read on demand, never written back."""
+    if not path.is_file():
+        raise PartitionFormatError(f"{path} is missing: the partition folder is incomplete; re-run `graphfeed partition`")
+    try:
+        return np.load(path, mmap_mode="c")
+    except (ValueError, OSError) as exc:
+        raise PartitionFormatError(f"{path} is not a readable .npy file ({exc}); re-run `graphfeed partition`") from exc

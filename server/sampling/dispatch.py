@@ -1,0 +1,69 @@
+"""The one place that chooses the sampling implementation.
+
+``native`` (the ``graphfeed.cuda_ext`` op library, when it was built and loads) or
+``reference`` (pure torch).  Set ``GRAPHFEED_SAMPLER=reference`` to force the reference
+path.  Both give identical results (same counter-based RNG, same selection rule).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from . import reference
+from .types import OneHop
+
+_FORCED = os.environ.get("GRAPHFEED_SAMPLER", "").strip().lower()
+if _FORCED not in ("", "reference", "native"):
+    raise ImportError(f"GRAPHFEED_SAMPLER={_FORCED!r} is not valid: use 'reference' or 'native' (or unset it)")
+
+
+def _probe_native():
+    if _FORCED == "reference":
+        return None
+    from graphfeed import cuda_ext
+
+    ops = cuda_ext.load_ops()
+    if ops is None:
+        msg = f"graphfeed native sampling ops unavailable ({cuda_ext.load_error()}); using the pure-torch reference sampler"
+        if _FORCED == "native":
+            raise ImportError(msg + " -- but GRAPHFEED_SAMPLER=native was set")
+        if cuda_ext.build_was_expected():
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    return ops
+
+
+_NATIVE = _probe_native()
+IMPLEMENTATION = "native" if _NATIVE is not None else "reference"
+
+
+def one_hop(topo, local_nodes: torch.Tensor, gids: torch.Tensor, fanout: int, replace: bool,
+            seed: int, hop: int) -> OneHop:
+    """Sample one hop for rows ``local_nodes`` of ``topo`` (global ids ``gids``)."""
+    return reference.one_hop(topo.indptr, topo.indices, topo.eid, local_nodes, gids, fanout, replace, seed, hop)
+
+
+def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: torch.Tensor,
+            num_known: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local ids for ``candidates``; unseen ones get ``num_known, num_known+1, ...`` in order of
+    first appearance.  Returns ``(local ids, new global ids in that order)``.
+
+    ``known_gids`` is sorted and ``known_local[i]`` is the local id of ``known_gids[i]``.
+    """
+    local = torch.empty_like(candidates)
+    if known_gids.numel():
+        pos = torch.searchsorted(known_gids, candidates).clamp(max=known_gids.numel() - 1)
+        found = known_gids[pos] == candidates
+        local[found] = known_local[pos[found]]
+    else:
+        found = torch.zeros_like(candidates, dtype=torch.bool)
+    rest = candidates[~found]
+    uniq, inverse = torch.unique(rest, return_inverse=True)
+    first = torch.full((uniq.numel(),), rest.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(rest.numel()), reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    local[~found] = num_known + rank[inverse]
+    return local, uniq[order]

@@ -1,0 +1,50 @@
+"""Sampling over partitions held in this process."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..partition.book import RangePartitionBook
+from ..partition.store import Partition
+from . import dispatch
+from .neighbor import sample_subgraph, stitch
+from .types import OneHop, SampledSubgraph, SamplingSpec
+
+
+def sample_part(part: Partition, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
+    """One hop for nodes ``gids`` that ``part`` owns."""
+    topo = part.topology(spec.topology)
+    return dispatch.one_hop(topo, gids - part.start, gids, fanout, spec.replace, seed, hop)
+
+
+class LocalGraph:
+    """All partitions of a graph in one process: the local loader's and the bench's sampler."""
+
+    def __init__(self, parts: Sequence[Partition]):
+        self.parts = list(parts)
+        self.book = RangePartitionBook(self.parts[0].meta.node_ranges[self.parts[0].ntype])
+
+    def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+        def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
+            pieces = [(pos, sample_part(self.parts[p], gids[pos], spec, fanout, seed, hop))
+                      for p, pos in self.book.split(gids)]
+            if len(pieces) == 1 and pieces[0][0].numel() == gids.numel() and self.book.num_parts == 1:
+                return pieces[0][1]
+            return stitch(gids.numel(), pieces)
+
+        return sample_subgraph(seeds, spec, one_hop)
+
+    def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(x, y, original ids)`` of the nodes ``gids``."""
+        first = self.parts[0]
+        x = torch.empty((gids.numel(),) + tuple(first.x.shape[1:]), dtype=first.x.dtype)
+        y = torch.empty((gids.numel(),) + tuple(first.y.shape[1:]), dtype=first.y.dtype)
+        orig = torch.empty(gids.numel(), dtype=torch.int64)
+        for p, pos in self.book.split(gids):
+            part = self.parts[p]
+            local = gids[pos] - part.start
+            x[pos] = part.x[local]
+            y[pos] = part.y[local]
+            orig[pos] = part.orig_id[local]
+        return x, y, orig

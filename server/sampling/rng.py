@@ -1,0 +1,50 @@
+"""Counter-based random numbers for sampling.
+
+Every random choice is a pure function of ``(batch seed, hop, node global id, draw index)``
+through the splitmix64 finalizer, not of a generator's position.  So results do not
+depend on the order nodes are visited, on how the frontier is split across partitions
+or threads, or on which implementation (this reference, the C++ or CUDA kernels) runs:
+the native kernels compute the same integers (see ``cuda_ext/csrc/rng.h``).
+
+All arithmetic is on int64 tensors with two's-complement wrap-around, which equals
+uint64 arithmetic bit for bit; logical right shifts are emulated with a mask.
+"""
+from __future__ import annotations
+
+import torch
+
+from graphfeed.proto.seeding import M1, M2, GOLDEN, MASK64, mix64_int
+
+
+def _signed(v: int) -> int:
+    v &= MASK64
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_GOLDEN_S, _M1_S, _M2_S = _signed(GOLDEN), _signed(M1), _signed(M2)
+
+
+def _lshr(z: torch.Tensor, s: int) -> torch.Tensor:
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finalizer on an int64 tensor (bitwise equal to :func:`mix64_int`)."""
+    z = (z ^ _lshr(z, 30)) * _M1_S
+    z = (z ^ _lshr(z, 27)) * _M2_S
+    return z ^ _lshr(z, 31)
+
+
+def hop_base(seed: int, hop: int) -> int:
+    """Per-(batch, hop) key, as a signed int64 value."""
+    return _signed(mix64_int(seed + GOLDEN * (hop + 1)))
+
+
+def node_keys(base: int, gids: torch.Tensor) -> torch.Tensor:
+    """Per-node key for the nodes ``gids`` (global ids) under a hop's ``base``."""
+    return mix64(gids ^ base)
+
+
+def draws(keys: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+    """Non-negative 63-bit draw number ``index`` for each key."""
+    return _lshr(mix64(keys + (torch.as_tensor(index, dtype=torch.int64) + 1) * _GOLDEN_S), 1)
