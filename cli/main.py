@@ -1,2 +1,68 @@
-def main():
-    print("hello")
+"""``graphfeed`` command line: one subcommand per module of this package.
+
+Each subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit code).  Modules are imported only when their command
+runs, so ``graphfeed --help`` stays fast and the client-only install still works.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, one-line help)
+COMMANDS = {
+    "partition": ("graphfeed.cli.partition", "partition a graph into a graphfeed partition folder"),
+    "info": ("graphfeed.cli.info", "describe a partition folder"),
+    "generate": ("graphfeed.cli.generate", "write a deterministic synthetic graph (.npy layout)"),
+    "bench": ("graphfeed.cli.bench", "benchmarks: `bench sample` (in-process), `bench remote` (through servers)"),
+    "serve": ("graphfeed.cli.serve", "run a sampler-server daemon for one partition"),
+    "demo": ("graphfeed.cli.demo", "end-to-end demo: generate, partition, serve, train with 2 DDP ranks"),
+    "status": ("graphfeed.cli.status", "cluster health, sessions and throughput from the control plane"),
+}
+
+
+class UsageError(Exception):
+    """Bad arguments or input: printed as one line, exit code 2."""
+
+
+def _available():
+    out = {}
+    for name, (module, help_) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            out[name] = (module, help_)
+    return out
+
+
+def build_parser(argv) -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="graphfeed", description="graphfeed: sampling service for distributed GNN training")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = _available()
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in commands.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == wanted:  # import only the module that runs
+            importlib.import_module(module).add_arguments(p)
+    return parser, commands
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, commands = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(commands[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except (UsageError, ValueError, FileExistsError, FileNotFoundError) as exc:
+        print(f"graphfeed {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"graphfeed {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

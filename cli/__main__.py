@@ -1,0 +1,5 @@
+import sys
+
+from graphfeed.cli.main import main
+
+sys.exit(main())
