@@ -1,0 +1,233 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClusterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FeatureInfo(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class ClusterInfo(_message.Message):
+    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address")
+    class SplitSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class LocalSplitSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARTS_FIELD_NUMBER: _ClassVar[int]
+    PART_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_EDGES_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SIZES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SPLIT_SIZES_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGIES_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    format_version: int
+    graph_name: str
+    fingerprint: str
+    num_parts: int
+    part_id: int
+    node_ranges: _containers.RepeatedScalarFieldContainer[int]
+    num_edges: int
+    features: _containers.RepeatedCompositeFieldContainer[FeatureInfo]
+    num_classes: int
+    split_sizes: _containers.ScalarMap[str, int]
+    local_split_sizes: _containers.ScalarMap[str, int]
+    topologies: _containers.RepeatedScalarFieldContainer[str]
+    data_address: str
+    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ...) -> None: ...
+
+class OpenGroupRequest(_message.Message):
+    __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    rendezvous: str
+    world_size: int
+    rank: int
+    lease_seconds: float
+    def __init__(self, group_id: _Optional[str] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class OpenGroupReply(_message.Message):
+    __slots__ = ("worker_name", "worker_pid", "lease_seconds")
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    worker_name: str
+    worker_pid: int
+    lease_seconds: float
+    def __init__(self, worker_name: _Optional[str] = ..., worker_pid: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("lease_seconds",)
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_seconds: float
+    def __init__(self, lease_seconds: _Optional[float] = ...) -> None: ...
+
+class CloseGroupRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class CloseGroupReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SamplingSpec(_message.Message):
+    __slots__ = ("num_neighbors", "replace", "direction")
+    NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    num_neighbors: _containers.RepeatedScalarFieldContainer[int]
+    replace: bool
+    direction: str
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ...) -> None: ...
+
+class NodeIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_FIELD_NUMBER: _ClassVar[int]
+    DROP_LAST_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    spec: SamplingSpec
+    split: str
+    node_ids: NodeIds
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    rank: int
+    world_size: int
+    kind: str
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class OpenSessionReply(_message.Message):
+    __slots__ = ("session_id", "local_input_nodes")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_INPUT_NODES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    local_input_nodes: int
+    def __init__(self, session_id: _Optional[str] = ..., local_input_nodes: _Optional[int] = ...) -> None: ...
+
+class StartEpochRequest(_message.Message):
+    __slots__ = ("session_id", "epoch")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    epoch: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class StartEpochReply(_message.Message):
+    __slots__ = ("num_batches",)
+    NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    num_batches: int
+    def __init__(self, num_batches: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionStats(_message.Message):
+    __slots__ = ("session_id", "group_id", "kind", "epoch", "batches_produced", "batches_served", "bytes_served", "buffered_batches", "buffered_bytes")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_PRODUCED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    group_id: str
+    kind: str
+    epoch: int
+    batches_produced: int
+    batches_served: int
+    bytes_served: int
+    buffered_batches: int
+    buffered_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., kind: _Optional[str] = ..., epoch: _Optional[int] = ..., batches_produced: _Optional[int] = ..., batches_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
+
+class ServerStats(_message.Message):
+    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PART_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPEN_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_OPENED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_REAPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    part_id: int
+    groups_open: int
+    sessions_open: int
+    sessions_opened_total: int
+    sessions_reaped_total: int
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionStats]
+    uptime_seconds: float
+    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
