@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One entry point for a fresh clone: creates .venv (CPU torch 2.13.0 + graphfeed with its
+# native ops) if it is missing or stale, then runs the requested job.
+#
+#   bash scripts/dev.sh demo [ARGS]   # the main job: local 2-server cluster + 2-rank DDP training
+#   bash scripts/dev.sh test [ARGS]   # the test suite (what CI runs)
+#   bash scripts/dev.sh setup         # only the set-up
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.graphfeed-setup
+
+setup() {
+  local want
+  want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+  if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
+    return
+  fi
+  echo "== setting up $VENV (one time)" >&2
+  [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip "setuptools>=68" wheel
+  # CPU build of torch (a plain `torch` requirement would pull a multi-GB CUDA build).
+  "$VENV/bin/pip" install -q "torch==${GRAPHFEED_TORCH_VERSION:-2.13.0}"
+  # No build isolation: the native ops compile against the torch installed above.
+  "$VENV/bin/pip" install -q --no-build-isolation -e '.[dev]'
+  echo "$want" > "$STAMP"
+}
+
+cmd=${1:-test}
+shift || true
+case $cmd in
+  setup) setup ;;
+  demo) setup; exec "$VENV/bin/graphfeed" demo "$@" ;;
+  test) setup; exec "$VENV/bin/python" -m pytest -q -ra "$@" ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|setup [ARGS]" >&2; exit 2 ;;
+esac
