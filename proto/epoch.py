@@ -16,12 +16,16 @@ Rules (see README "Epoch contract"):
   ``r, r + W, r + 2W, ...``.  Without ``drop_last``, every input node is a seed exactly
   once per epoch: when the number of batches is not a multiple of ``W``, the largest
   batches are split in two (so some batches are smaller than ``batch_size``; none is
-  larger, and nothing is repeated).  With ``drop_last``, partial batches are dropped and
-  then the last ``T mod W`` batches of the order, so every batch is full and some nodes
-  are not seen in that epoch (a different subset each epoch when shuffling).
+  larger, and nothing is repeated; when that is impossible -- fewer input nodes than the
+  next multiple of ``W`` batches -- :func:`plan_epoch` raises ``ValueError``).  With
+  ``drop_last``, partial batches are dropped and then the last ``T mod W`` batches of the
+  order, so every batch is full and some nodes
+  are not seen in that epoch (a different subset each epoch when shuffling); an epoch
+  left without any batch raises ``ValueError``.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,7 +52,8 @@ class BatchSpec:
 
 
 def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+            or not 1 <= batch_size <= MAX_BATCH_SIZE:
         raise ValueError(f"batch_size must be an integer in 1..{MAX_BATCH_SIZE}, got {batch_size!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not valid for world_size {world_size} (need 0 <= rank < world_size)")
@@ -70,12 +75,22 @@ def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed:
         chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
     if drop_last:
         chunks = chunks[:len(chunks) - len(chunks) % world_size]
+        if not chunks:
+            raise ValueError(f"drop_last=True leaves no batch: {total} input node(s) do not fill one batch of "
+                             f"{batch_size} per rank for {world_size} rank(s) (full batches only count within "
+                             f"a partition); use a smaller batch_size, fewer ranks or drop_last=False")
     else:
         chunks = _split_until_divisible(chunks, world_size)
     return [BatchSpec(i, p, s, e, batch_seed(seed, epoch, i)) for i, (p, s, e) in enumerate(chunks)]
 
 
 def _split_until_divisible(chunks: list[tuple[int, int, int]], world_size: int) -> list[tuple[int, int, int]]:
+    total = sum(e - s for _, s, e in chunks)
+    wanted = -(-len(chunks) // world_size) * world_size
+    if wanted > total:  # splitting would have to create empty batches
+        raise ValueError(f"{total} input node(s) in {len(chunks)} batch(es) cannot be split into a multiple of "
+                         f"{world_size} non-empty batches (every rank needs the same number of batches and no "
+                         f"node may repeat); use drop_last=True, a larger batch_size or fewer ranks")
     chunks = list(chunks)
     while len(chunks) % world_size:
         i = max(range(len(chunks)), key=lambda j: chunks[j][2] - chunks[j][1])
