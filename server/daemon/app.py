@@ -1,0 +1,232 @@
+"""The daemon's lifecycle: startup -> serve -> drain -> shutdown.
+
+- **startup**: open the partition (memory maps), bind the gRPC aio server, register the
+  Control servicer, gRPC health and server reflection, start; only then set health
+  SERVING (for "" and ``graphfeed.control.v1.Control``), write ``--port-file`` and print
+  the ready line ``graphfeed-serve listening port=N ...`` on stdout.
+- **serve** until SIGTERM or SIGINT.  Signal handlers only set events.
+- **drain**: health NOT_SERVING first, new OpenGroup/OpenSession get UNAVAILABLE,
+  open groups get up to ``drain_grace_seconds`` to close (their trainers keep
+  pulling meanwhile), then the remaining workers are stopped.
+- **shutdown**: stop the gRPC server, exit 0.  A second signal forces exit (130):
+  workers are SIGKILLed and nothing more is waited for.
+
+Startup failures raise :class:`StartupError` with the exit code of :mod:`.exitcodes`.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import control_pb2_grpc as pb_grpc
+
+from . import logs
+from .config import ServerConfig
+from .control import SERVICE_NAME, ControlServicer
+from .exitcodes import ExitCode, StartupError
+from .registry import WORKER_STOP_GRACE, Registry
+from .served import ServedPartition, load_partition
+from .worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
+
+READY_PREFIX = "graphfeed-serve listening"
+MAX_MESSAGE_BYTES = 256 << 20   # OpenSession may carry millions of node ids
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Fail early, with the OS's reason, when ``host:port`` cannot be bound (gRPC's own error is vague)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(ExitCode.BIND, f"cannot bind {host}:{port}: host {host!r} does not resolve "
+                                          f"({exc.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            hint = " (another process listens there; pick another --port or stop it)" \
+                if exc.errno == errno.EADDRINUSE else ""
+            raise StartupError(ExitCode.BIND, f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
+
+
+class Daemon:
+    """One ``graphfeed serve`` process.  ``await Daemon(config).run()`` returns the exit code."""
+
+    def __init__(self, config: ServerConfig, *, worker_factory: WorkerFactory | None = None,
+                 port_file: str | os.PathLike | None = None, ready_stream: TextIO | None = None,
+                 install_signals: bool = True, log: logs.EventLogger | None = None):
+        self.config = config
+        self.worker_factory = worker_factory or default_factory
+        self.port_file = Path(port_file) if port_file else None
+        self.ready_stream = ready_stream if ready_stream is not None else sys.stdout
+        self.install_signals = install_signals
+        self.log = log or logs.get()
+        self.port: int | None = None
+        self.draining = False
+        self.served: ServedPartition | None = None
+        self.registry: Registry | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._reaper: asyncio.Task | None = None
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._signals = 0
+        self.ready = asyncio.Event()
+
+    # ---- signals: only set events ----------------------------------------------------------------
+
+    def request_stop(self, signame: str = "request") -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self.log.info("signal", signal=signame, action="drain")
+            self._stop.set()
+        else:
+            self.log.warning("signal", signal=signame, action="force exit")
+            self._force.set()
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+
+    def _remove_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        if self.install_signals:
+            self._install_signal_handlers(loop)
+        try:
+            try:
+                await self.startup()
+            except BaseException:
+                await self._close_server()
+                raise
+            await self._stop.wait()
+            drain = asyncio.ensure_future(self.drain())
+            force = asyncio.ensure_future(self._force.wait())
+            await asyncio.wait({drain, force}, return_when=asyncio.FIRST_COMPLETED)
+            if self._force.is_set():
+                drain.cancel()
+                return await self.force_exit()
+            force.cancel()
+            await self.shutdown()
+            return ExitCode.OK
+        finally:
+            if self.install_signals:
+                self._remove_signal_handlers(loop)
+
+    async def startup(self) -> None:
+        c = self.config
+        self.served = load_partition(c)
+        self.registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
+                                 log=self.log)
+        if c.port:
+            check_bindable(c.host, c.port)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        control = ControlServicer(c, self.served, self.registry, self.log, self.worker_factory,
+                                  is_draining=lambda: self.draining)
+        pb_grpc.add_ControlServicer_to_server(control, server)
+        self._health = health.aio.HealthServicer()
+        await self._health.set("", NOT_SERVING)
+        await self._health.set(SERVICE_NAME, NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        try:
+            self.port = server.add_insecure_port(_bind_address(c.host, c.port))
+        except RuntimeError:
+            raise StartupError(ExitCode.BIND, f"cannot bind {c.host}:{c.port} (address in use or not local to "
+                                              f"this host)") from None
+        await server.start()
+        self._server = server
+        self._reaper = asyncio.get_running_loop().create_task(self.registry.run_reaper())
+        await self._health.set("", SERVING)
+        await self._health.set(SERVICE_NAME, SERVING)
+        self._announce()
+        self.ready.set()
+
+    def _announce(self) -> None:
+        c, meta = self.config, self.served.meta
+        if self.port_file is not None:
+            tmp = self.port_file.with_name(self.port_file.name + ".tmp")
+            try:
+                tmp.write_text(f"{self.port}\n")
+                os.replace(tmp, self.port_file)
+            except OSError as exc:
+                raise StartupError(ExitCode.CONFIG, f"cannot write --port-file {self.port_file}: "
+                                                    f"{exc.strerror or exc}") from None
+        if WORKER_IMPORT_ERROR and self.worker_factory is default_factory:
+            self.log.warning("workers_unavailable", cause=WORKER_IMPORT_ERROR)
+        self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
+                      graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid())
+        print(f"{READY_PREFIX} port={self.port} host={c.host} part={c.part} pid={os.getpid()}",
+              file=self.ready_stream, flush=True)
+
+    async def drain(self) -> None:
+        self.draining = True
+        if self._health is not None:
+            await self._health.set("", NOT_SERVING)
+            await self._health.set(SERVICE_NAME, NOT_SERVING)
+        reg, grace = self.registry, self.config.drain_grace_seconds
+        self.log.info("drain_start", groups=len(reg.groups), sessions=len(reg.sessions), grace_seconds=grace)
+        started = time.monotonic()
+        if not await reg.wait_empty(grace):
+            n = reg.close_all(cause=f"drain grace of {grace:g} s expired")
+            self.log.warning("drain_timeout", groups_stopped=n)
+        if not await reg.wait_stopped(WORKER_STOP_GRACE + 5.0):
+            self.log.error("drain_workers_left", cause="some session workers did not stop in time")
+        self.log.info("drain_done", seconds=round(time.monotonic() - started, 3))
+
+    async def _close_server(self, grace: float | None = 1.0) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        if self._server is not None:
+            await self._server.stop(grace=grace)
+
+    async def shutdown(self) -> None:
+        await self._close_server()
+        self.log.info("shutdown", exitcode=int(ExitCode.OK))
+
+    async def force_exit(self) -> int:
+        if self.registry is not None:
+            self.registry.kill_all()
+        await self._close_server(grace=None)
+        self.log.warning("shutdown", exitcode=int(ExitCode.FORCED), cause="second signal: forced exit")
+        return ExitCode.FORCED
+
+
+def serve(config: ServerConfig, *, port_file=None, worker_factory: WorkerFactory | None = None) -> int:
+    """Run the daemon on a uvloop event loop until it is stopped; returns the exit code.
+
+    Raises :class:`StartupError` when startup fails (the caller prints its one line).
+    """
+    import uvloop
+
+    log = logs.configure(config.log_format, config.log_level)
+    daemon = Daemon(config, worker_factory=worker_factory, port_file=port_file, log=log)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return int(runner.run(daemon.run()))

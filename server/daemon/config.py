@@ -1,0 +1,244 @@
+"""Server configuration: one schema, validated once into a frozen :class:`ServerConfig`.
+
+Sources, lowest precedence first::
+
+    defaults  <  YAML file (--config / GRAPHFEED_CONFIG)  <  GRAPHFEED_<KEY> env vars  <  command-line flags
+
+Example file (every key optional except ``partition`` and ``part``)::
+
+    partition: /srv/graph/products-2p
+    part: 0
+    host: 0.0.0.0
+    port: 50051
+    lease_seconds: 15
+    buffer_bytes: 256MiB
+    log_format: json
+
+Unknown keys are errors naming the key; a wrong type or range names the key, the
+source it came from and what is expected.  Raises :class:`ConfigError`.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+ENV_PREFIX = "GRAPHFEED_"
+CONFIG_ENV = "GRAPHFEED_CONFIG"
+LOG_FORMATS = ("logfmt", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MAX_PORT = 65535
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key, its source and the fix."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Validated daemon settings (units in the names: seconds, bytes)."""
+
+    partition: str                     # partition folder (META.json inside)
+    part: int                          # the part this daemon serves
+    host: str = "127.0.0.1"            # control-plane (gRPC) bind address
+    port: int = 50051                  # control-plane port; 0 = any free port
+    data_address: str = ""             # interface the torch RPC data path binds to ("" = host)
+    metrics_port: int | None = None    # Prometheus HTTP port (None = off)
+    lease_seconds: float = 15.0        # a group without Heartbeat for this long is reaped
+    drain_grace_seconds: float = 20.0  # on SIGTERM, wait this long for open groups to close
+    max_groups: int = 16               # trainer groups (session worker processes) at once
+    max_sessions_per_group: int = 16   # loaders per trainer group
+    num_producers: int = 2             # batches produced concurrently per worker
+    buffer_batches: int = 8            # per session: produced-but-not-pulled batches
+    buffer_bytes: int = 256 << 20      # per session: produced-but-not-pulled bytes
+    rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
+    join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
+    call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
+    log_format: str = "logfmt"         # "logfmt" | "json"
+    log_level: str = "info"            # "debug" | "info" | "warning" | "error"
+
+    @property
+    def effective_data_address(self) -> str:
+        return self.data_address or self.host
+
+    def summary(self) -> str:
+        return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
+                f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g}")
+
+
+# ---- per-key parsing: each returns the value or raises ValueError("expected ...") -----------------
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    expect = f"an integer {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+
+    def parse(v):
+        if isinstance(v, str):
+            v = v.strip()
+            if not re.fullmatch(r"-?\d+", v):
+                raise ValueError(f"expected {expect}")
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            raise ValueError(f"expected {expect}")
+        return v
+    return parse
+
+
+def _seconds(lo: float, hi: float, allow_zero: bool = False) -> Callable[[Any], float]:
+    expect = f"a number of seconds {'>= 0' if allow_zero else '> 0'} and <= {hi:g}"
+
+    def parse(v):
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                raise ValueError(f"expected {expect}") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            raise ValueError(f"expected {expect}")
+        if v > hi or v < lo or (v == 0 and not allow_zero):
+            raise ValueError(f"expected {expect}")
+        return float(v)
+    return parse
+
+
+def _bytes(v) -> int:
+    """An integer byte count or a size string like ``256MiB``."""
+    expect = "a byte count >= 1: an integer or a size like 256MiB / 1GiB"
+    if isinstance(v, str):
+        m = _SIZE.match(v)
+        if not m:
+            raise ValueError(f"expected {expect}")
+        v = int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"expected {expect}")
+    return v
+
+
+def _string(allow_empty: bool = False) -> Callable[[Any], str]:
+    def parse(v):
+        if not isinstance(v, str) or (not allow_empty and not v.strip()):
+            raise ValueError("expected a non-empty string")
+        return v.strip()
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(v):
+        if not isinstance(v, str) or v.strip().lower() not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return v.strip().lower()
+    return parse
+
+
+def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def parse(v):
+        if v is None or (isinstance(v, str) and v.strip().lower() in ("", "null", "none", "off")):
+            return None
+        return inner(v)
+    return parse
+
+
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    "partition": _string(),
+    "part": _int(0),
+    "host": _string(),
+    "port": _int(0, MAX_PORT),
+    "data_address": _string(allow_empty=True),
+    "metrics_port": _optional(_int(0, MAX_PORT)),
+    "lease_seconds": _seconds(0.0, 86400.0),
+    "drain_grace_seconds": _seconds(0.0, 86400.0, allow_zero=True),
+    "max_groups": _int(1, 4096),
+    "max_sessions_per_group": _int(1, 4096),
+    "num_producers": _int(1, 256),
+    "buffer_batches": _int(1, 1 << 20),
+    "buffer_bytes": _bytes,
+    "rpc_timeout": _seconds(0.0, 86400.0),
+    "join_timeout": _seconds(0.0, 86400.0),
+    "call_timeout": _seconds(0.0, 86400.0),
+    "log_format": _choice(LOG_FORMATS),
+    "log_level": _choice(LOG_LEVELS),
+}
+KEYS = tuple(f.name for f in fields(ServerConfig))
+REQUIRED = ("partition", "part")
+assert set(PARSERS) == set(KEYS), "every ServerConfig field needs a parser"
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+# ---- sources --------------------------------------------------------------------------------------
+
+def read_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML config file (unparsed values); raises :class:`ConfigError`."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of key: value, got {type(data).__name__}")
+    unknown = [k for k in data if k not in KEYS]
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key {unknown[0]!r} (known keys: {', '.join(KEYS)})")
+    return dict(data)
+
+
+def read_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """Values of ``GRAPHFEED_<KEY>`` for the known keys (other GRAPHFEED_* variables are not ours)."""
+    return {k: environ[env_name(k)] for k in KEYS if env_name(k) in environ}
+
+
+def _validate(raw: dict[str, Any], origin: dict[str, str]) -> ServerConfig:
+    values = {}
+    for key, value in raw.items():
+        try:
+            values[key] = PARSERS[key](value)
+        except ValueError as exc:
+            raise ConfigError(f"{origin[key]}: {key} = {value!r} is invalid: {exc}") from None
+    missing = [k for k in REQUIRED if k not in values]
+    if missing:
+        k = missing[0]
+        raise ConfigError(f"missing required setting {k!r}: set it in the config file, "
+                          f"with {env_name(k)} or with --{k.replace('_', '-')}")
+    return ServerConfig(**values)
+
+
+def load_config(file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
+                flags: Mapping[str, Any] | None = None) -> ServerConfig:
+    """Merge the sources (defaults < file < env < flags) and validate once.
+
+    ``flags`` holds only the options given on the command line (``None`` values are
+    ignored).  ``file`` defaults to ``$GRAPHFEED_CONFIG`` when set.
+    """
+    environ = os.environ if environ is None else environ
+    file = file if file is not None else environ.get(CONFIG_ENV) or None
+    raw: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if file is not None:
+        for k, v in read_file(file).items():
+            raw[k], origin[k] = v, f"config file {file}"
+    for k, v in read_env(environ).items():
+        raw[k], origin[k] = v, f"environment variable {env_name(k)}"
+    for k, v in (flags or {}).items():
+        if v is None:
+            continue
+        if k not in KEYS:
+            raise ConfigError(f"unknown setting {k!r} (known keys: {', '.join(KEYS)})")
+        raw[k], origin[k] = v, f"flag --{k.replace('_', '-')}"
+    return _validate(raw, origin)

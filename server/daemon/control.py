@@ -1,0 +1,319 @@
+"""The ``graphfeed.control.v1.Control`` servicer.
+
+Every request is validated before any worker is touched; refusals are gRPC status
+codes with a message saying what was wrong and how to fix it.  Worker commands run in
+a thread (``asyncio.to_thread``) with a timeout; a worker that died or stopped
+answering gets its group reaped and the caller gets UNAVAILABLE naming the group.
+No error here takes the daemon down, and there is deliberately no RPC that stops it.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+import uuid
+from importlib import metadata
+from typing import Callable
+
+import grpc
+import numpy as np
+import torch
+
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import control_pb2_grpc as pb_grpc
+from graphfeed.server.partition.format import DEFAULT_NODE_TYPE, SPLITS
+from graphfeed.server.sampling.types import SamplingSpec
+
+from .config import ServerConfig
+from .logs import EventLogger
+from .registry import Group, Registry, RequestError, Session
+from .served import ServedPartition
+from .worker_api import GroupSpec, WorkerError, WorkerFactory, WorkerGone, WorkerUnavailable
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
+MAX_BATCH_SIZE = 1 << 22
+MAX_WORLD_SIZE = 1 << 16
+MAX_EPOCH = 1 << 40
+MAX_LEASE_SECONDS = 3600.0
+MAX_ID_LENGTH = 256
+STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
+CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
+
+# WorkerError.kind -> status code (anything else is INTERNAL)
+WORKER_ERROR_CODES = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+STATS_FIELDS = set(pb.SessionStats.DESCRIPTOR.fields_by_name)
+
+
+def server_version() -> str:
+    try:
+        return metadata.version("graphfeed")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def rpc(method):
+    """Turn :class:`RequestError` into a status, log unexpected errors, keep serving."""
+    @functools.wraps(method)
+    async def wrapper(self: "ControlServicer", request, context: grpc.aio.ServicerContext):
+        try:
+            return await method(self, request, context)
+        except RequestError as exc:
+            self.log.info("request_refused", rpc=method.__name__, peer=context.peer(),
+                          code=exc.code.name, cause=exc.message)
+            await context.abort(exc.code, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            self.log.error("rpc_error", rpc=method.__name__, peer=context.peer(), cause=repr(exc), exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}")
+    return wrapper
+
+
+class ControlServicer(pb_grpc.ControlServicer):
+    def __init__(self, config: ServerConfig, served: ServedPartition, registry: Registry, log: EventLogger,
+                 worker_factory: WorkerFactory, is_draining: Callable[[], bool], started_at: float | None = None):
+        self.config = config
+        self.served = served
+        self.registry = registry
+        self.log = log
+        self.worker_factory = worker_factory
+        self.is_draining = is_draining
+        self.started_at = time.monotonic() if started_at is None else started_at
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _refuse_if_draining(self) -> None:
+        if self.is_draining():
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               "server is draining (shutting down): no new groups or sessions; "
+                               "use another server or retry after it restarts")
+
+    async def _call(self, group: Group, command: str, timeout: float | None = None, **kwargs):
+        """Run a worker command off the loop; map worker failures to statuses."""
+        timeout = self.config.call_timeout if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(group.handle.call, command, timeout=timeout, **kwargs), timeout + CALL_SLACK)
+        except (WorkerGone, asyncio.TimeoutError) as exc:
+            cause = f"{command} failed: {exc or 'no answer within ' + format(timeout, 'g') + ' s'}"
+            self.registry.remove_group(group.group_id, event="group_reap", cause=cause)
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               f"group {group.group_id!r}: its session worker is gone ({cause}); "
+                               f"the group was closed, open a new one") from None
+        except WorkerError as exc:
+            code = WORKER_ERROR_CODES.get(getattr(exc, "kind", ""), grpc.StatusCode.INTERNAL)
+            if code is grpc.StatusCode.INTERNAL:
+                self.log.error("worker_error", group=group.group_id, command=command, cause=str(exc))
+            raise RequestError(code, str(exc)) from None
+
+    # ---- schema ----------------------------------------------------------------------------------
+
+    @rpc
+    async def GetClusterInfo(self, request, context):
+        meta, ntype = self.served.meta, DEFAULT_NODE_TYPE
+        features = [pb.FeatureInfo(name=name, shape=[int(s) for s in f["shape"]], dtype=str(f["dtype"]))
+                    for name, f in sorted(meta.features.get(ntype, {}).items())]
+        return pb.ClusterInfo(
+            server_version=server_version(), format_version=meta.format_version, graph_name=meta.graph_name,
+            fingerprint=meta.source_fingerprint, num_parts=meta.num_parts, part_id=self.served.part_id,
+            node_ranges=[int(r) for r in meta.node_ranges[ntype]], num_edges=int(sum(meta.num_edges.values())),
+            features=features, num_classes=meta.num_classes,
+            split_sizes={k: int(v) for k, v in meta.split_sizes.items()},
+            local_split_sizes=dict(self.served.local_split_sizes), topologies=list(meta.topologies),
+            data_address=self.config.effective_data_address)
+
+    # ---- groups ----------------------------------------------------------------------------------
+
+    def _group_spec(self, request) -> tuple[GroupSpec, float]:
+        num_parts, part = self.served.meta.num_parts, self.served.part_id
+        if not request.group_id or len(request.group_id) > MAX_ID_LENGTH:
+            raise _invalid(f"group_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+        _check_rendezvous(request.rendezvous)
+        if request.world_size != num_parts + 1:
+            raise _invalid(f"world_size = {request.world_size} is wrong: the group is 1 trainer + {num_parts} "
+                           f"workers (one per part), so world_size must be {num_parts + 1}")
+        if request.rank != 1 + part:
+            raise _invalid(f"rank = {request.rank} is wrong: this server holds part {part}, "
+                           f"its worker's rank is {1 + part}")
+        lease = request.lease_seconds or self.config.lease_seconds
+        if not (0 < lease <= MAX_LEASE_SECONDS) or math.isnan(lease):
+            raise _invalid(f"lease_seconds = {request.lease_seconds:g} is out of range: give 0 (server default "
+                           f"{self.config.lease_seconds:g} s) or a value in (0, {MAX_LEASE_SECONDS:g}]")
+        c = self.config
+        spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
+                         rank=request.rank, part_id=part, partition_root=self.served.root,
+                         data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
+                         num_producers=c.num_producers, buffer_batches=c.buffer_batches,
+                         buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout)
+        return spec, float(lease)
+
+    @rpc
+    async def OpenGroup(self, request, context):
+        self._refuse_if_draining()
+        spec, lease = self._group_spec(request)
+        self.registry.reserve_group(spec.group_id)
+        try:
+            handle = await asyncio.to_thread(self.worker_factory, spec)
+        except (WorkerError, WorkerUnavailable, OSError) as exc:
+            self.registry.release_group(spec.group_id)
+            self.log.error("group_open_failed", group=spec.group_id, peer=context.peer(), cause=str(exc))
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"cannot start a session worker: {exc}") from None
+        except BaseException:
+            self.registry.release_group(spec.group_id)
+            raise
+        worker_name = f"part{spec.part_id}"
+        group = Group(group_id=spec.group_id, handle=handle, peer=context.peer(), lease_seconds=lease,
+                      deadline=self.registry.clock() + lease, worker_name=worker_name)
+        self.registry.add_group(group)
+        self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
+                      rendezvous=spec.rendezvous, lease_seconds=lease)
+        if self.is_draining():  # the drain began while the worker was starting
+            self.registry.remove_group(spec.group_id, event="group_close", cause="server is draining")
+            self._refuse_if_draining()
+        return pb.OpenGroupReply(worker_name=worker_name, worker_pid=int(handle.pid or 0), lease_seconds=lease)
+
+    @rpc
+    async def Heartbeat(self, request, context):
+        group = self.registry.group(request.group_id)
+        group.renew(self.registry.clock())
+        return pb.HeartbeatReply(lease_seconds=group.lease_seconds)
+
+    @rpc
+    async def CloseGroup(self, request, context):
+        self.registry.group(request.group_id)
+        self.registry.remove_group(request.group_id, event="group_close", cause="closed by client")
+        return pb.CloseGroupReply()
+
+    # ---- sessions --------------------------------------------------------------------------------
+
+    def _session_args(self, request) -> dict:
+        """Validate an OpenSession request into the worker's ``open_session`` keyword arguments."""
+        try:
+            spec = SamplingSpec(num_neighbors=tuple(request.spec.num_neighbors), replace=request.spec.replace,
+                                direction=request.spec.direction or "in")
+        except ValueError as exc:
+            raise _invalid(f"spec: {exc}") from None
+        if spec.topology not in self.served.meta.topologies:
+            raise _invalid(f"spec.direction = {spec.direction!r} needs the {spec.topology.upper()} topology, which "
+                           f"this partition lacks (it has {', '.join(self.served.meta.topologies)}); re-partition "
+                           f"with `--topology both` or use direction "
+                           f"{'in' if spec.direction == 'out' else 'out'}")
+        if not 1 <= request.batch_size <= MAX_BATCH_SIZE:
+            raise _invalid(f"batch_size = {request.batch_size} is out of range: give 1..{MAX_BATCH_SIZE}")
+        world_size = request.world_size or 1  # 0 = unset (not DDP): one rank
+        if not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= request.rank < world_size:
+            raise _invalid(f"rank = {request.rank}, world_size = {request.world_size} are invalid: "
+                           f"need 0 <= rank < world_size <= {MAX_WORLD_SIZE}")
+        if len(request.kind) > MAX_ID_LENGTH:
+            raise _invalid(f"kind is longer than {MAX_ID_LENGTH} characters")
+        split, node_ids = self._session_input(request)
+        return dict(spec=spec, split=split, node_ids=node_ids, batch_size=request.batch_size,
+                    shuffle=request.shuffle, drop_last=request.drop_last, seed=request.seed, rank=request.rank,
+                    world_size=world_size, kind=request.kind)
+
+    def _session_input(self, request) -> tuple[str | None, torch.Tensor | None]:
+        which = request.WhichOneof("input")
+        if which == "split":
+            known = [s for s in SPLITS if s in self.served.meta.split_sizes]
+            if request.split not in known:
+                raise _invalid(f"unknown split {request.split!r}: use one of {', '.join(known)} or pass node_ids")
+            return request.split, None
+        if which != "node_ids":
+            raise _invalid("no input nodes: set split (train/val/test) or node_ids")
+        ids = np.asarray(request.node_ids.ids, dtype=np.int64)
+        if ids.size == 0:
+            raise _invalid("node_ids is empty: give at least one original node id")
+        n = self.served.num_nodes
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= n:
+            bad = lo if lo < 0 else hi
+            raise _invalid(f"node_ids has id {bad}, outside the graph: original node ids are 0..{n - 1}")
+        return None, torch.from_numpy(ids)
+
+    @rpc
+    async def OpenSession(self, request, context):
+        self._refuse_if_draining()
+        group = self.registry.group(request.group_id)
+        kwargs = self._session_args(request)
+        group.renew(self.registry.clock())
+        self.registry.reserve_session(group)
+        session_id = uuid.uuid4().hex
+        try:
+            local = int(await self._call(group, "open_session", session_id=session_id, **kwargs))
+        finally:
+            self.registry.release_session(group)
+        if self.registry.groups.get(group.group_id) is not group:  # closed or reaped meanwhile
+            raise RequestError(grpc.StatusCode.NOT_FOUND, f"group {group.group_id!r} was closed while the session "
+                                                          f"was opening; open a new group")
+        self.registry.add_session(Session(session_id=session_id, group_id=group.group_id, kind=request.kind,
+                                          local_input_nodes=local))
+        self.log.info("session_open", session=session_id, group=group.group_id, peer=context.peer(),
+                      kind=request.kind, input=kwargs["split"] or f"{kwargs['node_ids'].numel()} node ids",
+                      batch_size=request.batch_size, local_input_nodes=local)
+        return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local)
+
+    @rpc
+    async def StartEpoch(self, request, context):
+        session, group = self.registry.session(request.session_id)
+        if not 0 <= request.epoch <= MAX_EPOCH:
+            raise _invalid(f"epoch = {request.epoch} is out of range: give 0..{MAX_EPOCH}")
+        group.renew(self.registry.clock())
+        n = int(await self._call(group, "start_epoch", session_id=session.session_id, epoch=request.epoch))
+        session.epoch = request.epoch
+        self.log.debug("epoch_start", session=session.session_id, group=group.group_id, epoch=request.epoch,
+                       num_batches=n)
+        return pb.StartEpochReply(num_batches=n)
+
+    @rpc
+    async def CloseSession(self, request, context):
+        session, group = self.registry.session(request.session_id)
+        self.registry.remove_session(session.session_id)
+        try:
+            await self._call(group, "close_session", session_id=session.session_id)
+        finally:
+            self.log.info("session_close", session=session.session_id, group=group.group_id, peer=context.peer())
+        return pb.CloseSessionReply()
+
+    # ---- stats -----------------------------------------------------------------------------------
+
+    async def _group_stats(self, group: Group) -> list[pb.SessionStats]:
+        try:
+            rows = await self._call(group, "stats", timeout=min(STATS_TIMEOUT, self.config.call_timeout))
+        except RequestError:
+            return []
+        out = []
+        for row in rows or []:
+            fields = {k: v for k, v in dict(row).items() if k in STATS_FIELDS}
+            fields.setdefault("group_id", group.group_id)
+            out.append(pb.SessionStats(**fields))
+        return out
+
+    @rpc
+    async def GetStats(self, request, context):
+        per_group = await asyncio.gather(*(self._group_stats(g) for g in list(self.registry.groups.values())))
+        reg = self.registry
+        return pb.ServerStats(
+            state="draining" if self.is_draining() else "serving", part_id=self.served.part_id,
+            groups_open=len(reg.groups), sessions_open=len(reg.sessions),
+            sessions_opened_total=reg.sessions_opened_total, sessions_reaped_total=reg.sessions_reaped_total,
+            sessions=[s for rows in per_group for s in rows], uptime_seconds=time.monotonic() - self.started_at)
+
+
+def _check_rendezvous(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    ok = bool(sep and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535)
+    if not ok:
+        raise _invalid(f"rendezvous = {address!r} is not host:port (the trainer's TCPStore address, "
+                       f"e.g. 10.0.0.5:29500)")

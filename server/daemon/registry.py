@@ -1,0 +1,258 @@
+"""Groups (one session worker per trainer), their sessions, leases and the reaper.
+
+Runs entirely on the daemon's event loop (no locks): every mutation happens between
+awaits.  A group lives while its trainer renews the lease (Heartbeat) and its worker
+is alive; otherwise the reaper removes it, stops the worker in the background
+(SIGKILL after a grace) and logs one line.  Removing a group never affects others.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import grpc
+
+from .logs import EventLogger
+
+REAP_INTERVAL = 0.25      # seconds between reaper scans (a dict scan + waitpid per group)
+WORKER_STOP_GRACE = 5.0   # seconds a stopping worker gets before SIGKILL
+
+
+class RequestError(Exception):
+    """A request the daemon refuses: becomes the gRPC status ``code`` with ``message``."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Session:
+    session_id: str
+    group_id: str
+    kind: str
+    local_input_nodes: int
+    epoch: int = -1
+
+
+@dataclass
+class Group:
+    group_id: str
+    handle: Any
+    peer: str
+    lease_seconds: float
+    deadline: float                  # monotonic time the lease lapses
+    worker_name: str
+    sessions: dict[str, Session] = field(default_factory=dict)
+
+    def renew(self, now: float) -> None:
+        self.deadline = now + self.lease_seconds
+
+
+class Registry:
+    """Open groups and sessions, with limits and the counters GetStats reports."""
+
+    def __init__(self, *, max_groups: int, max_sessions_per_group: int, log: EventLogger,
+                 clock: Callable[[], float] = time.monotonic, stop_grace: float = WORKER_STOP_GRACE):
+        self.max_groups = max_groups
+        self.max_sessions_per_group = max_sessions_per_group
+        self.log = log
+        self.clock = clock
+        self.stop_grace = stop_grace
+        self.groups: dict[str, Group] = {}
+        self.sessions: dict[str, Session] = {}
+        self._pending_groups: set[str] = set()
+        self._pending_sessions: dict[str, int] = {}
+        self._stopping: set[asyncio.Task] = set()
+        self._stopping_handles: list[Any] = []
+        self._empty = asyncio.Event()
+        self._empty.set()
+        self.groups_opened_total = 0
+        self.groups_reaped_total = 0
+        self.sessions_opened_total = 0
+        self.sessions_closed_total = 0
+        self.sessions_reaped_total = 0
+
+    # ---- groups ----------------------------------------------------------------------------------
+
+    def reserve_group(self, group_id: str) -> None:
+        """Claim ``group_id`` before its worker starts (so concurrent opens cannot race)."""
+        if group_id in self.groups or group_id in self._pending_groups:
+            raise RequestError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"group {group_id!r} is already open on this server; use a new group_id "
+                               f"or CloseGroup it first")
+        if len(self.groups) + len(self._pending_groups) >= self.max_groups:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"this server already runs max_groups={self.max_groups} trainer groups; "
+                               f"close one or raise max_groups in the server config")
+        self._pending_groups.add(group_id)
+        self._empty.clear()
+
+    def release_group(self, group_id: str) -> None:
+        self._pending_groups.discard(group_id)
+        self._update_empty()
+
+    def add_group(self, group: Group) -> None:
+        self._pending_groups.discard(group.group_id)
+        self.groups[group.group_id] = group
+        self.groups_opened_total += 1
+        self._update_empty()
+
+    def group(self, group_id: str) -> Group:
+        group = self.groups.get(group_id)
+        if group is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND,
+                               f"group {group_id!r} is not open on this server (closed, or reaped after its "
+                               f"lease lapsed); open a new group")
+        return group
+
+    def remove_group(self, group_id: str, *, event: str, cause: str = "", grace: float | None = None) -> Group | None:
+        """Forget the group and its sessions, stop its worker in the background, log ``event``."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return None
+        for sid in group.sessions:
+            self.sessions.pop(sid, None)
+        reaped = event == "group_reap"
+        if reaped:
+            self.groups_reaped_total += 1
+            self.sessions_reaped_total += len(group.sessions)
+        else:
+            self.sessions_closed_total += len(group.sessions)
+        fields = dict(group=group_id, peer=group.peer, worker_pid=getattr(group.handle, "pid", None),
+                      sessions=len(group.sessions))
+        if cause:
+            fields["cause"] = cause
+        (self.log.warning if reaped else self.log.info)(event, **fields)
+        self._stop_worker(group, self.stop_grace if grace is None else grace)
+        self._update_empty()
+        return group
+
+    def _stop_worker(self, group: Group, grace: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._stop(group, grace))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def _stop(self, group: Group, grace: float) -> None:
+        self._stopping_handles.append(group.handle)
+        try:
+            code = await asyncio.to_thread(group.handle.stop, grace)
+            self.log.debug("worker_stop", group=group.group_id, worker_pid=getattr(group.handle, "pid", None),
+                           exitcode=code)
+        except Exception as exc:  # never let a failed stop escape into the loop
+            self.log.error("worker_stop_failed", group=group.group_id, cause=repr(exc))
+        finally:
+            self._stopping_handles.remove(group.handle)
+
+    def _update_empty(self) -> None:
+        if not self.groups and not self._pending_groups:
+            self._empty.set()
+        else:
+            self._empty.clear()
+
+    # ---- sessions --------------------------------------------------------------------------------
+
+    def reserve_session(self, group: Group) -> None:
+        pending = self._pending_sessions.get(group.group_id, 0)
+        if len(group.sessions) + pending >= self.max_sessions_per_group:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"group {group.group_id!r} already has max_sessions_per_group="
+                               f"{self.max_sessions_per_group} sessions; close one first")
+        self._pending_sessions[group.group_id] = pending + 1
+
+    def release_session(self, group: Group) -> None:
+        left = self._pending_sessions.get(group.group_id, 1) - 1
+        if left > 0:
+            self._pending_sessions[group.group_id] = left
+        else:
+            self._pending_sessions.pop(group.group_id, None)
+
+    def add_session(self, session: Session) -> None:
+        group = self.group(session.group_id)
+        group.sessions[session.session_id] = session
+        self.sessions[session.session_id] = session
+        self.sessions_opened_total += 1
+
+    def session(self, session_id: str) -> tuple[Session, Group]:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RequestError(grpc.StatusCode.NOT_FOUND,
+                               f"session {session_id!r} is not open on this server (closed, or its group was "
+                               f"reaped); open a new session")
+        return session, self.group(session.group_id)
+
+    def remove_session(self, session_id: str) -> Session | None:
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            group = self.groups.get(session.group_id)
+            if group is not None:
+                group.sessions.pop(session_id, None)
+            self.sessions_closed_total += 1
+        return session
+
+    # ---- leases and the reaper -------------------------------------------------------------------
+
+    def expired(self) -> list[tuple[str, str]]:
+        """``(group_id, cause)`` of every group whose worker died or whose lease lapsed."""
+        now = self.clock()
+        out = []
+        for group in self.groups.values():
+            if not group.handle.alive():
+                out.append((group.group_id, f"session worker exited with code {group.handle.exitcode()}"))
+            elif now > group.deadline:
+                out.append((group.group_id, f"lease expired: no Heartbeat for {group.lease_seconds:g} s"))
+        return out
+
+    def reap_expired(self) -> int:
+        found = self.expired()
+        for group_id, cause in found:
+            self.remove_group(group_id, event="group_reap", cause=cause)
+        return len(found)
+
+    async def run_reaper(self, interval: float = REAP_INTERVAL) -> None:
+        while True:
+            try:
+                self.reap_expired()
+            except Exception as exc:  # a broken handle must not stop the reaper
+                self.log.error("reaper_error", cause=repr(exc))
+            await asyncio.sleep(interval)
+
+    # ---- drain -----------------------------------------------------------------------------------
+
+    async def wait_empty(self, timeout: float) -> bool:
+        """Wait until no group is open; False when ``timeout`` seconds passed first."""
+        try:
+            await asyncio.wait_for(self._empty.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def close_all(self, *, cause: str, grace: float | None = None) -> int:
+        ids = list(self.groups)
+        for group_id in ids:
+            self.remove_group(group_id, event="group_close", cause=cause, grace=grace)
+        return len(ids)
+
+    async def wait_stopped(self, timeout: float) -> bool:
+        """Wait for the background worker stops; False if some are still running after ``timeout``."""
+        tasks = set(self._stopping)
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        return not pending
+
+    def kill_all(self) -> None:
+        """Forced exit: SIGKILL every worker now (open and stopping), synchronously."""
+        import os
+        import signal
+
+        for handle in [g.handle for g in self.groups.values()] + list(self._stopping_handles):
+            pid = getattr(handle, "pid", None)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass

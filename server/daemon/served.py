@@ -1,0 +1,53 @@
+"""The part a daemon serves: opened once at startup, memory-mapped, checked.
+
+The daemon itself never samples (its session workers do); it needs the partition's
+schema for GetClusterInfo and the sizes it validates requests against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphfeed.server.partition.format import SPLITS, PartitionFormatError, PartitionMeta, read_meta
+from graphfeed.server.partition.store import Partition
+
+from .config import ServerConfig
+from .exitcodes import ExitCode, StartupError
+
+
+@dataclass(frozen=True)
+class ServedPartition:
+    root: str
+    part_id: int
+    meta: PartitionMeta
+    local_split_sizes: dict[str, int]
+    num_local_nodes: int
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the whole graph: valid original ids are ``0..num_nodes-1``."""
+        return self.meta.num_nodes
+
+
+def load_partition(config: ServerConfig) -> ServedPartition:
+    """Open ``config.part`` of ``config.partition`` and map every array once.
+
+    Raises :class:`StartupError` with ``PARTITION`` when the folder cannot be loaded, or
+    ``CONFIG`` when the folder is fine but has no part ``config.part``.
+    """
+    try:
+        meta = read_meta(config.partition)
+    except PartitionFormatError as exc:
+        raise StartupError(ExitCode.PARTITION, f"partition cannot be loaded: {exc}") from None
+    if not 0 <= config.part < meta.num_parts:
+        raise StartupError(ExitCode.CONFIG,
+                           f"part = {config.part} is invalid: {config.partition} has parts 0..{meta.num_parts - 1}")
+    try:
+        part = Partition(config.partition, config.part, meta)
+        for kind in meta.topologies:  # maps indptr/indices/eid and checks their sizes
+            part.topology(kind)
+        _ = part.x, part.y, part.orig_id
+        local = {name: int(part.split(name).numel()) for name in SPLITS if name in meta.split_sizes}
+    except (PartitionFormatError, OSError) as exc:
+        raise StartupError(ExitCode.PARTITION, f"partition cannot be loaded: {exc}") from None
+    return ServedPartition(root=str(config.partition), part_id=config.part, meta=meta,
+                           local_split_sizes=local, num_local_nodes=part.num_nodes)
