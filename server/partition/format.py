@@ -69,6 +69,7 @@ class PartitionMeta:
     method: str = "random"
     edge_cut: int = 0
     source_fingerprint: str = ""
+    seed: int = 0
     format_version: int = FORMAT_VERSION
 
     @property
