@@ -163,12 +163,14 @@ class OpenSessionReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., local_input_nodes: _Optional[int] = ...) -> None: ...
 
 class StartEpochRequest(_message.Message):
-    __slots__ = ("session_id", "epoch")
+    __slots__ = ("session_id", "epoch", "part_input_counts")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PART_INPUT_COUNTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    part_input_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., part_input_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartEpochReply(_message.Message):
     __slots__ = ("num_batches",)
