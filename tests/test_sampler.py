@@ -421,3 +421,37 @@ def test_synthetic_tiny_sample_is_valid(tmp_path_factory):
     spec = SamplingSpec((15, 10, 5))
     seeds = torch.from_numpy(splits["train"][:128])
     check_subgraph(case, seeds, spec, case.sample(seeds, spec, seed=1))
+
+
+# ------------------------------------------------------------------------------ relabelling
+
+@pytest.mark.parametrize("trial", range(6))
+def test_relabel_dense_and_sorted_paths_agree(trial):
+    g = torch.Generator().manual_seed(trial)
+    span = [50, 1000, 10**6][trial % 3]
+    known = torch.unique(torch.randint(0, span, (trial * 7,), generator=g))
+    known_local = torch.randperm(known.numel(), generator=g)
+    cands = torch.randint(0, span, (trial * 40 + 1,), generator=g)
+    if trial % 2 and known.numel():
+        cands = torch.cat([cands, known[:3]])
+    num_known = known.numel()
+    a = dispatch._relabel_dense(known, known_local, cands, num_known, span)
+    b = dispatch._relabel_sorted(known, known_local, cands, num_known)
+    c = dispatch.relabel(known, known_local, cands, num_known)
+    for x in (b, c):
+        assert torch.equal(a[0], x[0]) and torch.equal(a[1], x[1])
+    # Spec: known ids map to their local id; new ids are numbered by first appearance.
+    local, new = a
+    lookup = dict(zip(known.tolist(), known_local.tolist()))
+    firsts = list(dict.fromkeys(v for v in cands.tolist() if v not in lookup))
+    assert new.tolist() == firsts
+    lookup.update({v: num_known + i for i, v in enumerate(firsts)})
+    assert local.tolist() == [lookup[v] for v in cands.tolist()]
+
+
+def test_relabel_empty_inputs():
+    e = torch.empty(0, dtype=torch.int64)
+    local, new = dispatch.relabel(e, e, e, 0)
+    assert local.numel() == 0 and new.numel() == 0
+    local, new = dispatch.relabel(e, e, torch.tensor([4, 4, 2]), 3)
+    assert local.tolist() == [3, 3, 4] and new.tolist() == [4, 2]

@@ -51,6 +51,39 @@ def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: tor
 
     ``known_gids`` is sorted and ``known_local[i]`` is the local id of ``known_gids[i]``.
     """
+    if candidates.numel() == 0:
+        return torch.empty_like(candidates), torch.empty_like(candidates)
+    span = int(candidates.max()) + 1
+    if known_gids.numel():
+        span = max(span, int(known_gids[-1]) + 1)
+    # Both paths give the same result; a dense id map is O(1) per lookup but costs O(span)
+    # to allocate, so use it when the id span is not much larger than the work.
+    if span <= _DENSE_FACTOR * (candidates.numel() + known_gids.numel()):
+        return _relabel_dense(known_gids, known_local, candidates, num_known, span)
+    return _relabel_sorted(known_gids, known_local, candidates, num_known)
+
+
+_DENSE_FACTOR = 8
+
+
+def _relabel_dense(known_gids, known_local, candidates, num_known, span):
+    table = torch.full((span,), -1, dtype=torch.int64)
+    table.index_copy_(0, known_gids, known_local)
+    local = table.index_select(0, candidates)
+    unseen = local < 0
+    rest = candidates[unseen]
+    if rest.numel() == 0:
+        return local, rest
+    order = torch.arange(rest.numel())
+    table.index_fill_(0, rest, rest.numel())
+    table.scatter_reduce_(0, rest, order, reduce="amin")        # first position of every unseen id
+    new_gids = rest[table.index_select(0, rest) == order]       # in order of first appearance
+    table.index_copy_(0, new_gids, torch.arange(num_known, num_known + new_gids.numel()))
+    local.masked_scatter_(unseen, table.index_select(0, rest))
+    return local, new_gids
+
+
+def _relabel_sorted(known_gids, known_local, candidates, num_known):
     local = torch.empty_like(candidates)
     if known_gids.numel():
         pos = torch.searchsorted(known_gids, candidates).clamp(max=known_gids.numel() - 1)

@@ -37,6 +37,10 @@ class LocalGraph:
 
     def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x, y, original ids)`` of the nodes ``gids``."""
+        if self.book.num_parts == 1:  # one part: gather straight from its arrays, no second copy
+            part = self.parts[0]
+            local = gids - part.start
+            return part.x.index_select(0, local), part.y.index_select(0, local), part.orig_id.index_select(0, local)
         first = self.parts[0]
         x = torch.empty((gids.numel(),) + tuple(first.x.shape[1:]), dtype=first.x.dtype)
         y = torch.empty((gids.numel(),) + tuple(first.y.shape[1:]), dtype=first.y.dtype)
@@ -44,7 +48,7 @@ class LocalGraph:
         for p, pos in self.book.split(gids):
             part = self.parts[p]
             local = gids[pos] - part.start
-            x[pos] = part.x[local]
-            y[pos] = part.y[local]
-            orig[pos] = part.orig_id[local]
+            x.index_copy_(0, pos, part.x.index_select(0, local))
+            y.index_copy_(0, pos, part.y.index_select(0, local))
+            orig.index_copy_(0, pos, part.orig_id.index_select(0, local))
         return x, y, orig

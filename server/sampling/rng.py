@@ -28,11 +28,31 @@ def _lshr(z: torch.Tensor, s: int) -> torch.Tensor:
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
+def _xor_lshr_(z: torch.Tensor, s: int, tmp: torch.Tensor) -> None:
+    """``z ^= z >>> s`` in place (``tmp``: scratch of z's shape)."""
+    torch.bitwise_right_shift(z, s, out=tmp)
+    tmp &= (1 << (64 - s)) - 1
+    z ^= tmp
+
+
 def mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer on an int64 tensor (bitwise equal to :func:`mix64_int`)."""
-    z = (z ^ _lshr(z, 30)) * _M1_S
-    z = (z ^ _lshr(z, 27)) * _M2_S
-    return z ^ _lshr(z, 31)
+    """splitmix64 finalizer on an int64 tensor (bitwise equal to :func:`mix64_int`).
+
+    Works in place on one copy of ``z`` plus one scratch tensor: fresh multi-MB
+    temporaries per operation cost more in page faults than the arithmetic.
+    """
+    return mix64_(z.clone(memory_format=torch.contiguous_format))
+
+
+def mix64_(z: torch.Tensor) -> torch.Tensor:
+    """:func:`mix64` in place on ``z`` (which the caller owns); returns ``z``."""
+    tmp = torch.empty_like(z)
+    _xor_lshr_(z, 30, tmp)
+    z *= _M1_S
+    _xor_lshr_(z, 27, tmp)
+    z *= _M2_S
+    _xor_lshr_(z, 31, tmp)
+    return z
 
 
 def hop_base(seed: int, hop: int) -> int:
@@ -42,9 +62,12 @@ def hop_base(seed: int, hop: int) -> int:
 
 def node_keys(base: int, gids: torch.Tensor) -> torch.Tensor:
     """Per-node key for the nodes ``gids`` (global ids) under a hop's ``base``."""
-    return mix64(gids ^ base)
+    return mix64_(gids ^ base)
 
 
 def draws(keys: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
     """Non-negative 63-bit draw number ``index`` for each key."""
-    return _lshr(mix64(keys + (torch.as_tensor(index, dtype=torch.int64) + 1) * _GOLDEN_S), 1)
+    z = mix64_(keys + (torch.as_tensor(index, dtype=torch.int64) + 1) * _GOLDEN_S)
+    z >>= 1
+    z &= (1 << 63) - 1
+    return z
