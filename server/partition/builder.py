@@ -18,6 +18,7 @@ METHODS = ("random", "metis")
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
 _EDGE_CHUNK = 1 << 24  # edges per chunk in whole-edge-list passes: bounds temporaries to ~130 MB
+_PACK_BITS = 63        # bits of a packed (node, neighbor, edge id) sort key (lowered in tests)
 
 
 def _no_progress(iterable, desc):
@@ -121,24 +122,60 @@ def edge_cut(edge_index: np.ndarray, parts: np.ndarray) -> int:
 
 
 def _renumber(ids: np.ndarray, new_of_orig: np.ndarray) -> np.ndarray:
-    out = np.empty(ids.shape, dtype=np.int64)
+    """``new_of_orig[ids]`` in chunks, as int32 when ids fit (halves the two E-sized endpoint arrays)."""
+    dtype = np.int32 if new_of_orig.size < (1 << 31) else np.int64
+    table = new_of_orig.astype(dtype, copy=False)
+    out = np.empty(ids.shape, dtype=dtype)
     for start in range(0, ids.size, _EDGE_CHUNK):
-        np.take(new_of_orig, ids[start:start + _EDGE_CHUNK], out=out[start:start + _EDGE_CHUNK])
+        np.take(table, ids[start:start + _EDGE_CHUNK], out=out[start:start + _EDGE_CHUNK])
     return out
 
 
 def _compressed(key_nodes: np.ndarray, other: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Edges sorted by (key node, other endpoint, edge id): ``(indptr, indices, eid)`` over all nodes.
 
-    A stable argsort of ``key * n + other`` keeps edge ids ascending among equal pairs.
+    ``indices`` keeps the dtype of ``other`` (the writer widens each part to int64).
     """
-    composite = np.multiply(key_nodes, n)
-    composite += other
-    order = np.argsort(composite, kind="stable")
-    del composite
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(key_nodes, minlength=n), out=indptr[1:])
-    return indptr, other[order], order.astype(np.int64, copy=False)
+    eid = _edge_order(key_nodes, other, n, indptr)
+    return indptr, other[eid], eid
+
+
+def _edge_order(key: np.ndarray, other: np.ndarray, n: int, indptr: np.ndarray) -> np.ndarray:
+    """Edge ids ordered by (key, other, edge id).
+
+    Packs ``(key - block start) * n + other`` above the edge id into one int64 and sorts the
+    values (a vectorised sort, ~10x faster than a stable argsort); nodes are processed in
+    blocks small enough for the packed value to fit in 63 bits (one block up to ~1e9 n*E).
+    """
+    num_edges = key.size
+    eid_bits = max(1, int(num_edges - 1).bit_length())
+    block = (1 << (_PACK_BITS - eid_bits)) // max(n, 1) if eid_bits < _PACK_BITS else 0  # key nodes per block
+    if block == 0:   # too large to pack: stable argsort keeps edge ids ascending among ties
+        composite = np.multiply(key, n, dtype=np.int64)
+        composite += other
+        return np.argsort(composite, kind="stable")
+    mask = (1 << eid_bits) - 1
+    if block >= n:
+        by_key = None
+    else:            # group edge ids by key first (key and edge id always fit together)
+        by_key = np.left_shift(key, eid_bits, dtype=np.int64)
+        by_key |= np.arange(num_edges, dtype=np.int64)
+        by_key.sort()
+        by_key &= mask
+    out = np.empty(num_edges, dtype=np.int64)
+    for a in range(0, n, block):
+        lo, hi = int(indptr[a]), int(indptr[min(a + block, n)])
+        ids = np.arange(lo, hi, dtype=np.int64) if by_key is None else by_key[lo:hi]
+        packed = np.subtract(key[ids], a, dtype=np.int64)
+        packed *= n
+        packed += other[ids]
+        packed <<= eid_bits
+        packed |= ids
+        packed.sort()
+        np.bitwise_and(packed, mask, out=out[lo:hi])
+    return out
 
 
 def _write_nodes(graph: GraphInput, paths: PartitionPaths, order, new_of_orig, ranges, progress: Progress) -> None:
@@ -161,7 +198,7 @@ def _write_topology(graph: GraphInput, paths: PartitionPaths, topo: str, key, ot
     for k in progress(range(ranges.size - 1), f"writing {topo}"):
         lo, hi = indptr[ranges[k]], indptr[ranges[k + 1]]
         save_array(paths.edge_file(k, topo, "indptr"), indptr[ranges[k]:ranges[k + 1] + 1] - lo)
-        save_array(paths.edge_file(k, topo, "indices"), indices[lo:hi])
+        save_array(paths.edge_file(k, topo, "indices"), indices[lo:hi].astype(np.int64))
         save_array(paths.edge_file(k, topo, "eid"), eid[lo:hi])
         if graph.edge_attr is not None:
             save_array(paths.edge_file(k, topo, "edge_attr"), graph.edge_attr[eid[lo:hi]])
@@ -172,8 +209,8 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
                      log: Log | None = None) -> PartitionMeta:
     """Write the partition folder into ``out`` (which must be empty), META.json last; returns its meta.
 
-    Peak memory beyond the input: about five int64 arrays of E entries (renumbered endpoints,
-    sort keys, permutation, gathered neighbors) while one topology is built.
+    Peak memory beyond the input, while one topology is built: the renumbered endpoints (int32
+    when ids fit) plus three int64 arrays of E entries (sort keys, permutation, sort buffer).
     """
     n = graph.num_nodes
     progress, log = progress or _no_progress, log or _no_log

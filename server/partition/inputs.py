@@ -23,6 +23,8 @@ import hashlib
 import json
 import os
 import pickle
+import re
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -98,6 +100,9 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
 
 def _torch_load(file: Path, allow_pickle: bool):
     import torch
+    if not zipfile.is_zipfile(file):  # torch.save has written zip archives since torch 1.6
+        raise InputError(f"{file} is not a file written by torch.save (and not a folder); give a .npy folder "
+                         f"or save the graph with torch.save(data, path)")
     try:
         from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
         from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
@@ -110,8 +115,9 @@ def _torch_load(file: Path, allow_pickle: bool):
         with torch.serialization.safe_globals(safe):
             return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ""
-        raise InputError(f"{file} holds objects other than PyG data and tensors ({first}); if you trust the "
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f"such as {found.group(1)}" if found else "that torch.load(weights_only=True) refuses"
+        raise InputError(f"{file} holds objects other than PyG data and tensors ({what}); if you trust the "
                          f"file pass --allow-pickle, or re-save it as a PyG Data / dict of tensors") from exc
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise InputError(f"{file} is not a file written by torch.save ({exc}); "

@@ -1,0 +1,42 @@
+"""Shared fixtures: the tiny synthetic graph (generated once per session), Cora, a partitioned tiny graph."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graphfeed.cli.generate import write_graph
+from graphfeed.server.partition.builder import partition_graph
+from graphfeed.server.partition.inputs import read_graph
+
+CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
+
+
+@pytest.fixture(scope="session")
+def tiny_graph_dir(tmp_path_factory) -> Path:
+    """The ``tiny`` preset (10,000 nodes, ~96k directed edges, 32 features) in the .npy layout."""
+    out = tmp_path_factory.mktemp("tiny") / "graph"
+    write_graph(out, "tiny", seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_graph(tiny_graph_dir):
+    """The tiny graph as a validated :class:`GraphInput` (arrays memory-mapped read-only)."""
+    return read_graph(tiny_graph_dir)
+
+
+@pytest.fixture(scope="session")
+def cora_dir() -> Path:
+    """Cora (Planetoid public split) in the .npy layout, from ``../shared/data/cora``; skipped if absent."""
+    if not (CORA_DIR / "edge_index.npy").is_file():
+        pytest.skip(f"Cora not found at {CORA_DIR}")
+    return CORA_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_parts_dir(tiny_graph, tmp_path_factory) -> Path:
+    """The tiny graph partitioned into 2 parts with METIS (seed 0), CSC and CSR topology. Read-only."""
+    out = tmp_path_factory.mktemp("tiny_parts") / "parts"
+    partition_graph(tiny_graph, 2, out, method="metis", topologies=("csc", "csr"), seed=0)
+    return out

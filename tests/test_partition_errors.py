@@ -1,0 +1,231 @@
+"""Bad input reaches the user as one line naming the file/argument and the fix (exit code 2).
+
+Also: partitioning is atomic (a crash never leaves a folder that loads) and a folder of
+another format version is refused by name.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from graphfeed.cli.main import main
+from graphfeed.server.partition import builder
+from graphfeed.server.partition.builder import partition_graph
+from graphfeed.server.partition.format import PartitionFormatError, read_meta
+from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.store import open_parts
+
+N, E = 50, 200
+
+
+def _write_graph(folder, **override):
+    """A valid 50-node graph in the .npy layout; ``override`` replaces (or with None removes) an array."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "edge_index": rng.integers(0, N, (2, E)).astype(np.int64),
+        "x": rng.standard_normal((N, 4)).astype(np.float32),
+        "y": rng.integers(0, 3, N).astype(np.int64),
+        "train_idx": np.arange(0, 20, dtype=np.int64),
+        "val_idx": np.arange(20, 30, dtype=np.int64),
+        "test_idx": np.arange(30, 50, dtype=np.int64),
+    }
+    arrays.update(override)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, value in arrays.items():
+        if value is not None:
+            np.save(folder / f"{name}.npy", value)
+    return folder
+
+
+def _partition_error(capsys, *args) -> str:
+    """Run `graphfeed partition ...` in-process; assert exit code 2 and one error line; return it."""
+    code = main(["partition", *map(str, args), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("graphfeed partition: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+BAD_INPUTS = {
+    "missing x": (dict(x=None), ["x.npy is missing", "edge_index.npy, x.npy, y.npy, train_idx.npy"]),
+    "missing edges": (dict(edge_index=None), ["edge_index.npy is missing"]),
+    "edges [E, 2]": (dict(edge_index=np.zeros((E, 2), dtype=np.int64)), ["shape [2, E]", "transpose"]),
+    "edges float": (dict(edge_index=np.zeros((2, E), dtype=np.float32)), ["edge_index.npy", "integer", "int64"]),
+    "edge id too large": (dict(edge_index=np.array([[0, 1], [2, N]])), ["edge_index.npy", f"0..{N}", f"0..{N - 1}"]),
+    "negative edge id": (dict(edge_index=np.array([[0, -1], [2, 3]])), ["edge_index.npy", "-1..3"]),
+    "x one-dimensional": (dict(x=np.zeros(N, dtype=np.float32)), ["x.npy", "[N, F]"]),
+    "x strings": (dict(x=np.array([["a"]] * N)), ["x.npy", "numeric"]),
+    "y too short": (dict(y=np.zeros(N - 1, dtype=np.int64)), ["y.npy has 49 entries but x has 50 rows"]),
+    "y float": (dict(y=np.zeros(N, dtype=np.float32)), ["y.npy", "integer class labels"]),
+    "train idx out of range": (dict(train_idx=np.array([0, N + 5])), ["train_idx.npy", f"0..{N + 5}", "outside"]),
+    "test idx negative": (dict(test_idx=np.array([-2, 3])), ["test_idx.npy", "outside"]),
+    "val idx as mask": (dict(val_idx=np.ones(N, dtype=bool)), ["val_idx.npy", "bool mask", "flatnonzero"]),
+    "duplicate train ids": (dict(train_idx=np.array([1, 2, 2])), ["train_idx.npy", "more than once"]),
+    "empty train": (dict(train_idx=np.array([], dtype=np.int64)), ["train_idx.npy is empty"]),
+    "edge_attr rows": (dict(edge_attr=np.zeros((E - 1, 2), dtype=np.float32)), ["edge_attr.npy has 199 rows", "200 edges"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_npy_input(tmp_path, capsys, case):
+    override, expected = BAD_INPUTS[case]
+    folder = _write_graph(tmp_path / "in", **override)
+    err = _partition_error(capsys, folder, "--num-parts", 2, "--output", tmp_path / "out")
+    for text in expected:
+        assert text in err, (text, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_malformed_npy_file(tmp_path, capsys):
+    folder = _write_graph(tmp_path / "in")
+    (folder / "y.npy").write_bytes(b"definitely not numpy")
+    err = _partition_error(capsys, folder, "--num-parts", 2, "--output", tmp_path / "out")
+    assert "y.npy is not a readable .npy array" in err and "numpy.save" in err
+
+
+def test_missing_input(tmp_path, capsys):
+    err = _partition_error(capsys, tmp_path / "nowhere", "--num-parts", 2, "--output", tmp_path / "out")
+    assert "nowhere does not exist" in err and ".npy layout" in err
+
+
+@pytest.mark.parametrize("parts,expected", [(0, "at least 1, got 0"), (-3, "at least 1, got -3"),
+                                            (N + 1, f"larger than the number of nodes ({N})")])
+def test_num_parts_out_of_range(tmp_path, capsys, parts, expected):
+    folder = _write_graph(tmp_path / "in")
+    err = _partition_error(capsys, folder, "--num-parts", parts, "--output", tmp_path / "out")
+    assert "--num-parts" in err and expected in err
+
+
+def test_output_with_different_partitioning_is_refused(tmp_path, capsys):
+    folder = _write_graph(tmp_path / "in")
+    out = tmp_path / "out"
+    assert main(["partition", str(folder), "-p", "2", "--method", "random", "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    err = _partition_error(capsys, folder, "-p", 2, "--method", "random", "-o", out, "--seed", 1)
+    assert "already holds a different partitioning" in err and "seed 0 -> 1" in err and "--overwrite" in err
+    # a changed input (same parameters) is a different partitioning too
+    _write_graph(folder, x=np.ones((N, 4), dtype=np.float32))
+    err = _partition_error(capsys, folder, "-p", 2, "--method", "random", "-o", out)
+    assert "input fingerprint" in err
+    assert read_meta(out).seed == 0, "the refused run must leave the old partition alone"
+
+
+def test_non_partition_folder_is_refused_even_with_overwrite(tmp_path, capsys):
+    folder = _write_graph(tmp_path / "in")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        err = _partition_error(capsys, folder, "-p", 2, "-o", out, *extra)
+        assert "not empty and is not a graphfeed partition folder" in err
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_empty_output_folder_is_used(tmp_path, capsys):
+    folder = _write_graph(tmp_path / "in")
+    (tmp_path / "out").mkdir()
+    assert main(["partition", str(folder), "-p", "2", "-o", str(tmp_path / "out"), "-q"]) == 0
+    assert read_meta(tmp_path / "out").num_parts == 2
+
+
+def _set_format_version(root, version):
+    meta = json.loads((root / "META.json").read_text())
+    meta["format_version"] = version
+    (root / "META.json").write_text(json.dumps(meta))
+
+
+def test_other_format_version_is_refused(tmp_path, capsys):
+    folder = _write_graph(tmp_path / "in")
+    out = tmp_path / "out"
+    assert main(["partition", str(folder), "-p", "2", "-o", str(out), "-q"]) == 0
+    _set_format_version(out, 99)
+    with pytest.raises(PartitionFormatError, match="format_version 99 is not supported"):
+        open_parts(out)
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 2
+    assert "format_version 99" in capsys.readouterr().err
+    err = _partition_error(capsys, folder, "-p", 2, "-o", out)
+    assert "format_version 99" in err and "--overwrite" in err
+    assert main(["partition", str(folder), "-p", "2", "-o", str(out), "-q", "--overwrite"]) == 0
+    assert read_meta(out).format_version == 1
+
+
+def test_info_on_non_partition_folder(tmp_path, capsys):
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "META.json not found" in err and "graphfeed partition --output" in err
+
+
+# ---------------------------------------------------------------------------------- torch inputs
+
+def test_torch_input_errors(tmp_path, capsys):
+    from torch_geometric.data import Data, HeteroData
+
+    out = tmp_path / "out"
+    ei = torch.randint(0, N, (2, E))
+    cases = {
+        "no_x.pt": (Data(edge_index=ei, y=torch.zeros(N, dtype=torch.long), num_nodes=N), "attribute x is missing"),
+        "no_train.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long)),
+                        "train_mask is missing"),
+        "bad_mask.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long),
+                             train_mask=torch.ones(N - 1, dtype=torch.bool)), "train_mask must be a bool tensor"),
+        "hetero.pt": (HeteroData(), "holds a HeteroData"),
+    }
+    for name, (obj, expected) in cases.items():
+        torch.save(obj, tmp_path / name)
+        err = _partition_error(capsys, tmp_path / name, "-p", 2, "-o", out)
+        assert name in err and expected in err, err
+    (tmp_path / "junk.pt").write_bytes(b"\x00junk")
+    assert "not a file written by torch.save" in _partition_error(capsys, tmp_path / "junk.pt", "-p", 2, "-o", out)
+
+
+# ---------------------------------------------------------------------------------- atomicity
+
+def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
+    graph = read_graph(_write_graph(tmp_path / "in"))
+    calls = []
+
+    def failing_save(path, array):
+        calls.append(path)
+        if len(calls) == 5:
+            raise OSError("disk full (simulated)")
+        return save(path, array)
+
+    save = builder.save_array
+    monkeypatch.setattr(builder, "save_array", failing_save)
+    with pytest.raises(OSError, match="simulated"):
+        partition_graph(graph, 2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], "the temporary folder is removed"
+
+
+def test_crash_mid_write_never_leaves_a_loadable_folder(tmp_path):
+    """A killed process (no cleanup runs) leaves only a temporary folder without META.json."""
+    folder = _write_graph(tmp_path / "in")
+    script = textwrap.dedent(f"""
+        import os
+        from graphfeed.server.partition import builder
+        from graphfeed.server.partition.inputs import read_graph
+        real, calls = builder.save_array, []
+        def dying_save(path, array):
+            calls.append(path)
+            if len(calls) == 6:
+                os._exit(9)  # like SIGKILL: no finally, no rmtree
+            real(path, array)
+        builder.save_array = dying_save
+        builder.partition_graph(read_graph({str(folder)!r}), 2, {str(tmp_path / 'out')!r})
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    assert not (tmp_path / "out").exists()
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "in"]
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".out.tmp-")
+    assert any(leftovers[0].rglob("*.npy")), "the crash happened mid-write"
+    with pytest.raises(PartitionFormatError, match="not a graphfeed partition folder"):
+        read_meta(leftovers[0])
