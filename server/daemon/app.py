@@ -228,5 +228,20 @@ def serve(config: ServerConfig, *, port_file=None, worker_factory: WorkerFactory
 
     log = logs.configure(config.log_format, config.log_level)
     daemon = Daemon(config, worker_factory=worker_factory, port_file=port_file, log=log)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return int(runner.run(daemon.run()))
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            code = int(runner.run(daemon.run()))
+    finally:
+        # The loop's handlers are gone: a signal during the remaining teardown is a forced exit.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _exit_forced)
+    if code == ExitCode.FORCED:
+        _exit_forced()
+    return code
+
+
+def _exit_forced(*_) -> None:
+    """Exit now, without waiting for threads still blocked in a worker call."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(ExitCode.FORCED))
