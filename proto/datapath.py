@@ -1,0 +1,114 @@
+"""Joining a trainer's torch RPC data-path group: the part both sides (trainer, session workers) share.
+
+* Names and ranks: the trainer is rank 0 ``"trainer"``; part ``K``'s worker is rank
+  ``1 + K`` named :func:`worker_name` ``(K)``.
+* Rendezvous: the trainer hosts a TCPStore at ``host:port``.  torch's ``tcp://`` method
+  waits for the others for 30 minutes; graphfeed registers its own ``graphfeed-tcp://``
+  scheme whose store waits only ``join_timeout`` seconds, so a trainer or worker whose
+  peers never come fails within that bound.
+* Interface: TensorPipe listens on the interface named by ``TP_SOCKET_IFNAME``; graphfeed
+  configures an address, :func:`interface_for` maps it to the interface.
+
+torch keeps a few per-process counters for its RPC start-up (store prefix, all-gather
+sequence numbers); a process that leaves one group and joins a fresh one (a trainer that
+connects twice) must reset them, or its keys no longer match the new peers'
+(:func:`reset_rpc_counters`).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import warnings
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
+
+SCHEME = "graphfeed-tcp"
+TRAINER = "trainer"
+SIOCGIFADDR = 0x8915
+
+
+def worker_name(part: int) -> str:
+    return f"part{part}"
+
+
+def _rendezvous_handler(url: str, **kwargs):
+    import torch.distributed as dist
+
+    u = urlparse(url)
+    q = {k: v[0] for k, v in parse_qs(u.query).items()}
+    rank, world_size = int(q["rank"]), int(q["world_size"])
+    timeout = timedelta(seconds=float(q.get("join_timeout", "60")))
+    store = dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout, wait_for_workers=True,
+                          multi_tenant=True)
+    yield store, rank, world_size
+    raise RuntimeError(f"{SCHEME}:// cannot re-rendezvous: open a new group")
+
+
+def register_rendezvous() -> None:
+    import importlib
+
+    import torch.distributed as dist
+
+    # torch.distributed.rendezvous is shadowed by the function of that name: import the module.
+    handlers = importlib.import_module("torch.distributed.rendezvous")._rendezvous_handlers
+    if SCHEME not in handlers:
+        dist.register_rendezvous_handler(SCHEME, _rendezvous_handler)
+
+
+def init_method(rendezvous: str, join_timeout: float) -> str:
+    return f"{SCHEME}://{rendezvous}?join_timeout={float(join_timeout):g}"
+
+
+def reset_rpc_counters() -> None:
+    import torch.distributed.rpc as rpc
+    import torch.distributed.rpc.api as rpc_api
+
+    with rpc._init_counter_lock:
+        rpc._init_counter = 0
+    with rpc_api._all_gather_dict_lock:
+        rpc_api._all_gather_sequence_id.clear()
+        rpc_api._all_gather_sequence_id_to_states.clear()
+
+
+def join_group(name: str, rank: int, world_size: int, rendezvous: str, *, rpc_timeout: float,
+               join_timeout: float, num_worker_threads: int = 16, data_address: str | None = None) -> None:
+    """``rpc.init_rpc`` for the data path; returns when every member joined, raises after the bounds."""
+    import torch.distributed.rpc as rpc
+
+    if data_address and "TP_SOCKET_IFNAME" not in os.environ:
+        ifname = interface_for(data_address)
+        if ifname is not None:
+            os.environ["TP_SOCKET_IFNAME"] = ifname
+    register_rendezvous()
+    reset_rpc_counters()
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method(rendezvous, join_timeout),
+                                           rpc_timeout=rpc_timeout, num_worker_threads=num_worker_threads)
+    with warnings.catch_warnings():
+        # torch's own start-up uses a deprecated ProcessGroup path and warns about it.
+        warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+
+
+def interface_address(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interface_for(address: str) -> str | None:
+    """The interface whose IPv4 address is ``address`` (host names are resolved); None if none is."""
+    try:
+        ip = socket.gethostbyname(address)
+    except OSError:
+        return None
+    if ip.startswith("127."):
+        ip = "127.0.0.1"
+    for _, name in socket.if_nameindex():
+        if interface_address(name) == ip:
+            return name
+    return None

@@ -1,0 +1,9 @@
+"""Session workers: one process per (trainer, server) that joins the trainer's torch RPC group.
+
+- :mod:`.handle` -- what the daemon holds: start a worker, send it commands, stop it.
+- :mod:`.process` -- the worker's main: partition, RPC group, command loop.
+- :mod:`.session` -- one loader's epochs: plan, producers, buffer.
+- :mod:`.buffer` -- finished batches waiting for the trainer's pulls (bounded in batches and bytes).
+- :mod:`.distributed` -- sampling over the group (local part + peer workers).
+- :mod:`.rpc_api` -- the allow-list of functions callable over torch RPC.
+"""

@@ -1,0 +1,100 @@
+"""Sampling over a trainer's group: this worker's part locally, the other parts via their workers.
+
+A :class:`DistributedGraph` is a :class:`graphfeed.server.loader.producer.SamplingGraph`:
+each hop splits the frontier by owner, sends the remote pieces to the owning workers
+(``rpc_async``, all at once), samples the local piece meanwhile, and stitches the pieces
+back into frontier order.  The counter-based RNG keys every choice by (seed, hop, node), so
+the result equals :class:`graphfeed.server.sampling.graph.LocalGraph`'s bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed.rpc as rpc
+
+from ..partition.store import Partition
+from ..sampling.graph import sample_part
+from ..sampling.neighbor import sample_subgraph, stitch
+from ..sampling.types import OneHop, SampledSubgraph, SamplingSpec
+from . import rpc_api
+
+
+class PeerError(RuntimeError):
+    """A peer worker failed (or is unreachable) while serving a hop or a feature lookup."""
+
+
+def worker_name(part: int) -> str:
+    return f"part{part}"
+
+
+class DistributedGraph:
+    def __init__(self, part: Partition, rpc_timeout: float):
+        self.part = part
+        self.book = part.book
+        self.rpc_timeout = float(rpc_timeout)
+
+    # ---- the SamplingGraph protocol -------------------------------------------------------------
+
+    def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+        def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
+            split = self.book.split(gids)
+            remote = [(pos, p, self._call(p, rpc_api.one_hop, gids[pos], fanout, spec.replace, spec.direction,
+                                          seed, hop)) for p, pos in split if p != self.part.part_id]
+            pieces = [(pos, sample_part(self.part, gids[pos], spec, fanout, seed, hop))
+                      for p, pos in split if p == self.part.part_id]
+            pieces += [(pos, OneHop(*self._wait(p, fut, "one_hop"))) for pos, p, fut in remote]
+            if len(pieces) == 1 and self.book.num_parts == 1:
+                return pieces[0][1]
+            return stitch(gids.numel(), pieces)
+
+        return sample_subgraph(seeds, spec, one_hop)
+
+    def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        split = self.book.split(gids)
+        remote = [(pos, p, self._call(p, rpc_api.gather, gids[pos])) for p, pos in split if p != self.part.part_id]
+        part = self.part
+        x = torch.empty((gids.numel(),) + tuple(part.x.shape[1:]), dtype=part.x.dtype)
+        y = torch.empty((gids.numel(),) + tuple(part.y.shape[1:]), dtype=part.y.dtype)
+        orig = torch.empty(gids.numel(), dtype=torch.int64)
+        for p, pos in split:
+            if p == part.part_id:
+                x[pos], y[pos], orig[pos] = self.local_gather(gids[pos])
+        for pos, p, fut in remote:
+            x[pos], y[pos], orig[pos] = self._wait(p, fut, "gather")
+        return x, y, orig
+
+    # ---- what peers ask of this part ------------------------------------------------------------
+
+    def _check_owned(self, gids: torch.Tensor) -> torch.Tensor:
+        gids = torch.as_tensor(gids, dtype=torch.int64)
+        p = self.part
+        if gids.numel() and (int(gids.min()) < p.start or int(gids.max()) >= p.stop):
+            raise ValueError(f"part {p.part_id} owns node ids {p.start}..{p.stop - 1}, "
+                             f"got ids in {int(gids.min())}..{int(gids.max())}")
+        return gids
+
+    def local_one_hop(self, gids, fanout: int, replace: bool, direction: str, seed: int, hop: int):
+        gids = self._check_owned(gids)
+        spec = SamplingSpec((fanout,), replace=replace, direction=direction)
+        res = sample_part(self.part, gids, spec, fanout, seed, hop)
+        return res.counts, res.neighbors, res.eids
+
+    def local_gather(self, gids):
+        local = self._check_owned(gids) - self.part.start
+        return self.part.x[local], self.part.y[local], self.part.orig_id[local]
+
+    # ---- RPC plumbing ---------------------------------------------------------------------------
+
+    def _call(self, part: int, func, *args):
+        return rpc.rpc_async(worker_name(part), func, args=args, timeout=self.rpc_timeout)
+
+    @staticmethod
+    def _wait(part: int, fut, what: str):
+        try:
+            return fut.wait()
+        except Exception as exc:  # RPC errors arrive as RuntimeError with the peer's message
+            raise PeerError(f"{what} on peer worker part{part} failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

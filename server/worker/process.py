@@ -1,0 +1,220 @@
+"""The session worker process: ``python -m graphfeed.server.worker.process --fd N``.
+
+Started by :class:`graphfeed.server.worker.handle.SessionWorkerHandle`.  It reads its
+:class:`GroupSpec` from the private pipe (fd ``N``), maps its partition, joins the
+trainer's torch RPC group in a background thread (bounded by ``join_timeout``) and serves
+the daemon's commands on the pipe in the main thread.  Batches go to the trainer over
+torch RPC (:mod:`.rpc_api`).
+
+It exits when told to ``stop``, when the pipe closes (the daemon died: no orphans), or
+when joining the group fails (exit code :data:`EXIT_JOIN_FAILED`).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import torch
+
+from graphfeed.proto import datapath
+
+from ..partition.store import Partition
+from .distributed import DistributedGraph
+from .session import Session, SessionArgs
+
+EXIT_JOIN_FAILED = 3
+EXIT_BAD_START = 4
+PR_SET_PDEATHSIG = 1
+
+
+class SessionNotFound(LookupError):
+    pass
+
+
+class SessionWorker:
+    """The worker's state: its partition, the group, and the trainer's sessions."""
+
+    def __init__(self, spec, part: Partition):
+        self.spec, self.part = spec, part
+        self.graph = DistributedGraph(part, spec.rpc_timeout)
+        self.sessions: dict[str, Session] = {}
+        self.lock = threading.Lock()
+        self.joined = threading.Event()
+        self.join_error: str | None = None
+
+    # ---- the group --------------------------------------------------------------------------------
+
+    def join(self) -> None:
+        s = self.spec
+        try:
+            datapath.join_group(datapath.worker_name(s.part_id), s.rank, s.world_size, s.rendezvous,
+                                rpc_timeout=s.rpc_timeout, join_timeout=s.join_timeout,
+                                data_address=s.data_address)
+        except BaseException as exc:  # noqa: BLE001 -- reported to the daemon, then the process exits
+            self.join_error = f"could not join the trainer's group at {s.rendezvous}: {type(exc).__name__}: {exc}"
+            print(f"graphfeed session worker part{s.part_id} group {s.group_id}: {self.join_error}",
+                  file=sys.stderr, flush=True)
+            os._exit(EXIT_JOIN_FAILED)
+        self.joined.set()
+
+    def wait_joined(self) -> None:
+        if not self.joined.wait(self.spec.join_timeout):
+            raise TimeoutError(f"the trainer's RPC group did not form within {self.spec.join_timeout:g} s")
+
+    # ---- commands ---------------------------------------------------------------------------------
+
+    def open_session(self, session_id: str, spec, split=None, node_ids=None, batch_size=1, shuffle=False,
+                     drop_last=False, seed=0, rank=0, world_size=1, kind="") -> int:
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id} is already open")
+        inputs = self._inputs(split, node_ids)
+        args = SessionArgs(session_id, spec, inputs, int(batch_size), bool(shuffle), bool(drop_last), int(seed),
+                           int(rank), int(world_size), str(kind))
+        s = self.spec
+        session = Session(args, self.graph, s.part_id, self.part.meta.num_parts, num_producers=s.num_producers,
+                          buffer_batches=s.buffer_batches, buffer_bytes=s.buffer_bytes)
+        with self.lock:
+            self.sessions[session_id] = session
+        return session.local_input_nodes
+
+    def _inputs(self, split, node_ids) -> torch.Tensor:
+        if split is not None:
+            return self.part.split(split).clone()
+        if node_ids is None:
+            return torch.arange(self.part.start, self.part.stop)
+        ids = torch.as_tensor(node_ids, dtype=torch.int64).reshape(-1)
+        n = self.part.book.num_nodes
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise ValueError(f"node ids out of range: original node ids are 0..{n - 1}")
+        _, gids = self.part.to_global(ids)
+        return gids
+
+    def session(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id} "
+                                  f"(closed, or never opened here)") from None
+
+    def start_epoch(self, session_id: str, epoch: int, counts=None) -> int:
+        session = self.session(session_id)
+        self.wait_joined()
+        return session.start_epoch(int(epoch), counts)
+
+    def close_session(self, session_id: str) -> None:
+        with self.lock:
+            session = self.sessions.pop(session_id, None)
+        if session is None:
+            raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id}")
+        session.close()
+
+    def stats(self) -> list[dict]:
+        rows = [s.stats() for s in list(self.sessions.values())]
+        for r in rows:
+            r["group_id"] = self.spec.group_id
+        return rows
+
+    def pull(self, session_id: str, epoch: int, seq: int) -> torch.futures.Future:
+        return self.session(session_id).pull(epoch, seq)
+
+    def shutdown(self) -> None:
+        with self.lock:
+            sessions, self.sessions = list(self.sessions.values()), {}
+        for s in sessions:
+            s.close()
+        if self.joined.is_set():
+            import torch.distributed.rpc as rpc
+
+            # Not graceful: a graceful shutdown is a barrier over the whole group and would
+            # wait for the trainer (or hang on a dead peer).
+            rpc.shutdown(graceful=False)
+
+
+COMMANDS = ("open_session", "start_epoch", "close_session", "stats")
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, LookupError):
+        return "not_found"
+    if isinstance(exc, ValueError):
+        return "invalid"
+    if isinstance(exc, TimeoutError):
+        return "precondition"
+    return "internal"
+
+
+def serve_commands(conn: Connection, worker: SessionWorker) -> None:
+    """Answer ``(msg_id, command, kwargs)`` messages until ``stop`` or the pipe closes."""
+    while True:
+        try:
+            msg_id, command, kwargs = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the daemon is gone
+        if command == "stop":
+            worker.shutdown()
+            _reply(conn, (msg_id, "ok", None))
+            return
+        try:
+            if command not in COMMANDS:
+                raise ValueError(f"unknown worker command {command!r}")
+            reply = (msg_id, "ok", getattr(worker, command)(**kwargs))
+        except Exception as exc:  # noqa: BLE001 -- every error goes back to the caller
+            reply = (msg_id, "error", (_error_kind(exc), f"{exc}" or type(exc).__name__))
+        _reply(conn, reply)
+
+
+def _reply(conn: Connection, reply) -> None:
+    try:
+        conn.send_bytes(pickle.dumps(reply))
+    except (OSError, EOFError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the daemon that started it dies (even by SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # the closed pipe still ends the command loop
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="graphfeed-session-worker")
+    parser.add_argument("--fd", type=int, required=True, help="the private pipe to the daemon")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
+    conn = Connection(args.fd)
+    try:
+        spec = pickle.loads(conn.recv_bytes())
+        part = Partition(spec.partition_root, spec.part_id)
+        part.topology(part.meta.topologies[0])  # map (and check) the files now, not on the first batch
+    except Exception as exc:  # noqa: BLE001
+        _reply(conn, ("start", "error", ("internal", f"session worker cannot start: {exc}")))
+        return EXIT_BAD_START
+    _reply(conn, ("start", "ok", os.getpid()))
+    worker = SessionWorker(spec, part)
+    from . import rpc_api
+
+    rpc_api.bind(worker)
+    rpc_api.install_guard()
+    threading.Thread(target=worker.join, name="join-group", daemon=True).start()
+    serve_commands(conn, worker)
+    if not worker.joined.is_set():
+        os._exit(0)  # the join thread may still be blocked in init_rpc
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(0)  # let daemon threads see the end
+    os._exit(code)  # skip torch's atexit hooks: the group is already left

@@ -1,0 +1,80 @@
+"""The functions a session worker runs for others over torch RPC -- and nothing else.
+
+Torch RPC lets a peer name any importable function; a worker process installs
+:func:`install_guard`, which refuses every function not in :data:`ALLOWED` (and not one
+of torch's own RPC helpers, which the group needs for start-up and shutdown).  Note the
+limit of this guard: the arguments are still unpickled, so the data port must only be
+reachable by trusted trainers (bind it to a private interface); the guard stops stray
+calls, it is not a sandbox.
+
+* ``pull(session_id, epoch, seq)`` -- the trainer takes batch ``seq`` of an epoch
+  (async: completes when the batch is ready).
+* ``one_hop(...)`` / ``gather(gids)`` -- peer workers sample a frontier / read features
+  of nodes this worker's part owns.
+
+The worker process hosts exactly one :class:`SessionWorker`; :func:`bind` registers it
+here once at start-up (torch RPC calls module-level functions, so this module is the one
+place that finds it).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed.rpc as rpc
+import torch.distributed.rpc.internal as rpc_internal
+
+_worker = None   # the process's SessionWorker (set once by bind())
+
+
+def bind(worker) -> None:
+    global _worker
+    _worker = worker
+
+
+def _bound():
+    if _worker is None:
+        raise RuntimeError("this process hosts no graphfeed session worker")
+    return _worker
+
+
+@rpc.functions.async_execution
+def pull(session_id: str, epoch: int, seq: int) -> torch.futures.Future:
+    """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.proto.batch`)."""
+    return _bound().pull(session_id, int(epoch), int(seq))
+
+
+def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
+    """``(counts, neighbors, eids)`` of one hop for nodes ``gids`` owned by this worker's part."""
+    return _bound().graph.local_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
+
+
+def gather(gids: torch.Tensor):
+    """``(x, y, original ids)`` of nodes ``gids`` owned by this worker's part."""
+    return _bound().graph.local_gather(gids)
+
+
+ALLOWED = frozenset({pull, one_hop, gather})
+_TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
+
+
+def install_guard() -> None:
+    """Refuse RPCs to anything but :data:`ALLOWED` in this process (call before ``init_rpc``).
+
+    torch's C++ handler looks ``internal._run_function`` up when the agent starts, so the
+    wrapper must be in place first.
+    """
+    original = rpc_internal._run_function
+    if getattr(original, "_graphfeed_guard", False):
+        return
+
+    def guarded(python_udf):
+        func = getattr(python_udf, "func", None)
+        if (not isinstance(python_udf, AttributeError) and func not in ALLOWED
+                and getattr(func, "__module__", None) != _TORCH_INTERNAL):
+            name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+            return rpc_internal.RemoteException(
+                f"{name} is not callable on a graphfeed session worker (allowed: pull, one_hop, gather)",
+                PermissionError)
+        return original(python_udf)
+
+    guarded._graphfeed_guard = True  # type: ignore[attr-defined]
+    rpc_internal._run_function = guarded

@@ -1,0 +1,170 @@
+"""One loader of the trainer inside a session worker: its input nodes, epochs and producers.
+
+The worker computes the epoch exactly as :class:`graphfeed.server.loader.local.LocalNeighborLoader`
+does -- :func:`plan_epoch` over every part's input count, :func:`rank_batches` for the
+session's rank, :func:`partition_order` for this part's input list -- and produces the
+entries whose seeds this part owns, in order, with :func:`produce_batch`.  ``seq`` is the
+entry's position in the rank's list (what the trainer pulls).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from graphfeed.proto.epoch import BatchSpec, check_loader_args, partition_order, plan_epoch, rank_batches
+
+from ..loader.producer import produce_batch
+from ..sampling.types import SamplingSpec
+from .buffer import BatchBuffer
+
+
+@dataclass(frozen=True)
+class SessionArgs:
+    session_id: str
+    spec: SamplingSpec
+    inputs: torch.Tensor          # global ids of this part's input nodes, in input order
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    rank: int
+    world_size: int
+    kind: str = ""
+
+
+class EpochSuperseded(RuntimeError):
+    """Raised into pulls of an epoch that a newer start_epoch (or close) replaced."""
+
+
+class EpochRun:
+    """The batches this part produces for one epoch of one session."""
+
+    def __init__(self, epoch: int, entries: list[tuple[int, BatchSpec]], order: torch.Tensor, buffer: BatchBuffer):
+        self.epoch, self.entries, self.order, self.buffer = epoch, entries, order, buffer
+        self.seqs = {seq for seq, _ in entries}
+        self._next = 0
+        self._lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+
+    def claim(self) -> tuple[int, BatchSpec] | None:
+        with self._lock:
+            if self._next >= len(self.entries):
+                return None
+            self._next += 1
+            return self.entries[self._next - 1]
+
+
+class Session:
+    def __init__(self, args: SessionArgs, graph, part_id: int, num_parts: int, *, num_producers: int,
+                 buffer_batches: int, buffer_bytes: int):
+        check_loader_args(args.batch_size, args.world_size, args.rank)
+        self.args, self.graph, self.part_id, self.num_parts = args, graph, part_id, num_parts
+        self.num_producers = max(1, int(num_producers))
+        self.buffer_batches, self.buffer_bytes = buffer_batches, buffer_bytes
+        self.run: EpochRun | None = None
+        self._lock = threading.Lock()
+        self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
+
+    @property
+    def local_input_nodes(self) -> int:
+        return int(self.args.inputs.numel())
+
+    def start_epoch(self, epoch: int, counts: Sequence[int] | None) -> int:
+        """Plan ``epoch`` and start producing this part's batches; returns how many there are."""
+        counts = self._check_counts(counts)
+        a = self.args
+        plan = plan_epoch(counts, a.batch_size, a.world_size, seed=a.seed, epoch=epoch, shuffle=a.shuffle,
+                          drop_last=a.drop_last)
+        mine = [(seq, e) for seq, e in enumerate(rank_batches(plan, a.rank, a.world_size)) if e.part == self.part_id]
+        order = partition_order(a.inputs, seed=a.seed, epoch=epoch, part=self.part_id, shuffle=a.shuffle)
+        run = EpochRun(epoch, mine, order, BatchBuffer(self.buffer_batches, self.buffer_bytes))
+        with self._lock:
+            old, self.run = self.run, run
+        if old is not None:
+            self._retire(old, EpochSuperseded(f"epoch {old.epoch} of session {a.session_id} was replaced by "
+                                              f"epoch {epoch}"))
+        for i in range(min(self.num_producers, len(mine))):
+            t = threading.Thread(target=self._produce, args=(run,), name=f"producer-{a.session_id[:8]}-{i}",
+                                 daemon=True)
+            run.threads.append(t)
+            t.start()
+        return len(mine)
+
+    def _check_counts(self, counts) -> list[int]:
+        own = self.local_input_nodes
+        if counts is None or len(counts) == 0:
+            if self.num_parts == 1:
+                return [own]
+            raise ValueError(f"start_epoch needs part_input_counts (every part's local_input_nodes, "
+                             f"{self.num_parts} values) to plan the epoch")
+        counts = [int(c) for c in counts]
+        if len(counts) != self.num_parts:
+            raise ValueError(f"part_input_counts has {len(counts)} values, the graph has {self.num_parts} parts")
+        if counts[self.part_id] != own or min(counts) < 0:
+            raise ValueError(f"part_input_counts {counts} disagree with this part: part {self.part_id} has {own} "
+                             f"input nodes for session {self.args.session_id}")
+        return counts
+
+    def _produce(self, run: EpochRun) -> None:
+        a = self.args
+        while run.buffer.reserve():
+            item = run.claim()
+            if item is None:
+                run.buffer.unreserve()
+                return
+            seq, entry = item
+            try:
+                seeds = run.order[entry.start:entry.stop]
+                batch = produce_batch(self.graph, seeds, a.spec, entry, run.epoch, seq)
+            except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
+                run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
+                                              f"failed: {type(exc).__name__}: {exc}"))
+                return
+            run.buffer.put(seq, batch)
+
+    def pull(self, epoch: int, seq: int) -> torch.futures.Future:
+        run = self.run
+        if run is None or epoch != run.epoch:
+            now = "no epoch started" if run is None else f"the current epoch is {run.epoch}"
+            raise ValueError(f"session {self.args.session_id}: epoch {epoch} is not being served ({now}); "
+                             f"call StartEpoch first")
+        if seq not in run.seqs:
+            raise ValueError(f"session {self.args.session_id}: batch {seq} of epoch {epoch} is not produced by "
+                             f"part {self.part_id} for rank {self.args.rank}")
+        return run.buffer.take(seq)
+
+    def close(self) -> None:
+        with self._lock:
+            old, self.run = self.run, None
+        if old is not None:
+            self._retire(old, EpochSuperseded(f"session {self.args.session_id} was closed"))
+
+    def _retire(self, run: EpochRun, error: BaseException) -> None:
+        run.buffer.close(error)
+        s = run.buffer.stats
+        self.totals["produced"] += s.produced
+        self.totals["served"] += s.served
+        self.totals["bytes_served"] += s.bytes_served
+
+    def stats(self) -> dict:
+        run = self.run
+        s = run.buffer.stats if run is not None else None
+        return {
+            "session_id": self.args.session_id, "kind": self.args.kind,
+            "epoch": run.epoch if run is not None else -1,
+            "batches_produced": self.totals["produced"] + (s.produced if s else 0),
+            "batches_served": self.totals["served"] + (s.served if s else 0),
+            "bytes_served": self.totals["bytes_served"] + (s.bytes_served if s else 0),
+            "buffered_batches": s.buffered_batches if s else 0,
+            "buffered_bytes": s.buffered_bytes if s else 0,
+        }
+
+
+def join_threads(threads, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
