@@ -1,0 +1,158 @@
+"""Sampling throughput measurements (``graphfeed bench sample``; ``bench remote`` reuses the definitions).
+
+Definitions (keep them stable: later issues report against them):
+
+* one **epoch** is one pass over the input nodes (``train`` by default), shuffled, cut into
+  batches by :func:`graphfeed.proto.epoch.plan_epoch` exactly as the loaders do (one rank);
+* ``seeds_per_s`` = input nodes of the epoch / wall time of the epoch;
+* ``batches_per_s`` = batches of the epoch / wall time;
+* ``sampled_edges_per_s`` = sum over the epoch's batches of ``edge_index.size(1)`` / wall time;
+* the reported value of each rate is the median over the measured epochs, after one
+  unmeasured warm-up epoch (page cache, allocator, lazy imports), with the min and max;
+* with ``features`` every batch goes through the full :func:`produce_batch` path (sample,
+  then gather ``x``/``y``/original ids of every sampled node, then encode); without, only
+  the multi-hop sampling runs;
+* ``peak_rss_mb`` is the process's peak resident set (``ru_maxrss``), memory-mapped
+  partition pages that were touched included.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from graphfeed.proto.epoch import MAX_BATCH_SIZE, partition_order, plan_epoch
+
+from .loader.producer import produce_batch
+from .partition.format import SPLITS
+from .partition.store import open_parts
+from .sampling import dispatch
+from .sampling.graph import LocalGraph
+from .sampling.types import SamplingSpec
+
+RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s")
+INPUTS = SPLITS + ("all",)
+
+
+@dataclass(frozen=True)
+class SampleBenchConfig:
+    """What ``bench sample`` measures; validated on construction."""
+
+    graph: str
+    num_neighbors: tuple[int, ...] = (15, 10, 5)
+    batch_size: int = 1024
+    features: bool = False
+    threads: int | None = None     # torch intra-op threads; None keeps torch's default
+    epochs: int = 3                # measured epochs (after one warm-up epoch)
+    input: str = "train"           # a split name or "all"
+    seed: int = 0
+    replace: bool = False
+    direction: str = "in"
+    spec: SamplingSpec = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "spec", SamplingSpec(self.num_neighbors, replace=self.replace,
+                                                      direction=self.direction))
+        object.__setattr__(self, "num_neighbors", self.spec.num_neighbors)
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"--batch-size must be an integer in 1..{MAX_BATCH_SIZE}, got {self.batch_size!r}")
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
+        if self.input not in INPUTS:
+            raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {self.input!r}")
+        if not os.path.isdir(self.graph):
+            raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
+                                    f"create one with `graphfeed partition ... --output {self.graph}`")
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    seconds: float
+    seeds: int
+    batches: int
+    edges: int
+
+    def rates(self) -> dict[str, float]:
+        s = max(self.seconds, 1e-9)
+        return {"seeds_per_s": self.seeds / s, "batches_per_s": self.batches / s,
+                "sampled_edges_per_s": self.edges / s}
+
+
+def input_nodes(graph: LocalGraph, name: str) -> list[torch.Tensor]:
+    """Global ids of the benchmark's input nodes, per partition."""
+    if name == "all":
+        return [torch.arange(p.start, p.stop) for p in graph.parts]
+    return [p.split(name).clone() for p in graph.parts]
+
+
+def run_epoch(graph: LocalGraph, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
+              clock: Callable[[], float] = time.perf_counter) -> EpochStats:
+    """One shuffled pass over ``inputs`` (batches as the loaders plan them, one rank)."""
+    t0 = clock()
+    plan = plan_epoch([t.numel() for t in inputs], cfg.batch_size, 1, seed=cfg.seed, epoch=epoch,
+                      shuffle=True, drop_last=False)
+    orders = [partition_order(t, seed=cfg.seed, epoch=epoch, part=p, shuffle=True) for p, t in enumerate(inputs)]
+    seeds = edges = 0
+    for seq, entry in enumerate(plan):
+        batch_seeds = orders[entry.part][entry.start:entry.stop]
+        if cfg.features:
+            edges += produce_batch(graph, batch_seeds, cfg.spec, entry, epoch, seq)["edge_index"].size(1)
+        else:
+            edges += graph.sample(batch_seeds, cfg.spec, entry.seed).row.numel()
+        seeds += batch_seeds.numel()
+    return EpochStats(clock() - t0, seeds, len(plan), edges)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def summarize(epochs: list[EpochStats]) -> dict:
+    """Median rates over ``epochs`` with their min and max (the JSON fields of ``bench``)."""
+    rates = [e.rates() | {"epoch_s": e.seconds} for e in epochs]
+    keys = RATES + ("epoch_s",)
+    digits = {"epoch_s": 4}
+    pick = lambda f: {k: round(f(r[k] for r in rates), digits.get(k, 1)) for k in keys}  # noqa: E731
+    out = pick(statistics.median)
+    out["min"], out["max"] = pick(min), pick(max)
+    out["seeds_per_epoch"] = epochs[0].seeds
+    out["batches_per_epoch"] = epochs[0].batches
+    out["sampled_edges_per_epoch"] = statistics.median(e.edges for e in epochs)
+    return out
+
+
+def bench_sample(cfg: SampleBenchConfig) -> dict:
+    """Measure the in-process sampler on ``cfg.graph``; returns the JSON-ready result."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    graph = LocalGraph(open_parts(cfg.graph)[1])
+    inputs = input_nodes(graph, cfg.input)
+    run_epoch(graph, inputs, cfg, epoch=0)                       # warm-up, not reported
+    measured = [run_epoch(graph, inputs, cfg, epoch=e) for e in range(1, cfg.epochs + 1)]
+    result = summarize(measured)
+    result.update({
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "implementation": dispatch.IMPLEMENTATION,
+        "threads": torch.get_num_threads(),
+        "graph": os.fspath(cfg.graph),
+        "num_parts": graph.book.num_parts,
+        "num_neighbors": list(cfg.num_neighbors),
+        "batch_size": cfg.batch_size,
+        "features": cfg.features,
+        "epochs": cfg.epochs,
+        "warmup_epochs": 1,
+        "input": cfg.input,
+        "seed": cfg.seed,
+        "replace": cfg.replace,
+        "direction": cfg.direction,
+    })
+    return result
+
