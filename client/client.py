@@ -1,0 +1,107 @@
+"""``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .cluster import ServerConn, open_servers, parse_cluster
+from .errors import ServerError
+from .group import DataGroup
+from .loader import RemoteNeighborLoader
+
+
+def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
+            lease_seconds: float | None = None, rpc_timeout: float = 60.0) -> "Client":
+    """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
+
+    Checks that the servers hold one graph's parts exactly once, starts a session worker on
+    each and forms the data-path group (rank 0 here).  ``timeout`` bounds each control call
+    and the group's formation (s); ``rpc_timeout`` bounds each batch pull (s);
+    ``advertise_host`` is the address the servers reach this process at (default: the local
+    address on the route to the first server); ``lease_seconds`` how long servers keep this
+    trainer's workers without a heartbeat (0/None: server default).
+
+    Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
+    a server fails, RuntimeError if this process already has an open client.
+    """
+    addresses = parse_cluster(cluster)
+    servers = open_servers(addresses, timeout)
+    try:
+        group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
+                          lease_seconds=lease_seconds)
+        group.start()
+    except BaseException:
+        for s in servers:
+            s.close()
+        raise
+    return Client(servers, group, timeout=timeout, rpc_timeout=rpc_timeout)
+
+
+class Client:
+    """An open connection: make loaders with :meth:`neighbor_loader`; ``close()`` (or ``with``) when done."""
+
+    def __init__(self, servers: Sequence[ServerConn], group: DataGroup, *, timeout: float, rpc_timeout: float):
+        self.servers, self.group = list(servers), group
+        self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
+        info = self.servers[0].info
+        self.num_parts = int(info.num_parts)
+        self.num_nodes = int(info.node_ranges[-1])
+        self.num_classes = int(info.num_classes)
+        self.features = {f.name: (tuple(f.shape), f.dtype) for f in info.features}
+        self.split_sizes = dict(info.split_sizes)
+        self._loaders: list[RemoteNeighborLoader] = []
+        self._broken: ServerError | None = None
+        self._closed = False
+
+    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] = (10, 10), *,
+                        batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
+                        seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
+                        world_size: int | None = None, kind: str | None = None) -> RemoteNeighborLoader:
+        """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring."""
+        self._check_usable()
+        loader = RemoteNeighborLoader(self, num_neighbors, input_nodes=input_nodes, batch_size=batch_size,
+                                      shuffle=shuffle, drop_last=drop_last, prefetch=prefetch, seed=seed,
+                                      replace=replace, direction=direction, rank=rank, world_size=world_size,
+                                      kind=kind)
+        self._loaders.append(loader)
+        return loader
+
+    # ---- state ----------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RuntimeError("this graphfeed client is closed: connect() again")
+        if self._broken is not None:
+            raise ServerError(self._broken.server, f"the client is unusable after an earlier failure: "
+                                                   f"{self._broken}; close() it and connect() again")
+
+    def _fail(self, where: tuple[str, str], cause: BaseException | None = None):
+        """Mark the client broken (its group lost a member) and raise the error naming the server."""
+        server, message = where
+        self._broken = ServerError(server, message)
+        raise self._broken from cause
+
+    def _forget(self, loader) -> None:
+        if loader in self._loaders:
+            self._loaders.remove(loader)
+
+    def close(self) -> None:
+        """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
+        if self._closed:
+            return
+        self._closed = True
+        for loader in list(self._loaders):
+            loader.close()
+        try:
+            self.group.close()
+        finally:
+            for s in self.servers:
+                s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({', '.join(s.name for s in self.servers)}, group={self.group.group_id})"

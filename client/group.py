@@ -1,0 +1,172 @@
+"""The trainer's data-path group: one torch RPC group with one session worker per server.
+
+Set-up: pick a rendezvous port on the advertised host, ``OpenGroup`` on every server (in
+parallel: each starts a worker process), then join as rank 0 ``"trainer"`` -- the join
+returns when every worker is in, or fails after ``timeout`` seconds.  A heartbeat thread
+per server renews the group's lease; a failed heartbeat is remembered so a waiting pull
+can say which server went away.
+
+torch allows one RPC group per process at a time; :data:`_ACTIVE` enforces it with a
+clear error.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import datapath
+
+from .cluster import ServerConn
+from .errors import NotFound, ServerError
+
+_ACTIVE_LOCK = threading.Lock()
+_ACTIVE: list["DataGroup"] = []
+PROBE_TIMEOUT = 3.0
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """This host's address on the route to ``host`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), port))
+        return s.getsockname()[0]
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class DataGroup:
+    def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
+                 rpc_timeout: float, lease_seconds: float | None):
+        self.servers = list(servers)
+        self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
+        host, port = self.servers[0].address.rsplit(":", 1)
+        self.host = advertise_host or local_address_towards(host.strip("[]"), int(port))
+        self.group_id = f"trainer-{uuid.uuid4().hex[:16]}"
+        self.lease_request = float(lease_seconds or 0.0)
+        self.failures: dict[str, str] = {}   # server name -> why its heartbeat failed
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.opened: list[ServerConn] = []
+        self.joined = False
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with _ACTIVE_LOCK:
+            if _ACTIVE:
+                raise RuntimeError("this process already has an open graphfeed client (torch allows one RPC "
+                                   "group per process): reuse it, or close() it before connecting again")
+            _ACTIVE.append(self)
+        try:
+            self._open_all()
+            self._join()
+        except BaseException:
+            self.close()
+            raise
+        for s in self.servers:
+            t = threading.Thread(target=self._heartbeat, args=(s,), name=f"graphfeed-heartbeat-{s.part}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _open_all(self) -> None:
+        self.rendezvous = f"{self.host}:{free_port(self.host)}"
+        world = len(self.servers) + 1
+
+        def open_one(s: ServerConn):
+            req = pb.OpenGroupRequest(group_id=self.group_id, rendezvous=self.rendezvous, world_size=world,
+                                      rank=1 + s.part, lease_seconds=self.lease_request)
+            reply = s.call("OpenGroup", req, timeout=self.timeout)
+            s.group_lease = reply.lease_seconds
+            return s
+
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            futures = [pool.submit(open_one, s) for s in self.servers]
+            errors = []
+            for f in futures:
+                try:
+                    self.opened.append(f.result())
+                except Exception as exc:  # noqa: BLE001 -- the first one is raised after all finished
+                    errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _join(self) -> None:
+        try:
+            datapath.join_group(datapath.TRAINER, 0, len(self.servers) + 1, self.rendezvous,
+                                rpc_timeout=self.rpc_timeout, join_timeout=self.timeout, data_address=self.host)
+        except Exception as exc:  # noqa: BLE001
+            dead = self.probe()
+            who = "; ".join(f"{k}: {v}" for k, v in dead.items()) or "every server still answers on its control port"
+            raise ServerError(", ".join(dead) or "cluster",
+                              f"the data-path group did not form within {self.timeout:g} s at {self.rendezvous} "
+                              f"({who}); is {self.host} reachable from the servers? (set advertise_host) "
+                              f"cause: {_first_line(exc)}") from None
+        self.joined = True
+
+    # ---- liveness -------------------------------------------------------------------------------
+
+    def _heartbeat(self, s: ServerConn) -> None:
+        interval = max(0.2, min(5.0, (s.group_lease or 30.0) / 4))
+        while not self._stop.wait(interval):
+            try:
+                s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
+                self.failures.pop(s.name, None)
+            except NotFound:
+                self.failures[s.name] = "the server no longer knows this trainer's group (it was reaped or restarted)"
+            except Exception as exc:  # noqa: BLE001
+                self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
+
+    def probe(self) -> dict[str, str]:
+        """Servers that fail a heartbeat now (name -> reason), checked in parallel."""
+        def check(s: ServerConn):
+            try:
+                s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
+                return None
+            except NotFound:
+                return "the server no longer knows this trainer's group (reaped or restarted)"
+            except Exception as exc:  # noqa: BLE001
+                return f"its control port does not answer ({_first_line(exc)})"
+
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            results = list(pool.map(check, self.servers))
+        return {s.name: r for s, r in zip(self.servers, results) if r is not None}
+
+    # ---- teardown -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.joined:
+            import torch.distributed.rpc as rpc
+
+            # Not graceful: a graceful shutdown is a barrier over the group and would hang on a dead worker.
+            rpc.shutdown(graceful=False)
+            self.joined = False
+
+        def close_one(s: ServerConn):
+            try:
+                s.call("CloseGroup", pb.CloseGroupRequest(group_id=self.group_id), timeout=min(self.timeout, 10.0))
+            except Exception:  # noqa: BLE001 -- a dead server reaps the group itself (lease)
+                pass
+
+        if self.opened:
+            with ThreadPoolExecutor(len(self.opened)) as pool:
+                list(pool.map(close_one, self.opened))
+            self.opened = []
+        for t in self._threads:
+            t.join(timeout=10.0)
+        with _ACTIVE_LOCK:
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

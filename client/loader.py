@@ -1,0 +1,194 @@
+"""The remote neighbor loader: batches sampled by the servers, pulled over the data-path group.
+
+A loader is one session on every server.  Each ``iter()`` is an epoch: the client plans it
+from the servers' input counts (:mod:`graphfeed.proto.epoch`, the same plan the workers
+compute), starts it on every server, and pulls its rank's batches in order from the server
+that owns each batch's seeds, keeping ``prefetch`` pulls in flight per server.  Batches
+equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same arguments.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Iterator, Sequence
+
+import torch
+
+from graphfeed.proto import batch as batch_codec
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import datapath
+from graphfeed.proto.epoch import check_loader_args, plan_epoch, rank_batches
+
+from .errors import ServerError
+
+SPLITS = ("train", "val", "test")
+WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else ``torch.distributed``'s, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    return int(0 if rank is None else rank), int(1 if world_size is None else world_size)
+
+
+class RemoteNeighborLoader:
+    """Iterate PyG ``Data`` mini-batches sampled by the cluster's servers.
+
+    Made by :meth:`graphfeed.client.Client.neighbor_loader`; arguments as PyG's
+    ``NeighborLoader``.  ``input_nodes``: a split name, a tensor of original node ids, or
+    ``None`` (all nodes; batches then equal the local loader's with
+    ``input_nodes=torch.arange(num_nodes)``).  Each ``iter()`` is one epoch (0, 1, ...;
+    :meth:`set_epoch` overrides).  Raises :class:`ServerError` naming the server when a
+    server fails or dies mid-epoch (within ``rpc_timeout``, usually at once).
+    """
+
+    def __init__(self, client, num_neighbors: Sequence[int], *, input_nodes="train", batch_size: int = 1,
+                 shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
+                 replace: bool = False, direction: str = "in", rank: int | None = None,
+                 world_size: int | None = None, kind: str | None = None):
+        self.client = client
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        check_loader_args(batch_size, self.world_size, self.rank)
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
+        if isinstance(num_neighbors, (int, str)) or not hasattr(num_neighbors, "__iter__"):
+            raise ValueError(f"num_neighbors must be a list of per-hop fanouts, e.g. [15, 10], got {num_neighbors!r}")
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.prefetch, self.seed = prefetch, int(seed)
+        self._epoch = 0
+        self._closed = False
+        req = self._session_request(num_neighbors, input_nodes, replace, direction, kind)
+        self.sessions: list[str] = []
+        self.counts: list[int] = []
+        try:
+            for s in client.servers:
+                reply = s.call("OpenSession", req, timeout=client.timeout)
+                self.sessions.append(reply.session_id)
+                self.counts.append(int(reply.local_input_nodes))
+        except BaseException:
+            self.close()
+            raise
+        self._len_cache: tuple[int, int] | None = None
+
+    def _session_request(self, num_neighbors, input_nodes, replace, direction, kind) -> pb.OpenSessionRequest:
+        spec = pb.SamplingSpec(num_neighbors=[int(k) for k in num_neighbors], replace=bool(replace),
+                               direction=direction)
+        req = pb.OpenSessionRequest(group_id=self.client.group.group_id, spec=spec, batch_size=self.batch_size,
+                                    shuffle=bool(self.shuffle), drop_last=bool(self.drop_last), seed=self.seed,
+                                    rank=self.rank, world_size=self.world_size)
+        if isinstance(input_nodes, str):
+            if input_nodes not in SPLITS:
+                raise ValueError(f"unknown split {input_nodes!r}: use one of {', '.join(SPLITS)} or a tensor of ids")
+            req.split = input_nodes
+            req.kind = kind or input_nodes
+        else:
+            ids = (torch.arange(self.client.num_nodes) if input_nodes is None
+                   else torch.as_tensor(input_nodes).reshape(-1))
+            if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}")
+            req.node_ids.ids.extend(ids.to(torch.int64).tolist())
+            req.kind = kind or "nodes"
+        return req
+
+    # ---- epochs ---------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def _plan(self, epoch: int):
+        plan = plan_epoch(self.counts, self.batch_size, self.world_size, seed=self.seed, epoch=epoch,
+                          shuffle=self.shuffle, drop_last=self.drop_last)
+        return rank_batches(plan, self.rank, self.world_size)
+
+    def __len__(self) -> int:
+        if self._len_cache is None or self._len_cache[0] != self._epoch:
+            self._len_cache = (self._epoch, len(self._plan(self._epoch)))
+        return self._len_cache[1]
+
+    def __iter__(self) -> Iterator:
+        if self._closed:
+            raise RuntimeError("this loader was closed")
+        self.client._check_usable()
+        epoch = self._epoch
+        self._epoch += 1
+        entries = self._plan(epoch)
+        self._start_epoch(epoch, entries)
+        return self._batches(epoch, entries)
+
+    def _start_epoch(self, epoch: int, entries) -> None:
+        for s, session_id in zip(self.client.servers, self.sessions):
+            req = pb.StartEpochRequest(session_id=session_id, epoch=epoch, part_input_counts=self.counts)
+            reply = s.call("StartEpoch", req, timeout=self.client.timeout)
+            expected = sum(1 for e in entries if e.part == s.part)
+            if reply.num_batches != expected:
+                raise ServerError(s.name, f"plans {reply.num_batches} batches for epoch {epoch}, the client "
+                                          f"expects {expected}: client and server disagree on the epoch contract")
+
+    def _batches(self, epoch: int, entries) -> Iterator:
+        servers = self.client.servers
+        inflight = [0] * len(servers)
+        window: deque = deque()
+        issued = 0
+        for seq in range(len(entries)):
+            while issued < len(entries) and inflight[entries[issued].part] < self.prefetch:
+                p = entries[issued].part
+                window.append((issued, p, self._pull(p, epoch, issued)))
+                inflight[p] += 1
+                issued += 1
+            got_seq, p, fut = window.popleft()
+            batch = self._wait(fut, p, epoch, got_seq)
+            inflight[p] -= 1
+            yield batch_codec.to_pyg(batch)
+
+    def _pull(self, part: int, epoch: int, seq: int):
+        import torch.distributed.rpc as rpc
+
+        return rpc.rpc_async(datapath.worker_name(part), datapath.PULL, args=(self.sessions[part], epoch, seq),
+                             timeout=self.client.rpc_timeout)
+
+    def _wait(self, fut, part: int, epoch: int, seq: int) -> dict:
+        done = threading.Event()
+        fut.add_done_callback(lambda _: done.set())
+        group = self.client.group
+        while not done.wait(WAIT_SLICE):
+            if group.failures:  # a heartbeat failed meanwhile: do not wait for the RPC timeout
+                self.client._fail(self._failure_text(part, epoch, seq, "is still pending", group.failures))
+        try:
+            return fut.wait()
+        except Exception as exc:  # noqa: BLE001 -- RPC errors arrive as RuntimeError with the remote message
+            dead = group.probe()
+            self.client._fail(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead), exc)
+
+    def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
+        source = self.client.servers[part].name
+        pull = f"batch {seq} of epoch {epoch} from {source} {what}"
+        if dead:
+            name = next(iter(dead))
+            return name, f"is gone: {dead[name]}; {pull}"
+        return source, f"{pull}"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s, session_id in zip(self.client.servers, self.sessions):
+            try:
+                s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 -- the server may be gone; its reaper cleans up
+                pass
+        self.client._forget(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
