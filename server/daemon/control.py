@@ -270,7 +270,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         if not 0 <= request.epoch <= MAX_EPOCH:
             raise _invalid(f"epoch = {request.epoch} is out of range: give 0..{MAX_EPOCH}")
         group.renew(self.registry.clock())
-        n = int(await self._call(group, "start_epoch", session_id=session.session_id, epoch=request.epoch))
+        n = int(await self._call(group, "start_epoch", session_id=session.session_id, epoch=request.epoch,
+                                    counts=list(request.part_input_counts)))
         session.epoch = request.epoch
         self.log.debug("epoch_start", session=session.session_id, group=group.group_id, epoch=request.epoch,
                        num_batches=n)
