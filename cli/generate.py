@@ -53,6 +53,7 @@ def write_graph(out: Path, preset: str, seed: int) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        os.chmod(tmp, 0o755 & ~_umask())
         np.save(tmp / "edge_index.npy", edge_index)
         np.save(tmp / "x.npy", x)
         np.save(tmp / "y.npy", y)
@@ -71,6 +72,12 @@ def write_graph(out: Path, preset: str, seed: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def run(args) -> int:

@@ -229,3 +229,6 @@ def test_crash_mid_write_never_leaves_a_loadable_folder(tmp_path):
     assert any(leftovers[0].rglob("*.npy")), "the crash happened mid-write"
     with pytest.raises(PartitionFormatError, match="not a graphfeed partition folder"):
         read_meta(leftovers[0])
+    # the next run into the same output removes the dead run's leftovers
+    partition_graph(read_graph(folder), 2, tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]

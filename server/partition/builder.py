@@ -267,8 +267,8 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
     """Partition ``graph`` into ``output`` atomically: the folder appears complete or not at all.
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
-    into place; a crash leaves only the temporary folder (``.NAME.tmp-*``, no META.json),
-    which never loads as valid.  ``output`` must not exist, be empty, or (with
+    into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
+    which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not exist, be empty, or (with
     ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
     """
     if method not in METHODS:
@@ -284,7 +284,8 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
     log = log or _no_log
     log(f"assigning {graph.num_nodes:,} nodes to {num_parts} part(s) ({method})")
     parts = assign_parts(graph, num_parts, method, seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    _remove_stale_temporaries(output)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-{os.getpid()}-", dir=output.parent))
     try:
         os.chmod(tmp, 0o755 & ~_umask())
         meta = write_partitions(graph, parts, num_parts, tmp, method=method, topologies=tuple(topologies),
@@ -294,6 +295,24 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def _remove_stale_temporaries(output: Path) -> None:
+    """Delete ``.NAME.tmp-PID-*`` folders left by crashed runs (their process no longer exists)."""
+    for tmp in output.parent.glob(f".{output.name}.tmp-*-*"):
+        pid = tmp.name[len(f".{output.name}.tmp-"):].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)) and not (tmp / META_FILE).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _umask() -> int:
