@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.daemon.config import ConfigError, ServerConfig, load_config
@@ -209,6 +211,12 @@ def test_missing_partition_exits_4(tmp_path):
     assert "META.json" in _one_line_error(proc)
 
 
+def test_unbindable_host_exits_5(partition_dir):
+    proc = run_cli(["--partition", str(partition_dir), "--part", "0", "--port", "0", "--host", "192.0.2.1"])
+    assert proc.returncode == ExitCode.BIND, proc.stderr
+    assert "192.0.2.1" in _one_line_error(proc)
+
+
 def test_port_in_use_exits_5(partition_dir):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -255,6 +263,9 @@ def test_cluster_serving_and_info_equals_meta(partition_dir, tmp_path):
                 {"x": ([16], "float32"), "y": ([], "int64")}
             assert list(info.topologies) == meta.topologies and info.data_address == "127.0.0.1"
             assert "event=serving" in server.logs()
+            with grpc.insecure_channel(server.address) as channel:  # server reflection lists the services
+                services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
+            assert {CONTROL_SERVICE, "grpc.health.v1.Health"} <= services, services
         totals = {}
         for server in servers:
             with grpc.insecure_channel(server.address) as channel:
@@ -490,7 +501,8 @@ def test_real_worker_group_is_reaped_when_trainer_never_joins(partition_dir, tmp
             reply = stub.OpenGroup(pb.OpenGroupRequest(group_id="real", rendezvous=f"127.0.0.1:{port}",
                                                        world_size=3, rank=1, lease_seconds=1.0), timeout=RPC_TIMEOUT)
             assert reply.worker_pid > 0 and reply.worker_name == "part0"
-            wait_until(lambda: _status_code(stub.Heartbeat, pb.HeartbeatRequest(group_id="real"))
-                       == grpc.StatusCode.NOT_FOUND, 15, "the real worker's group to be reaped")
+            assert stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT).groups_open == 1
+            wait_until(lambda: stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT).groups_open == 0, 15,
+                       "the real worker's group to be reaped (GetStats does not renew the lease)")
             wait_until(lambda: pid_gone(reply.worker_pid), 15, "the real worker process to exit")
             assert stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT).groups_open == 0

@@ -142,8 +142,7 @@ class Daemon:
         self.served = load_partition(c)
         self.registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
                                  log=self.log)
-        if c.port:
-            check_bindable(c.host, c.port)
+        check_bindable(c.host, c.port)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
