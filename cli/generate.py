@@ -33,6 +33,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="folder to write (created; must be new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace a folder that already holds a generated graph")
+    parser.add_argument("--skip-existing", action="store_true",
+                        help="leave a folder that already holds this preset and seed alone (exit 0)")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -80,8 +82,20 @@ def _umask() -> int:
     return mask
 
 
+def _holds(out: Path, preset: str, seed: int) -> bool:
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    complete = all((out / f).is_file() for f in LAYOUT_FILES)
+    return complete and meta.get("preset") == preset and meta.get("seed") == seed
+
+
 def run(args) -> int:
     out = Path(args.out)
+    if args.skip_existing and _holds(out, args.preset, args.seed):
+        print(f"{out} already holds preset {args.preset!r} (seed {args.seed}): up to date")
+        return 0
     _check_out(out, args.overwrite)
     print(f"generating preset {args.preset!r} (seed {args.seed}) ...", file=sys.stderr)
     meta = write_graph(out, args.preset, args.seed)
