@@ -143,6 +143,7 @@ class SessionWorkerHandle:
         except subprocess.TimeoutExpired:
             code = self._kill()
         self._conn.close()
+        self._broken = f"worker pid {self.pid} was stopped ({self._exit_text()})"
         return code
 
     def _kill(self) -> int | None:
