@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.server.daemon.config import ConfigError, ServerConfig, load_config
+from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.partition import builder, synth
 from graphfeed.server.partition.format import read_meta
@@ -60,7 +60,7 @@ def partition_dir(tmp_path_factory) -> Path:
 def fake_config(tmp_path_factory, partition_dir) -> Path:
     path = tmp_path_factory.mktemp("fakecfg") / "server.yaml"
     path.write_text(f"partition: {partition_dir}\npart: 1\nmax_groups: 3\nmax_sessions_per_group: 2\n"
-                    f"log_format: json\n")
+                    f"call_timeout: 2\nlog_format: json\n")
     return path
 
 
@@ -477,6 +477,20 @@ def test_dead_worker_is_reaped(stub, fake_server):
     assert "session worker exited with code -9" in fake_server.logs()
     other, _ = open_group(stub)  # other groups unaffected; new ones open
     stub.CloseGroup(pb.CloseGroupRequest(group_id=other), timeout=RPC_TIMEOUT)
+
+
+def test_hung_worker_call_reaps_only_its_group(stub, fake_server):
+    gid, reply = open_group(stub, lease=60)
+    other, _ = open_group(stub, lease=60)
+    try:
+        code, details = _status(stub.OpenSession, session_request(gid, kind="hang"))  # worker never answers
+        assert code == grpc.StatusCode.UNAVAILABLE and gid in details and "gone" in details, details
+        assert _status_code(stub.Heartbeat, pb.HeartbeatRequest(group_id=gid)) == grpc.StatusCode.NOT_FOUND
+        wait_until(lambda: pid_gone(reply.worker_pid), 10, "the hung worker to be stopped")
+        assert stub.OpenSession(session_request(other), timeout=RPC_TIMEOUT).local_input_nodes > 0
+        assert health_status(fake_server.address) == SERVING
+    finally:
+        stub.CloseGroup(pb.CloseGroupRequest(group_id=other), timeout=RPC_TIMEOUT)
 
 
 def _status_code(call, request):

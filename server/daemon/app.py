@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -29,7 +30,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
 from . import logs
@@ -162,6 +162,10 @@ class Daemon:
                                               f"this host)") from None
         await server.start()
         self._server = server
+        # Worker commands block a thread each (a starting worker up to minutes): size the pool for
+        # every group at once, so one slow worker cannot starve the others' calls.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+            max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(self.registry.run_reaper())
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)

@@ -100,23 +100,36 @@ class ControlServicer(pb_grpc.ControlServicer):
                                "server is draining (shutting down): no new groups or sessions; "
                                "use another server or retry after it restarts")
 
-    async def _call(self, group: Group, command: str, timeout: float | None = None, **kwargs):
-        """Run a worker command off the loop; map worker failures to statuses."""
+    async def _call(self, group: Group, command: str, timeout: float | None = None, *, reap: bool = True,
+                    **kwargs):
+        """Run a worker command off the loop; map worker failures to statuses.
+
+        A worker that is gone (or, with ``reap``, does not answer in time) gets its group reaped.
+        """
         timeout = self.config.call_timeout if timeout is None else timeout
         try:
             return await asyncio.wait_for(
                 asyncio.to_thread(group.handle.call, command, timeout=timeout, **kwargs), timeout + CALL_SLACK)
-        except (WorkerGone, asyncio.TimeoutError) as exc:
-            cause = f"{command} failed: {exc or 'no answer within ' + format(timeout, 'g') + ' s'}"
-            self.registry.remove_group(group.group_id, event="group_reap", cause=cause)
-            raise RequestError(grpc.StatusCode.UNAVAILABLE,
-                               f"group {group.group_id!r}: its session worker is gone ({cause}); "
-                               f"the group was closed, open a new one") from None
+        except asyncio.TimeoutError:
+            if not reap:  # e.g. stats while a long command holds the worker's pipe: not a failure
+                raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"group {group.group_id!r}: worker busy, no {command} answer "
+                                   f"within {timeout:g} s") from None
+            return self._worker_gone(group, command, f"no answer within {timeout + CALL_SLACK:g} s")
+        except WorkerGone as exc:
+            return self._worker_gone(group, command, str(exc))
         except WorkerError as exc:
             code = WORKER_ERROR_CODES.get(getattr(exc, "kind", ""), grpc.StatusCode.INTERNAL)
             if code is grpc.StatusCode.INTERNAL:
                 self.log.error("worker_error", group=group.group_id, command=command, cause=str(exc))
             raise RequestError(code, str(exc)) from None
+
+    def _worker_gone(self, group: Group, command: str, why: str):
+        cause = f"{command} failed: {why}"
+        self.registry.remove_group(group.group_id, event="group_reap", cause=cause)
+        raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                           f"group {group.group_id!r}: its session worker is gone ({cause}); "
+                           f"the group was closed, open a new one")
 
     # ---- schema ----------------------------------------------------------------------------------
 
@@ -291,7 +304,8 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     async def _group_stats(self, group: Group) -> list[pb.SessionStats]:
         try:
-            rows = await self._call(group, "stats", timeout=min(STATS_TIMEOUT, self.config.call_timeout))
+            rows = await self._call(group, "stats", timeout=min(STATS_TIMEOUT, self.config.call_timeout),
+                                    reap=False)
         except RequestError:
             return []
         out = []
