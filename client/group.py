@@ -85,6 +85,7 @@ class DataGroup:
                                       rank=1 + s.part, lease_seconds=self.lease_request)
             reply = s.call("OpenGroup", req, timeout=self.timeout)
             s.group_lease = reply.lease_seconds
+            s.extra["worker_pid"] = reply.worker_pid
             return s
 
         with ThreadPoolExecutor(len(self.servers)) as pool:

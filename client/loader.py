@@ -158,7 +158,10 @@ class RemoteNeighborLoader:
             if group.failures:  # a heartbeat failed meanwhile: do not wait for the RPC timeout
                 self.client._fail(self._failure_text(part, epoch, seq, "is still pending", group.failures))
         try:
-            return fut.wait()
+            batch = fut.wait()
+            if isinstance(batch, BaseException):  # an error delivered as a value (older workers)
+                raise batch
+            return batch
         except Exception as exc:  # noqa: BLE001 -- RPC errors arrive as RuntimeError with the remote message
             dead = group.probe()
             self.client._fail(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead), exc)

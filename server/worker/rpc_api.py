@@ -39,7 +39,24 @@ def _bound():
 @rpc.functions.async_execution
 def pull(session_id: str, epoch: int, seq: int) -> torch.futures.Future:
     """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.proto.batch`)."""
-    return _bound().pull(session_id, int(epoch), int(seq))
+    return _as_remote_errors(_bound().pull(session_id, int(epoch), int(seq)))
+
+
+def _as_remote_errors(fut: torch.futures.Future) -> torch.futures.Future:
+    """torch sends a future's exception to the caller as a plain value; wrap it the way torch wraps
+    exceptions of synchronous functions, so the caller's ``wait()`` raises it."""
+    out: torch.futures.Future = torch.futures.Future()
+
+    def done(f: torch.futures.Future) -> None:
+        try:
+            value = f.wait()
+        except Exception as exc:  # noqa: BLE001 -- forwarded to the caller
+            where = rpc.get_worker_info().name if rpc.is_available() else "worker"
+            value = rpc_internal.RemoteException(f"On {where}: {type(exc).__name__}: {exc}", type(exc))
+        out.set_result(value)
+
+    fut.add_done_callback(done)
+    return out
 
 
 def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
