@@ -5,6 +5,7 @@ subpackage (``server/`` -> ``graphfeed.server``).  The native op library in
 ``cuda_ext/`` is built here as well (see ``cuda_ext/build.py``); when it cannot be
 built the package still installs and falls back to the pure-torch sampler.
 """
+import importlib.util
 from pathlib import Path
 
 from setuptools import setup
@@ -24,9 +25,18 @@ def namespace_packages():
     return packages, package_dir
 
 
+def native_extension() -> dict:
+    """The optional native op library (cuda_ext/build.py decides what to compile)."""
+    spec = importlib.util.spec_from_file_location("_graphfeed_native_build", ROOT / "cuda_ext" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.setup_kwargs(ROOT)
+
+
 packages, package_dir = namespace_packages()
 setup(
     packages=packages,
     package_dir=package_dir,
     package_data={"graphfeed.proto": ["*.proto"], "graphfeed.cuda_ext": ["csrc/**/*"]},
+    **native_extension(),
 )

@@ -2,7 +2,8 @@
 
 ``native`` (the ``graphfeed.cuda_ext`` op library, when it was built and loads) or
 ``reference`` (pure torch).  Set ``GRAPHFEED_SAMPLER=reference`` to force the reference
-path.  Both give identical results (same counter-based RNG, same selection rule).
+path (``native`` makes a missing library an error).  Both give identical results (same
+counter-based RNG, same selection rule); ``IMPLEMENTATION`` says which one runs.
 """
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import warnings
 
 import torch
 
-from . import reference
-from .types import OneHop
+from graphfeed.proto.seeding import MASK64
+
+from . import reference, reference_ext
+from .types import OneHop, SampledSubgraph, SamplingSpec
 
 _FORCED = os.environ.get("GRAPHFEED_SAMPLER", "").strip().lower()
 if _FORCED not in ("", "reference", "native"):
@@ -38,10 +41,78 @@ _NATIVE = _probe_native()
 IMPLEMENTATION = "native" if _NATIVE is not None else "reference"
 
 
+def _seed64(seed: int) -> int:
+    """The batch seed as the int64 with the same 64 bits (what the ops' ``int`` argument holds)."""
+    seed = int(seed) & MASK64
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def _long(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
 def one_hop(topo, local_nodes: torch.Tensor, gids: torch.Tensor, fanout: int, replace: bool,
             seed: int, hop: int) -> OneHop:
     """Sample one hop for rows ``local_nodes`` of ``topo`` (global ids ``gids``)."""
+    if _NATIVE is not None:
+        return OneHop(*_NATIVE.one_hop(topo.indptr, topo.indices, topo.eid, _long(local_nodes), _long(gids),
+                                       int(fanout), bool(replace), _seed64(seed), int(hop)))
     return reference.one_hop(topo.indptr, topo.indices, topo.eid, local_nodes, gids, fanout, replace, seed, hop)
+
+
+def weighted_one_hop(topo, weight: torch.Tensor, local_nodes: torch.Tensor, gids: torch.Tensor, fanout: int,
+                     replace: bool, seed: int, hop: int) -> OneHop:
+    """Weighted one hop (``weight`` >= 0 per edge of ``topo``; scheme in :mod:`.reference_ext`)."""
+    if _NATIVE is not None:
+        return OneHop(*_NATIVE.weighted_one_hop(topo.indptr, topo.indices, topo.eid, weight.to(torch.float64),
+                                                _long(local_nodes), _long(gids), int(fanout), bool(replace),
+                                                _seed64(seed), int(hop)))
+    return reference_ext.weighted_one_hop(topo.indptr, topo.indices, topo.eid, weight, local_nodes, gids, fanout,
+                                          replace, seed, hop)
+
+
+def temporal_one_hop(topo, edge_time: torch.Tensor, local_nodes: torch.Tensor, gids: torch.Tensor,
+                     seed_time: torch.Tensor, fanout: int, replace: bool, seed: int, hop: int) -> OneHop:
+    """Temporal one hop: only edges with ``edge_time <= seed_time`` of their frontier node."""
+    if _NATIVE is not None:
+        return OneHop(*_NATIVE.temporal_one_hop(topo.indptr, topo.indices, topo.eid, _long(edge_time),
+                                                _long(local_nodes), _long(gids), _long(seed_time), int(fanout),
+                                                bool(replace), _seed64(seed), int(hop)))
+    return reference_ext.temporal_one_hop(topo.indptr, topo.indices, topo.eid, edge_time, local_nodes, gids,
+                                          seed_time, fanout, replace, seed, hop)
+
+
+def sample_local(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+    """All hops over one topology holding every reachable node (rows = gid - node_offset).
+
+    The fused native op when loaded; otherwise the multi-hop driver over :func:`one_hop`.
+    Same result either way.  ``seeds`` must be distinct global ids.
+    """
+    seeds = _long(seeds)
+    if _NATIVE is not None:
+        nodes, row, col, eids, nn, ne = _NATIVE.sample_subgraph(
+            topo.indptr, topo.indices, topo.eid, seeds, int(node_offset), list(spec.num_neighbors),
+            bool(spec.replace), _seed64(seed), spec.direction == "in")
+        return SampledSubgraph(nodes, row, col, eids, seeds.numel(), nn.tolist(), ne.tolist())
+    from .neighbor import sample_subgraph  # neighbor imports this module
+
+    def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
+        return one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)
+
+    return sample_subgraph(seeds, spec, hop_fn)
+
+
+def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``src[index]`` (rows), written into ``out`` when given (e.g. a preallocated pinned buffer)."""
+    index = _long(index)
+    if _NATIVE is not None:
+        if out is None:
+            return _NATIVE.gather_rows(src, index)
+        _NATIVE.gather_rows_into(src, index, out)
+        return out
+    if out is None:
+        return src[index]
+    return torch.index_select(src, 0, index, out=out)
 
 
 def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: torch.Tensor,
@@ -51,6 +122,8 @@ def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: tor
 
     ``known_gids`` is sorted and ``known_local[i]`` is the local id of ``known_gids[i]``.
     """
+    if _NATIVE is not None:
+        return tuple(_NATIVE.relabel(_long(known_gids), _long(known_local), _long(candidates), int(num_known)))
     if candidates.numel() == 0:
         return torch.empty_like(candidates), torch.empty_like(candidates)
     span = int(candidates.max()) + 1

@@ -26,6 +26,10 @@ class LocalGraph:
         self.book = RangePartitionBook(self.parts[0].meta.node_ranges[self.parts[0].ntype])
 
     def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+        if self.book.num_parts == 1:  # one topology holds every node: the fused multi-hop sampler
+            part = self.parts[0]
+            return dispatch.sample_local(part.topology(spec.topology), part.start, seeds, spec, seed)
+
         def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
             pieces = [(pos, sample_part(self.parts[p], gids[pos], spec, fanout, seed, hop))
                       for p, pos in self.book.split(gids)]
@@ -40,7 +44,8 @@ class LocalGraph:
         if self.book.num_parts == 1:  # one part: gather straight from its arrays, no second copy
             part = self.parts[0]
             local = gids - part.start
-            return part.x.index_select(0, local), part.y.index_select(0, local), part.orig_id.index_select(0, local)
+            return (dispatch.gather_rows(part.x, local), dispatch.gather_rows(part.y, local),
+                    dispatch.gather_rows(part.orig_id, local))
         first = self.parts[0]
         x = torch.empty((gids.numel(),) + tuple(first.x.shape[1:]), dtype=first.x.dtype)
         y = torch.empty((gids.numel(),) + tuple(first.y.shape[1:]), dtype=first.y.dtype)

@@ -1,0 +1,117 @@
+"""Build of the native op library ``graphfeed.cuda_ext._C`` (sources, flags, setuptools hooks).
+
+``setup.py`` calls :func:`setup_kwargs` so that ``pip install`` compiles the CPU ops
+(and the CUDA ops when a CUDA torch and toolkit are present).  The extension is
+optional: when torch is missing at build time, the compiler is missing, or the
+compile fails, the install still succeeds, ``_build_info.json`` records why, and at
+run time the sampler falls back to the pure-torch reference with one warning.
+
+Environment switches (read at build time):
+  GRAPHFEED_NATIVE=0     skip the native build entirely (no warning at run time)
+  GRAPHFEED_CUDA=0|1     force the CUDA kernels off / on (default: on when torch.version.cuda
+                         is set and a CUDA toolkit is found)
+  MAX_JOBS=N             parallel compile jobs (torch's ninja build)
+
+For development, rebuild in place with ``python cuda_ext/build.py`` (from the repo root).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EXT_NAME = "graphfeed.cuda_ext._C"
+INFO_FILE = "_build_info.json"
+
+
+def _rel(paths, root: Path) -> list[str]:
+    return [p.relative_to(root).as_posix() for p in sorted(paths)]
+
+
+def cpu_sources(root: Path) -> list[str]:
+    csrc = HERE / "csrc"
+    return _rel(list(csrc.glob("*.cpp")) + list((csrc / "cpu").glob("*.cpp")), root)
+
+
+def cuda_sources(root: Path) -> list[str]:
+    return _rel((HERE / "csrc" / "cuda").glob("*.cu"), root)
+
+
+def want_cuda() -> bool:
+    flag = os.environ.get("GRAPHFEED_CUDA", "").strip()
+    if flag in ("0", "1"):
+        return flag == "1"
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def _write_info(folder: Path, info: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def setup_kwargs(root: Path) -> dict:
+    """``ext_modules`` and ``cmdclass`` for setup(), or ``{}`` when the build is switched off."""
+    if os.environ.get("GRAPHFEED_NATIVE", "").strip() == "0":
+        return {}
+    try:
+        import torch
+        from torch.utils import cpp_extension as cx
+    except ImportError:
+        print("graphfeed: torch is not importable at build time; skipping the native ops "
+              "(install torch first and use `pip install --no-build-isolation`)", file=sys.stderr)
+        return {}
+    cuda = want_cuda()
+    cxx = ["-O3", "-g0", "-fopenmp", "-DGRAPHFEED_WITH_CUDA=%d" % cuda]
+    kwargs = dict(name=EXT_NAME, extra_link_args=["-fopenmp", "-g0"], optional=True)
+    if cuda:
+        ext = cx.CUDAExtension(sources=cpu_sources(root) + cuda_sources(root),
+                               extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-DGRAPHFEED_WITH_CUDA=1"]}, **kwargs)
+    else:
+        ext = cx.CppExtension(sources=cpu_sources(root), extra_compile_args={"cxx": cxx}, **kwargs)
+
+    class OptionalBuildExtension(cx.BuildExtension):
+        """Builds the op library; a failure is recorded, not fatal."""
+
+        def build_extension(self, ext):
+            target = Path(self.get_ext_fullpath(ext.name))
+            info = {"attempted": True, "built": False, "cuda": cuda, "torch": torch.__version__, "error": None}
+            try:
+                super().build_extension(ext)
+                info["built"] = True
+            except Exception as exc:  # noqa: BLE001 -- any compile failure must leave a usable install
+                info["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                print(f"graphfeed: WARNING: the native ops failed to build ({info['error']}); "
+                      "the pure-torch reference sampler will be used", file=sys.stderr)
+                target.unlink(missing_ok=True)
+            _write_info(target.parent, info)
+
+        def copy_extensions_to_source(self):
+            # --inplace / editable installs: the library, its build record, and no stale library.
+            super().copy_extensions_to_source()
+            build_py = self.get_finalized_command("build_py")
+            for ext in self.extensions:
+                inplace_file, regular_file = (Path(p) for p in self._get_inplace_equivalent(build_py, ext))
+                if (regular_file.parent / INFO_FILE).exists():
+                    shutil.copyfile(regular_file.parent / INFO_FILE, inplace_file.parent / INFO_FILE)
+                if not regular_file.exists():
+                    inplace_file.unlink(missing_ok=True)
+
+    return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=True)}}
+
+
+def main() -> int:
+    """Rebuild the library in place (development): ``python cuda_ext/build.py``."""
+    import subprocess
+
+    root = HERE.parent
+    return subprocess.call([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
