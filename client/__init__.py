@@ -9,6 +9,22 @@
                 ...
 
 Imports only graphfeed.proto, torch, torch_geometric and grpc (never graphfeed.server).
+
+Faults (every wait is bounded):
+
+* A server (daemon + its session worker) dies: TensorPipe fails the pending pulls at once
+  (the connection closes); the loader then probes every server's control port and raises
+  :class:`ServerError` naming the dead one (``host:port part K``) and the failed pull.  A
+  server that hangs instead is caught by the heartbeat threads (two missed heartbeats) or
+  by ``rpc_timeout``.  The client is unusable afterwards (its RPC group lost a member):
+  ``close()`` it and ``connect()`` again once the server is back.
+* ``close()`` leaves the group with ``rpc.shutdown(graceful=False)``: a graceful shutdown is
+  a barrier over all members and would hang on a dead one.
+* The trainer dies: its servers stop its workers when the lease runs out (no heartbeat).
+* Bad requests: the server answers INVALID_ARGUMENT / NOT_FOUND, raised here as
+  ``ValueError`` (:class:`InvalidRequest`) / ``LookupError`` (:class:`NotFound`).
+* torch allows one RPC group per process at a time: a second ``connect()`` while one client
+  is open raises RuntimeError; after ``close()`` a new ``connect()`` works.
 """
 from .client import Client, connect
 from .errors import ClusterError, InvalidRequest, NotFound, ServerError

@@ -26,6 +26,7 @@ from .errors import NotFound, ServerError
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
+HEARTBEAT_MISSES = 2   # consecutive failed heartbeats before a server counts as gone
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -116,14 +117,18 @@ class DataGroup:
 
     def _heartbeat(self, s: ServerConn) -> None:
         interval = max(0.2, min(5.0, (s.group_lease or 30.0) / 4))
+        misses = 0
         while not self._stop.wait(interval):
             try:
                 s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
                 self.failures.pop(s.name, None)
+                misses = 0
             except NotFound:
                 self.failures[s.name] = "the server no longer knows this trainer's group (it was reaped or restarted)"
             except Exception as exc:  # noqa: BLE001
-                self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
+                misses += 1
+                if misses >= HEARTBEAT_MISSES:  # one slow answer on a loaded host is not a dead server
+                    self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
 
     def probe(self) -> dict[str, str]:
         """Servers that fail a heartbeat now (name -> reason), checked in parallel."""

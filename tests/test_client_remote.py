@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 import torch
 
@@ -230,4 +229,10 @@ def test_cluster_yaml_file(cluster, tmp_path):
     bad.write_text("nodes: []\n")
     with pytest.raises(gf.ClusterError, match="servers:"):
         gf.connect(str(bad))
-    assert np.array_equal([0, 1], [0, 1])
+
+
+def test_client_never_imports_the_server():
+    code = ("import sys, graphfeed.client; "
+            "bad = sorted(m for m in sys.modules if m.startswith('graphfeed.server')); "
+            "assert not bad, bad")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
