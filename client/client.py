@@ -52,12 +52,14 @@ class Client:
         self._broken: ServerError | None = None
         self._closed = False
 
-    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] = (10, 10), *,
+    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *,
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring."""
         self._check_usable()
+        if num_neighbors is None:
+            raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         loader = RemoteNeighborLoader(self, num_neighbors, input_nodes=input_nodes, batch_size=batch_size,
                                       shuffle=shuffle, drop_last=drop_last, prefetch=prefetch, seed=seed,
                                       replace=replace, direction=direction, rank=rank, world_size=world_size,
