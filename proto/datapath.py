@@ -112,3 +112,42 @@ def interface_for(address: str) -> str | None:
         if interface_address(name) == ip:
             return name
     return None
+
+
+# ---- naming a worker's RPC function without importing the server ----------------------------------
+
+WORKER_RPC_MODULE = "graphfeed.server.worker.rpc_api"
+WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather")
+
+
+def remote_function(module: str, name: str):
+    """Unpickling side of :class:`RemoteFunction`: only the worker's allow-listed functions resolve."""
+    import importlib
+
+    if module != WORKER_RPC_MODULE or name not in WORKER_RPC_FUNCTIONS:
+        raise PermissionError(f"{module}.{name} is not a graphfeed worker RPC function")
+    return getattr(importlib.import_module(module), name)
+
+
+class RemoteFunction:
+    """A worker RPC function as the trainer names it (the client never imports ``graphfeed.server``).
+
+    Pickles to a reference that the worker resolves with :func:`remote_function`; carries
+    torch's async-execution marker so the worker may answer with a future.
+    """
+
+    def __init__(self, name: str, is_async: bool = False):
+        if name not in WORKER_RPC_FUNCTIONS:
+            raise ValueError(f"unknown worker RPC function {name!r}")
+        self.name = name
+        if is_async:
+            self._wrapped_async_rpc_function = self  # torch checks for this attribute when sending
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{WORKER_RPC_MODULE}.{self.name} runs on a session worker: call it with torch RPC")
+
+    def __reduce__(self):
+        return remote_function, (WORKER_RPC_MODULE, self.name)
+
+
+PULL = RemoteFunction("pull", is_async=True)
