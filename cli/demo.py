@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--workdir", default="runs/demo", help="where the graph and partitions are kept (reused)")
     parser.add_argument("--preset", default="small", help="synthetic graph preset (tiny, small, medium)")
     parser.add_argument("--ranks", type=int, default=2, help="DDP ranks (trainer processes)")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--num-neighbors", default="10,5,5")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on training after this many seconds")

@@ -97,7 +97,7 @@ def train_epoch(model, loader, optimizer, progress) -> tuple[float, int, float]:
         loss = F.cross_entropy(out, batch.y[:batch.batch_size])
         loss.backward()
         optimizer.step()
-        loss_sum += float(loss)
+        loss_sum += loss.item()
         steps += 1
     seconds = time.perf_counter() - start
     loss_total, steps_total = global_sum(loss_sum, steps)
@@ -111,17 +111,17 @@ def main(argv=None) -> int:
     fanouts = [int(k) for k in args.num_neighbors.split(",")]
     say = print if rank == 0 else (lambda *a, **k: None)
     with graphfeed.client.connect(cluster_arg(args.servers)) as client:
-        info = client.info
+        num_features = client.features["x"][0][0]
         common = dict(num_neighbors=fanouts, prefetch=args.prefetch, seed=args.seed)
         train = client.neighbor_loader(input_nodes="train", batch_size=args.batch_size, shuffle=True, **common)
         val = client.neighbor_loader(input_nodes="val", batch_size=2048, **common)
         test = client.neighbor_loader(input_nodes="test", batch_size=2048, **common)
-        model = SAGE(info.num_features, args.hidden, info.num_classes, len(fanouts))
+        model = SAGE(num_features, args.hidden, client.num_classes, len(fanouts))
         if dist.is_initialized():
             model = DistributedDataParallel(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         progress = _progress_bar(rank == 0 and args.progress)
-        say(f"graph {info.graph_name or '?'}: {info.num_nodes} nodes, {info.num_parts} servers, "
+        say(f"graph: {client.num_nodes} nodes, {client.num_parts} servers, "
             f"{world} rank(s), {len(train)} train batches per rank per epoch")
         for epoch in range(args.epochs):
             loss, steps, seconds = train_epoch(model, train, optimizer, progress)
