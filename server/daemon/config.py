@@ -13,6 +13,10 @@ Example file (every key optional except ``partition`` and ``part``)::
     lease_seconds: 15
     buffer_bytes: 256MiB
     log_format: json
+    tls_cert: /etc/graphfeed/tls/server.crt     # TLS on the gRPC port (with tls_key)
+    tls_key: /etc/graphfeed/tls/server.key
+    tls_client_ca: /etc/graphfeed/tls/ca.crt    # optional: require client certificates (mTLS)
+    token_file: /etc/graphfeed/token            # bearer token every control call must carry
 
 Unknown keys are errors naming the key; a wrong type or range names the key, the
 source it came from and what is expected.  Raises :class:`ConfigError`.
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -30,6 +34,8 @@ CONFIG_ENV = "GRAPHFEED_CONFIG"
 LOG_FORMATS = ("logfmt", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PORT = 65535
+MIN_TOKEN_LENGTH = 16
+SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
 
 
 class ConfigError(ValueError):
@@ -58,6 +64,15 @@ class ServerConfig:
     call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
     log_format: str = "logfmt"         # "logfmt" | "json"
     log_level: str = "info"            # "debug" | "info" | "warning" | "error"
+    tls_cert: str | None = None        # PEM server certificate (chain): TLS on the control port
+    tls_key: str | None = None         # PEM private key of tls_cert (both or neither)
+    tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
+    token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
+    token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     @property
     def effective_data_address(self) -> str:
@@ -65,7 +80,9 @@ class ServerConfig:
 
     def summary(self) -> str:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
-                f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g}")
+                f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g} "
+                f"tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
+                f"token={'on' if self.token else 'off'}")
 
 
 # ---- per-key parsing: each returns the value or raises ValueError("expected ...") -----------------
@@ -143,6 +160,43 @@ def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return parse
 
 
+def _pem_file(what: str, marker: bytes) -> Callable[[Any], str]:
+    """A readable file holding a PEM block (``marker`` is part of its BEGIN line); the absolute path."""
+    def parse(v):
+        p = Path(_string()(v)).expanduser().absolute()
+        text = _read_bytes(p, what)
+        if marker not in text:
+            raise ValueError(f"{p} is not a PEM {what}: it has no '-----BEGIN ...{marker.decode()}' line")
+        return str(p)
+    return parse
+
+
+def _read_bytes(p: Path, what: str) -> bytes:
+    if not p.is_file():
+        raise ValueError(f"expected a readable {what} file; {p} does not exist or is not a file")
+    try:
+        return p.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what} file {p} cannot be read: {exc.strerror or exc}") from None
+
+
+def _token(v) -> str:
+    """A bearer token: printable ASCII without spaces (it travels in an HTTP/2 header), long enough."""
+    if not isinstance(v, str):
+        raise ValueError("expected a string token")
+    v = v.strip()
+    if len(v) < MIN_TOKEN_LENGTH or not all(33 <= ord(c) <= 126 for c in v):
+        raise ValueError(f"expected at least {MIN_TOKEN_LENGTH} printable ASCII characters without spaces "
+                         f"(e.g. the output of `openssl rand -hex 32`)")
+    return v
+
+
+def _token_file(v) -> str:
+    p = Path(_string()(v)).expanduser().absolute()
+    _read_bytes(p, "token")
+    return str(p)
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "partition": _string(),
     "part": _int(0),
@@ -162,6 +216,11 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "call_timeout": _seconds(0.0, 86400.0),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),
+    "tls_cert": _optional(_pem_file("certificate", b"CERTIFICATE-----")),
+    "tls_key": _optional(_pem_file("private key", b"PRIVATE KEY-----")),
+    "tls_client_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
+    "token": _optional(_token),
+    "token_file": _optional(_token_file),
 }
 KEYS = tuple(f.name for f in fields(ServerConfig))
 REQUIRED = ("partition", "part")
@@ -210,13 +269,35 @@ def _validate(raw: dict[str, Any], origin: dict[str, str]) -> ServerConfig:
         try:
             values[key] = PARSERS[key](value)
         except ValueError as exc:
-            raise ConfigError(f"{origin[key]}: {key} = {value!r} is invalid: {exc}") from None
+            shown = "<redacted>" if key in SECRET_KEYS else repr(value)
+            raise ConfigError(f"{origin[key]}: {key} = {shown} is invalid: {exc}") from None
+    _check_security(values, origin)
     missing = [k for k in REQUIRED if k not in values]
     if missing:
         k = missing[0]
         raise ConfigError(f"missing required setting {k!r}: set it in the config file, "
                           f"with {env_name(k)} or with --{k.replace('_', '-')}")
     return ServerConfig(**values)
+
+
+def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
+    """Cross-key rules of the TLS/token settings; reads ``token_file`` into ``token``."""
+    cert, key = values.get("tls_cert"), values.get("tls_key")
+    if (cert is None) != (key is None):
+        have, lack = ("tls_cert", "tls_key") if cert is not None else ("tls_key", "tls_cert")
+        raise ConfigError(f"{origin[have]}: {have} is set but {lack} is not: TLS needs both the certificate "
+                          f"and its private key (set {lack}, or neither)")
+    if values.get("tls_client_ca") is not None and cert is None:
+        raise ConfigError(f"{origin['tls_client_ca']}: tls_client_ca (mTLS) needs TLS: set tls_cert and tls_key too")
+    if values.get("token") is not None and values.get("token_file") is not None:
+        raise ConfigError(f"both token ({origin['token']}) and token_file ({origin['token_file']}) are set: "
+                          f"give only one")
+    if values.get("token_file") is not None:
+        path = values["token_file"]
+        try:
+            values["token"] = _token(Path(path).read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
 
 
 def load_config(file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,
