@@ -19,7 +19,7 @@ HELP = "run a sampler-server daemon for one partition"
 
 # flag -> config key (every flag is optional: None means "not given")
 FLAG_KEYS = ("partition", "part", "host", "port", "data_address", "metrics_port", "lease_seconds",
-             "drain_grace_seconds", "log_format", "log_level")
+             "drain_grace_seconds", "log_format", "log_level", "tls_cert", "tls_key", "tls_client_ca", "token_file")
 
 
 def add_arguments(parser) -> None:
@@ -40,6 +40,12 @@ def add_arguments(parser) -> None:
                         help="on SIGTERM, wait this long for open groups to close (default 20)")
     parser.add_argument("--log-format", default=None, help="json or logfmt (default logfmt)")
     parser.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate: TLS on the control port (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default=None, help="PEM CA: require client certificates it signed (mTLS)")
+    parser.add_argument("--token-file", default=None,
+                        help="file holding the bearer token every control call must carry (there is no --token "
+                             "flag: command lines are visible to other users; use GRAPHFEED_TOKEN or the file)")
     parser.add_argument("--check-config", action="store_true",
                         help="validate the config and open the partition, then exit (0 = ok)")
     parser.add_argument("--port-file", default=None,

@@ -7,10 +7,12 @@ from .cluster import ServerConn, open_servers, parse_cluster
 from .errors import ServerError
 from .group import DataGroup
 from .loader import RemoteNeighborLoader
+from .security import from_cluster
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
-            lease_seconds: float | None = None, rpc_timeout: float = 60.0) -> "Client":
+            lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
+            tls_ca=None, tls_cert=None, tls_key=None) -> "Client":
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
@@ -20,11 +22,17 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     address on the route to the first server); ``lease_seconds`` how long servers keep this
     trainer's workers without a heartbeat (0/None: server default).
 
+    Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
+    every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
+    client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
+    ``tls: {ca:, cert:, key:}``) and ``GRAPHFEED_TOKEN``.
+
     Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
     a server fails, RuntimeError if this process already has an open client.
     """
     addresses = parse_cluster(cluster)
-    servers = open_servers(addresses, timeout)
+    security = from_cluster(cluster, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    servers = open_servers(addresses, timeout, security)
     try:
         group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
                           lease_seconds=lease_seconds)

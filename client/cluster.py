@@ -81,11 +81,14 @@ class ServerConn:
         self.channel.close()
 
 
-def open_servers(addresses: Sequence[str], timeout: float) -> list[ServerConn]:
-    """Channels to every server, their ClusterInfo, checked for consistency; sorted by part."""
+def open_servers(addresses: Sequence[str], timeout: float, security=None) -> list[ServerConn]:
+    """Channels to every server, their ClusterInfo, checked for consistency; sorted by part.
+
+    ``security`` (:class:`graphfeed.client.security.ClientSecurity`): TLS and token; None = plain text.
+    """
     servers = []
     for a in addresses:
-        ch = grpc.insecure_channel(a)
+        ch = security.channel(a) if security is not None else grpc.insecure_channel(a)
         servers.append(ServerConn(a, ch, pb_grpc.ControlStub(ch)))
     try:
         for s in servers:
@@ -93,13 +96,24 @@ def open_servers(addresses: Sequence[str], timeout: float) -> list[ServerConn]:
                 s.info = s.stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=timeout, wait_for_ready=True)
             except grpc.RpcError as exc:
                 raise ClusterError(f"cannot reach graphfeed server {s.address}: {exc.code().name}: "
-                                   f"{exc.details()}") from None
+                                   f"{exc.details()}{_security_hint(exc, security)}") from None
         check_cluster(servers)
     except BaseException:
         for s in servers:
             s.close()
         raise
     return sorted(servers, key=lambda s: s.part)
+
+
+def _security_hint(exc: grpc.RpcError, security) -> str:
+    code = exc.code()
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return " (the server wants its bearer token: token=..., token_file in the cluster YAML or GRAPHFEED_TOKEN)"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        tls = security is not None and security.tls
+        return (" (is the server up? does its certificate match tls_ca / the address?)" if tls else
+                " (is the server up? if it uses TLS, pass tls_ca=... or `tls: {ca: ...}` in the cluster YAML)")
+    return ""
 
 
 def check_cluster(servers: Sequence[ServerConn]) -> None:

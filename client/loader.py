@@ -63,11 +63,13 @@ class RemoteNeighborLoader:
         self._closed = False
         req = self._session_request(num_neighbors, input_nodes, replace, direction, kind)
         self.sessions: list[str] = []
+        self._secrets: list[bytes] = []   # per server: the session secret every pull carries
         self.counts: list[int] = []
         try:
             for s in client.servers:
                 reply = s.call("OpenSession", req, timeout=client.timeout)
                 self.sessions.append(reply.session_id)
+                self._secrets.append(bytes(reply.session_secret))
                 self.counts.append(int(reply.local_input_nodes))
         except BaseException:
             self.close()
@@ -147,8 +149,8 @@ class RemoteNeighborLoader:
     def _pull(self, part: int, epoch: int, seq: int):
         import torch.distributed.rpc as rpc
 
-        return rpc.rpc_async(datapath.worker_name(part), datapath.PULL, args=(self.sessions[part], epoch, seq),
-                             timeout=self.client.rpc_timeout)
+        args = (self.sessions[part], epoch, seq, self._secrets[part])
+        return rpc.rpc_async(datapath.worker_name(part), datapath.PULL, args=args, timeout=self.client.rpc_timeout)
 
     def _wait(self, fut, part: int, epoch: int, seq: int) -> dict:
         done = threading.Event()

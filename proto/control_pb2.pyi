@@ -155,12 +155,14 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
-    __slots__ = ("session_id", "local_input_nodes")
+    __slots__ = ("session_id", "local_input_nodes", "session_secret")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LOCAL_INPUT_NODES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     local_input_nodes: int
-    def __init__(self, session_id: _Optional[str] = ..., local_input_nodes: _Optional[int] = ...) -> None: ...
+    session_secret: bytes
+    def __init__(self, session_id: _Optional[str] = ..., local_input_nodes: _Optional[int] = ..., session_secret: _Optional[bytes] = ...) -> None: ...
 
 class StartEpochRequest(_message.Message):
     __slots__ = ("session_id", "epoch", "part_input_counts")

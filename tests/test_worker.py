@@ -89,7 +89,8 @@ def _spec(root, port, **kw) -> GroupSpec:
 
 
 SESSION = dict(spec=SamplingSpec((5, 3)), split="train", node_ids=None, batch_size=64, shuffle=True,
-               drop_last=False, seed=3, rank=0, world_size=1, kind="train")
+               drop_last=False, seed=3, rank=0, world_size=1, kind="train", session_secret=b"k" * 32)
+SECRET = SESSION["session_secret"]
 
 
 def test_worker_serves_the_local_loaders_batches(one_part):
@@ -115,7 +116,7 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                 handle.call("start_epoch", session_id="s1", epoch=0, counts=[7])
             assert err.value.kind == "invalid"
             assert handle.call("start_epoch", session_id="s1", epoch=0, counts=[n_local]) == 4
-            futs = [rpc.rpc_async("part0", datapath.PULL, args=("s1", 0, seq)) for seq in range(4)]
+            futs = [rpc.rpc_async("part0", datapath.PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
             got = [to_pyg(f.wait()) for f in futs]
             want = list(LocalNeighborLoader(one_part, [5, 3], batch_size=64, shuffle=True, seed=3))
             for a, b in zip(got, want, strict=True):
@@ -123,9 +124,9 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                     assert torch.equal(a[key], b[key]), key
                 assert (a.batch_size, a.seq, a.epoch) == (b.batch_size, b.seq, 0)
             with pytest.raises(ValueError, match="already requested"):  # the remote type is kept
-                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 0, 1))
+                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 0, 1, SECRET))
             with pytest.raises(ValueError, match="epoch 5 is not being served"):
-                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 5, 0))
+                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 5, 0, SECRET))
             with pytest.raises(Exception, match="not callable on a graphfeed session worker"):
                 rpc.rpc_sync("part0", os.getpid)
             [row] = handle.call("stats")

@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
-from . import logs
+from . import logs, security
 from .config import ServerConfig
 from .control import SERVICE_NAME, ControlServicer
 from .exitcodes import ExitCode, StartupError
@@ -143,7 +143,8 @@ class Daemon:
         self.registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
                                  log=self.log)
         check_bindable(c.host, c.port)
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0),
+        server = grpc.aio.server(interceptors=security.server_interceptors(c, self.log),
+                                 options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         control = ControlServicer(c, self.served, self.registry, self.log, self.worker_factory,
@@ -155,11 +156,7 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        try:
-            self.port = server.add_insecure_port(_bind_address(c.host, c.port))
-        except RuntimeError:
-            raise StartupError(ExitCode.BIND, f"cannot bind {c.host}:{c.port} (address in use or not local to "
-                                              f"this host)") from None
+        self.port = self._add_port(server)
         await server.start()
         self._server = server
         # Worker commands block a thread each (a starting worker up to minutes): size the pool for
@@ -171,6 +168,24 @@ class Daemon:
         await self._health.set(SERVICE_NAME, SERVING)
         self._announce()
         self.ready.set()
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        c = self.config
+        credentials = security.server_credentials(c)
+        if c.token and credentials is None:
+            self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
+                                                        "and tls_key unless the network is trusted")
+        try:
+            if credentials is None:
+                return server.add_insecure_port(_bind_address(c.host, c.port))
+            return server.add_secure_port(_bind_address(c.host, c.port), credentials)
+        except RuntimeError:
+            if credentials is not None:
+                raise StartupError(ExitCode.CONFIG, f"cannot serve TLS on {c.host}:{c.port} with tls_cert "
+                                                    f"{c.tls_cert} and tls_key {c.tls_key}: does the key belong "
+                                                    f"to the certificate?") from None
+            raise StartupError(ExitCode.BIND, f"cannot bind {c.host}:{c.port} (address in use or not local to "
+                                              f"this host)") from None
 
     def _announce(self) -> None:
         c, meta = self.config, self.served.meta
@@ -185,7 +200,8 @@ class Daemon:
         if WORKER_IMPORT_ERROR and self.worker_factory is default_factory:
             self.log.warning("workers_unavailable", cause=WORKER_IMPORT_ERROR)
         self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
-                      graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid())
+                      graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid(),
+                      tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token))
         print(f"{READY_PREFIX} port={self.port} host={c.host} part={c.part} pid={os.getpid()}",
               file=self.ready_stream, flush=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import secrets
 import time
 import uuid
 from importlib import metadata
@@ -37,6 +38,7 @@ MAX_WORLD_SIZE = 1 << 16
 MAX_EPOCH = 1 << 40
 MAX_LEASE_SECONDS = 3600.0
 MAX_ID_LENGTH = 256
+SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry (see rpc_api.pull)
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
 CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
 
@@ -263,8 +265,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         group.renew(self.registry.clock())
         self.registry.reserve_session(group)
         session_id = uuid.uuid4().hex
+        secret = secrets.token_bytes(SESSION_SECRET_BYTES)
         try:
-            local = int(await self._call(group, "open_session", session_id=session_id, **kwargs))
+            local = int(await self._call(group, "open_session", session_id=session_id, session_secret=secret,
+                                         **kwargs))
         finally:
             self.registry.release_session(group)
         if self.registry.groups.get(group.group_id) is not group:  # closed or reaped meanwhile
@@ -275,7 +279,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.log.info("session_open", session=session_id, group=group.group_id, peer=context.peer(),
                       kind=request.kind, input=kwargs["split"] or f"{kwargs['node_ids'].numel()} node ids",
                       batch_size=request.batch_size, local_input_nodes=local)
-        return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local)
+        return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local, session_secret=secret)
 
     @rpc
     async def StartEpoch(self, request, context):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hmac
 import os
 import pickle
 import signal
@@ -45,6 +46,7 @@ class SessionWorker:
         self.spec, self.part = spec, part
         self.graph = DistributedGraph(part, spec.rpc_timeout)
         self.sessions: dict[str, Session] = {}
+        self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
         self.lock = threading.Lock()
         self.joined = threading.Event()
         self.join_error: str | None = None
@@ -71,9 +73,11 @@ class SessionWorker:
     # ---- commands ---------------------------------------------------------------------------------
 
     def open_session(self, session_id: str, spec, split=None, node_ids=None, batch_size=1, shuffle=False,
-                     drop_last=False, seed=0, rank=0, world_size=1, kind="") -> int:
+                     drop_last=False, seed=0, rank=0, world_size=1, kind="", *, session_secret: bytes) -> int:
         if session_id in self.sessions:
             raise ValueError(f"session {session_id} is already open")
+        if not isinstance(session_secret, bytes) or len(session_secret) < 16:
+            raise ValueError("session_secret must be at least 16 random bytes")
         inputs = self._inputs(split, node_ids)
         args = SessionArgs(session_id, spec, inputs, int(batch_size), bool(shuffle), bool(drop_last), int(seed),
                            int(rank), int(world_size), str(kind))
@@ -82,6 +86,7 @@ class SessionWorker:
                           buffer_batches=s.buffer_batches, buffer_bytes=s.buffer_bytes)
         with self.lock:
             self.sessions[session_id] = session
+            self.secrets[session_id] = session_secret
         return session.local_input_nodes
 
     def _inputs(self, split, node_ids) -> torch.Tensor:
@@ -111,6 +116,7 @@ class SessionWorker:
     def close_session(self, session_id: str) -> None:
         with self.lock:
             session = self.sessions.pop(session_id, None)
+            self.secrets.pop(session_id, None)
         if session is None:
             raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id}")
         session.close()
@@ -124,9 +130,19 @@ class SessionWorker:
     def pull(self, session_id: str, epoch: int, seq: int) -> torch.futures.Future:
         return self.session(session_id).pull(epoch, seq)
 
+    def authorize(self, session_id: str, secret) -> None:
+        """PermissionError unless ``secret`` is the one the daemon issued for ``session_id`` (constant time)."""
+        expected = self.secrets.get(session_id)
+        if expected is None:
+            self.session(session_id)  # raises SessionNotFound
+        if not isinstance(secret, bytes) or not hmac.compare_digest(secret, expected):
+            raise PermissionError(f"session {session_id}: wrong session secret; only the process that opened "
+                                  f"the session (OpenSessionReply.session_secret) may pull its batches")
+
     def shutdown(self) -> None:
         with self.lock:
             sessions, self.sessions = list(self.sessions.values()), {}
+            self.secrets = {}
         for s in sessions:
             s.close()
         if self.joined.is_set():

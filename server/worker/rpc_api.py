@@ -7,8 +7,10 @@ limit of this guard: the arguments are still unpickled, so the data port must on
 reachable by trusted trainers (bind it to a private interface); the guard stops stray
 calls, it is not a sandbox.
 
-* ``pull(session_id, epoch, seq)`` -- the trainer takes batch ``seq`` of an epoch
-  (async: completes when the batch is ready).
+* ``pull(session_id, epoch, seq, secret)`` -- the trainer takes batch ``seq`` of an epoch
+  (async: completes when the batch is ready).  ``secret`` must be the session's secret
+  (OpenSessionReply.session_secret, issued over the authenticated control plane),
+  compared in constant time: a process that did not open the session cannot pull.
 * ``one_hop(...)`` / ``gather(gids)`` -- peer workers sample a frontier / read features
   of nodes this worker's part owns.
 
@@ -37,9 +39,14 @@ def _bound():
 
 
 @rpc.functions.async_execution
-def pull(session_id: str, epoch: int, seq: int) -> torch.futures.Future:
-    """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.proto.batch`)."""
-    return _as_remote_errors(_bound().pull(session_id, int(epoch), int(seq)))
+def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.futures.Future:
+    """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.proto.batch`).
+
+    PermissionError when ``secret`` is not the session's secret.
+    """
+    worker = _bound()
+    worker.authorize(session_id, secret)
+    return _as_remote_errors(worker.pull(session_id, int(epoch), int(seq)))
 
 
 def _as_remote_errors(fut: torch.futures.Future) -> torch.futures.Future:
