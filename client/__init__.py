@@ -29,5 +29,7 @@ Faults (every wait is bounded):
 from .client import Client, connect
 from .errors import ClusterError, InvalidRequest, NotFound, ServerError
 from .loader import RemoteNeighborLoader
+from .metrics import start_metrics_server
 
-__all__ = ["connect", "Client", "RemoteNeighborLoader", "ClusterError", "ServerError", "InvalidRequest", "NotFound"]
+__all__ = ["connect", "Client", "RemoteNeighborLoader", "ClusterError", "ServerError", "InvalidRequest", "NotFound",
+           "start_metrics_server"]

@@ -20,6 +20,7 @@ from graphfeed.proto import datapath
 from graphfeed.proto.epoch import check_loader_args, plan_epoch, rank_batches
 
 from .errors import ServerError
+from .metrics import LoaderStats
 
 SPLITS = ("train", "val", "test")
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
@@ -62,6 +63,7 @@ class RemoteNeighborLoader:
         self._epoch = 0
         self._closed = False
         req = self._session_request(num_neighbors, input_nodes, replace, direction, kind)
+        self._stats = LoaderStats(req.kind, len(client.servers))
         self.sessions: list[str] = []
         self._secrets: list[bytes] = []   # per server: the session secret every pull carries
         self.counts: list[int] = []
@@ -118,6 +120,7 @@ class RemoteNeighborLoader:
         epoch = self._epoch
         self._epoch += 1
         entries = self._plan(epoch)
+        self._stats.start_epoch(epoch)
         self._start_epoch(epoch, entries)
         return self._batches(epoch, entries)
 
@@ -144,7 +147,16 @@ class RemoteNeighborLoader:
             got_seq, p, fut = window.popleft()
             batch = self._wait(fut, p, epoch, got_seq)
             inflight[p] -= 1
-            yield batch_codec.to_pyg(batch)
+            data = batch_codec.to_pyg(batch)
+            self._stats.delivered(p)
+            yield data
+            self._stats.asked()
+        self._stats.end_epoch()
+
+    def stats(self) -> dict:
+        """The trainer's view of the current (or last) epoch: wait vs wall time, data-stall ratio,
+        batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`)."""
+        return self._stats.snapshot()
 
     def _pull(self, part: int, epoch: int, seq: int):
         import torch.distributed.rpc as rpc

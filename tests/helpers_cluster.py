@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 START_TIMEOUT = 90.0       # seconds: import torch + map the partition + bind, on a loaded 2-core CI box
 STOP_TIMEOUT = 60.0        # seconds after SIGTERM (must exceed the daemon's drain grace)
 READY_LINE = re.compile(r"^graphfeed-serve listening port=(\d+)")
+METRICS_PORT = re.compile(r" metrics_port=(\d+)")
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 CONTROL_SERVICE = "graphfeed.control.v1.Control"
@@ -85,6 +86,7 @@ class ServerProcess:
     host: str
     port: int
     log_path: Path
+    metrics_port: int | None = None   # from the ready line, when started with --metrics-port
     expect_exit: int = 0        # what teardown asserts (a test that kill -9s a server sets -9)
     checked: bool = False       # stop() already asserted the exit code
     _reader: threading.Thread | None = field(default=None, repr=False)
@@ -182,6 +184,8 @@ def _wait_ready_line(server: ServerProcess, lines: queue.Queue, timeout: float) 
                                  f"Log tail:\n{server.log_tail()}")
         m = READY_LINE.match(line)
         if m:
+            metrics = METRICS_PORT.search(line)
+            server.metrics_port = int(metrics.group(1)) if metrics else None
             return int(m.group(1))
 
 

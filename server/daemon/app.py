@@ -36,6 +36,7 @@ from . import logs, security
 from .config import ServerConfig
 from .control import SERVICE_NAME, ControlServicer
 from .exitcodes import ExitCode, StartupError
+from .metrics import MetricsEndpoint
 from .registry import WORKER_STOP_GRACE, Registry
 from .served import ServedPartition, load_partition
 from .worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
@@ -84,6 +85,9 @@ class Daemon:
         self.draining = False
         self.served: ServedPartition | None = None
         self.registry: Registry | None = None
+        self.control: ControlServicer | None = None
+        self.metrics: MetricsEndpoint | None = None
+        self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._reaper: asyncio.Task | None = None
@@ -150,6 +154,7 @@ class Daemon:
         control = ControlServicer(c, self.served, self.registry, self.log, self.worker_factory,
                                   is_draining=lambda: self.draining)
         pb_grpc.add_ControlServicer_to_server(control, server)
+        self.control = control
         self._health = health.aio.HealthServicer()
         await self._health.set("", NOT_SERVING)
         await self._health.set(SERVICE_NAME, NOT_SERVING)
@@ -164,6 +169,7 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(self.registry.run_reaper())
+        self._start_metrics()
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
         self._announce()
@@ -187,6 +193,18 @@ class Daemon:
             raise StartupError(ExitCode.BIND, f"cannot bind {c.host}:{c.port} (address in use or not local to "
                                               f"this host)") from None
 
+    def _start_metrics(self) -> None:
+        c = self.config
+        if c.metrics_port is None:
+            return
+        self.metrics = MetricsEndpoint(self, asyncio.get_running_loop())
+        try:
+            self.metrics_port = self.metrics.start(c.host, c.metrics_port)
+        except OSError as exc:
+            raise StartupError(ExitCode.BIND, f"cannot bind the metrics port {c.host}:{c.metrics_port}: "
+                                              f"{exc.strerror or exc}") from None
+        self.registry.before_stop = self.metrics.figures.retire  # a stopping worker's last figures are kept
+
     def _announce(self) -> None:
         c, meta = self.config, self.served.meta
         if self.port_file is not None:
@@ -201,8 +219,10 @@ class Daemon:
             self.log.warning("workers_unavailable", cause=WORKER_IMPORT_ERROR)
         self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
                       graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid(),
-                      tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token))
-        print(f"{READY_PREFIX} port={self.port} host={c.host} part={c.part} pid={os.getpid()}",
+                      tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token),
+                      metrics_port=self.metrics_port)
+        metrics = f" metrics_port={self.metrics_port}" if self.metrics_port is not None else ""
+        print(f"{READY_PREFIX} port={self.port} host={c.host} part={c.part} pid={os.getpid()}{metrics}",
               file=self.ready_stream, flush=True)
 
     async def drain(self) -> None:
@@ -225,6 +245,8 @@ class Daemon:
             self._reaper.cancel()
         if self._server is not None:
             await self._server.stop(grace=grace)
+        if self.metrics is not None:
+            self.metrics.stop()
 
     async def shutdown(self) -> None:
         await self._close_server()

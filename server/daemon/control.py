@@ -9,6 +9,7 @@ No error here takes the daemon down, and there is deliberately no RPC that stops
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import math
 import secrets
@@ -70,6 +71,7 @@ def rpc(method):
         try:
             return await method(self, request, context)
         except RequestError as exc:
+            self.errors[exc.code.name.lower()] += 1
             self.log.info("request_refused", rpc=method.__name__, peer=context.peer(),
                           code=exc.code.name, cause=exc.message)
             await context.abort(exc.code, exc.message)
@@ -78,6 +80,7 @@ def rpc(method):
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
+            self.errors["internal"] += 1
             self.log.error("rpc_error", rpc=method.__name__, peer=context.peer(), cause=repr(exc), exc_info=exc)
             await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}")
     return wrapper
@@ -93,6 +96,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.worker_factory = worker_factory
         self.is_draining = is_draining
         self.started_at = time.monotonic() if started_at is None else started_at
+        self.errors: collections.Counter[str] = collections.Counter()   # refusals by status; the metrics read it
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -128,6 +132,7 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def _worker_gone(self, group: Group, command: str, why: str):
         cause = f"{command} failed: {why}"
+        self.errors["worker_gone"] += 1
         self.registry.remove_group(group.group_id, event="group_reap", cause=cause)
         raise RequestError(grpc.StatusCode.UNAVAILABLE,
                            f"group {group.group_id!r}: its session worker is gone ({cause}); "

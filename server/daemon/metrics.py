@@ -18,7 +18,13 @@ so a test checks both lists agree.
 """
 from __future__ import annotations
 
+import asyncio
+import platform
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
 
 PREFIX = "graphfeed_"
 
@@ -116,3 +122,298 @@ def series_names(specs: dict[str, MetricSpec] | None = None) -> set[str]:
 def session_kind(kind: str) -> str:
     """The bounded label value for a session's free-form ``kind``."""
     return kind if kind in SESSION_KINDS else "other"
+
+
+# =================================================================================================
+# The daemon's endpoint: worker figures cached per group, one Collector, an HTTP server.
+# =================================================================================================
+
+SCRAPE_REFRESH_WAIT = 0.3     # seconds a scrape waits for fresh worker figures before using the cache
+FINAL_FETCH_TIMEOUT = 2.0     # seconds for a stopping worker's last figures
+KIND_FIELDS = ("batches_produced", "batches_served", "bytes_served")
+KIND_GAUGES = ("buffered_batches", "buffered_bytes")
+
+
+def _add_hist(into: dict, h: dict) -> None:
+    if not into:
+        into.update(counts=[0] * len(h["counts"]), sum=0.0, count=0)
+    into["counts"] = [a + b for a, b in zip(into["counts"], h["counts"])]
+    into["sum"] += h["sum"]
+    into["count"] += h["count"]
+
+
+def empty_figures() -> dict:
+    return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}}
+
+
+def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
+    """Add worker snapshot ``snap`` into ``total`` (kinds folded to :func:`session_kind`)."""
+    for kind, row in (snap.get("kinds") or {}).items():
+        k = total["kinds"].setdefault(session_kind(kind), dict.fromkeys(KIND_FIELDS + KIND_GAUGES, 0))
+        for key in KIND_FIELDS + (KIND_GAUGES if gauges else ()):
+            k[key] += int(row.get(key, 0))
+    for section in ("stages", "remote"):
+        for key, h in (snap.get(section) or {}).items():
+            _add_hist(total[section].setdefault(key, {}), h)
+    for section in ("remote_errors", "errors"):
+        for key, n in (snap.get(section) or {}).items():
+            total[section][key] = total[section].get(key, 0) + int(n)
+    return total
+
+
+class WorkerFigures:
+    """The last metrics snapshot of every open group's worker, plus the totals of stopped ones.
+
+    Updated on the daemon's event loop; read by the scrape thread under ``_lock``.  A worker's
+    figures are cumulative, so the scrape adds the stopped workers' last figures and counters
+    never go back when a group closes or is reaped.
+    """
+
+    def __init__(self, registry, call_timeout: float):
+        self.registry = registry
+        self.call_timeout = call_timeout
+        self._lock = threading.Lock()
+        self._latest: dict[int, tuple[float, dict]] = {}    # id(group) -> (monotonic time, snapshot)
+        self._retired = empty_figures()
+        self._inflight: dict[int, asyncio.Task] = {}
+        self.fetch_failures = 0
+
+    async def refresh(self) -> None:
+        """Ask every open group's worker for its figures (one call in flight per worker)."""
+        for group in list(self.registry.groups.values()):
+            key = id(group)
+            if key not in self._inflight:
+                task = asyncio.get_running_loop().create_task(self._fetch(group))
+                self._inflight[key] = task
+                task.add_done_callback(lambda _t, k=key: self._inflight.pop(k, None))
+        if self._inflight:
+            await asyncio.wait(set(self._inflight.values()))
+
+    async def _fetch(self, group) -> None:
+        snap = await self._call_metrics(group, self.call_timeout)
+        if snap is not None and self.registry.groups.get(group.group_id) is group:
+            with self._lock:
+                self._latest[id(group)] = (time.monotonic(), snap)
+
+    async def _call_metrics(self, group, timeout: float) -> dict | None:
+        try:
+            snap = await asyncio.wait_for(asyncio.to_thread(group.handle.call, "metrics", timeout=timeout),
+                                          timeout + 1.0)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 -- a worker without figures is no failure here
+            self.fetch_failures += 1
+            return None
+        return snap if isinstance(snap, dict) else None
+
+    async def retire(self, group) -> None:
+        """Fold a stopping group's last figures into the totals (a final fetch if its worker still runs)."""
+        final = None
+        if group.handle.alive():
+            final = await self._call_metrics(group, FINAL_FETCH_TIMEOUT)
+        with self._lock:
+            _, cached = self._latest.pop(id(group), (0.0, None))
+            last = final if final is not None else cached
+            if last is not None:
+                merge_figures(self._retired, last, gauges=False)
+
+    def merged(self) -> tuple[dict, float]:
+        """Figures of every worker, open and stopped; and the age in seconds of the oldest snapshot used."""
+        now = time.monotonic()
+        with self._lock:
+            total = merge_figures(empty_figures(), self._retired, gauges=False)
+            latest = list(self._latest.values())
+        for _, snap in latest:
+            merge_figures(total, snap)
+        age = max((now - t for t, _ in latest), default=0.0)
+        return total, age
+
+
+def partition_figures(served) -> dict[str, int]:
+    """Nodes, stored edges and mapped bytes of the served part (computed once at startup)."""
+    from graphfeed.server.partition.store import Partition
+
+    part = Partition(served.root, served.part_id, served.meta)
+    edges = int(part.topology(served.meta.topologies[0]).indices.numel())
+    folder = Path(part.paths.part(served.part_id))
+    mapped = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.suffix == ".npy")
+    return {"nodes": int(served.num_local_nodes), "edges": edges, "mapped_bytes": int(mapped)}
+
+
+def build_labels() -> dict[str, str]:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("graphfeed")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "unknown"
+    return {"version": version, "python": platform.python_version(), "torch": torch_version}
+
+
+def _family(name: str, spec: MetricSpec | None = None):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    spec = spec or METRICS[name]
+    cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}[spec.type]
+    return cls(name, spec.help, labels=list(spec.labels))
+
+
+def _hist_buckets(h: dict) -> list[tuple[str, float]]:
+    out, running = [], 0
+    for bound, n in zip(list(LATENCY_BUCKETS) + [float("inf")], h["counts"]):
+        running += n
+        out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return out
+
+
+def _copy(mapping) -> dict:
+    """A copy of a dict the event loop may be changing (the scrape runs in another thread)."""
+    for _ in range(10):
+        try:
+            return dict(mapping)
+        except RuntimeError:  # changed size during the copy: try again
+            continue
+    return {}
+
+
+class ServerCollector:
+    """Builds every :data:`METRICS` family at scrape time from the daemon's live state."""
+
+    def __init__(self, daemon, figures: WorkerFigures, partition: dict[str, int], loop: asyncio.AbstractEventLoop):
+        self.daemon, self.figures, self.partition, self.loop = daemon, figures, partition, loop
+        self.build = build_labels()
+        self.started_unix = time.time()
+        self.started = time.monotonic()
+
+    def describe(self) -> list:
+        return []  # families are built at scrape time; nothing to check at registration
+
+    def _refresh(self) -> None:
+        """Fresh worker figures if they come quickly; the cached ones otherwise (never blocks sampling)."""
+        if self.loop.is_closed():
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.figures.refresh(), self.loop)
+        try:
+            fut.result(SCRAPE_REFRESH_WAIT)
+        except Exception:  # noqa: BLE001 -- timeout or loop shutting down: the cache answers
+            pass
+
+    def collect(self) -> Iterable[Any]:
+        self._refresh()
+        figures, age = self.figures.merged()
+        yield from self._process()
+        yield from self._sessions()
+        yield from self._data_path(figures)
+        yield from self._latency(figures)
+        yield from self._errors(figures, age)
+
+    def _process(self):
+        d, c = self.daemon, self.daemon.config
+        f = _family("graphfeed_build_info")
+        f.add_metric([self.build["version"], self.build["python"], self.build["torch"]], 1)
+        yield f
+        yield self._single("graphfeed_start_time_seconds", self.started_unix)
+        yield self._single("graphfeed_uptime_seconds", time.monotonic() - self.started)
+        yield self._single("graphfeed_draining", 1 if d.draining else 0)
+        meta = d.served.meta
+        f = _family("graphfeed_partition_info")
+        f.add_metric([meta.graph_name, str(c.part), str(meta.num_parts)], 1)
+        yield f
+        for key in ("nodes", "edges", "mapped_bytes"):
+            yield self._single(f"graphfeed_partition_{key}", self.partition[key])
+        yield self._single("graphfeed_buffer_limit_batches", c.buffer_batches)
+        yield self._single("graphfeed_buffer_limit_bytes", c.buffer_bytes)
+
+    def _sessions(self):
+        reg = self.daemon.registry
+        yield self._single("graphfeed_groups_open", len(_copy(reg.groups)))
+        yield self._single("graphfeed_groups_opened_total", reg.groups_opened_total)
+        yield self._single("graphfeed_groups_reaped_total", reg.groups_reaped_total)
+        open_by_kind = dict.fromkeys(SESSION_KINDS, 0)
+        for s in _copy(reg.sessions).values():
+            open_by_kind[session_kind(s.kind)] += 1
+        f = _family("graphfeed_sessions_open")
+        for kind, n in open_by_kind.items():
+            f.add_metric([kind], n)
+        yield f
+        yield self._single("graphfeed_sessions_opened_total", reg.sessions_opened_total)
+        yield self._single("graphfeed_sessions_closed_total", reg.sessions_closed_total)
+        yield self._single("graphfeed_sessions_reaped_total", reg.sessions_reaped_total)
+
+    def _data_path(self, figures: dict):
+        kinds = figures["kinds"]
+        for name, key in (("graphfeed_batches_produced_total", "batches_produced"),
+                          ("graphfeed_batches_served_total", "batches_served"),
+                          ("graphfeed_bytes_served_total", "bytes_served"),
+                          ("graphfeed_buffered_batches", "buffered_batches"),
+                          ("graphfeed_buffered_bytes", "buffered_bytes")):
+            f = _family(name)
+            for kind in SESSION_KINDS:  # every kind always present: a fixed, small series set
+                f.add_metric([kind], kinds.get(kind, {}).get(key, 0))
+            yield f
+
+    def _latency(self, figures: dict):
+        f = _family("graphfeed_stage_seconds")
+        for stage in STAGES:
+            h = figures["stages"].get(stage)
+            if h:
+                f.add_metric([stage], _hist_buckets(h), h["sum"])
+        yield f
+        calls, errors, hist = (_family("graphfeed_remote_calls_total"), _family("graphfeed_remote_call_errors_total"),
+                               _family("graphfeed_remote_call_seconds"))
+        for (peer, call), h in sorted(figures["remote"].items()):
+            calls.add_metric([peer, call], h["count"])
+            errors.add_metric([peer, call], figures["remote_errors"].get((peer, call), 0))
+            hist.add_metric([peer, call], _hist_buckets(h), h["sum"])
+        yield from (calls, errors, hist)
+
+    def _errors(self, figures: dict, age: float):
+        counts = dict(figures["errors"])
+        control = getattr(self.daemon, "control", None)
+        for kind, n in _copy(getattr(control, "errors", {})).items():
+            counts[kind] = counts.get(kind, 0) + n
+        f = _family("graphfeed_errors_total")
+        for kind, n in sorted(counts.items()):
+            f.add_metric([kind], n)
+        if self.figures.fetch_failures:
+            f.add_metric(["metrics_timeout"], self.figures.fetch_failures)
+        yield f
+        yield self._single("graphfeed_worker_snapshot_age_seconds", age)
+
+    @staticmethod
+    def _single(name: str, value: float):
+        f = _family(name)
+        f.add_metric([], value)
+        return f
+
+
+class MetricsEndpoint:
+    """The daemon's ``/metrics``: an explicit registry (no process-global one) on its own HTTP thread."""
+
+    def __init__(self, daemon, loop: asyncio.AbstractEventLoop):
+        from prometheus_client import CollectorRegistry
+
+        c = daemon.config
+        self.figures = WorkerFigures(daemon.registry, c.call_timeout)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = ServerCollector(daemon, self.figures, partition_figures(daemon.served), loop)
+        self.registry.register(self.collector)
+        self._server = None
+        self._thread = None
+        self.port: int | None = None
+
+    def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port`` (0 = any free port); returns the bound port.  OSError if it cannot bind."""
+        from prometheus_client import start_http_server
+
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.port = int(self._server.server_port)
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

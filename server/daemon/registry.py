@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 
@@ -70,6 +70,8 @@ class Registry:
         self._stopping_handles: list[Any] = []
         self._empty = asyncio.Event()
         self._empty.set()
+        # Awaited before a group's worker is stopped (the metrics keep its last figures); must not raise.
+        self.before_stop: Callable[[Group], Awaitable[None]] | None = None
         self.groups_opened_total = 0
         self.groups_reaped_total = 0
         self.sessions_opened_total = 0
@@ -139,6 +141,7 @@ class Registry:
     async def _stop(self, group: Group, grace: float) -> None:
         self._stopping_handles.append(group.handle)
         try:
+            await self._before_stop(group)
             code = await asyncio.to_thread(group.handle.stop, grace)
             self.log.debug("worker_stop", group=group.group_id, worker_pid=getattr(group.handle, "pid", None),
                            exitcode=code)
@@ -146,6 +149,14 @@ class Registry:
             self.log.error("worker_stop_failed", group=group.group_id, cause=repr(exc))
         finally:
             self._stopping_handles.remove(group.handle)
+
+    async def _before_stop(self, group: Group) -> None:
+        if self.before_stop is None:
+            return
+        try:
+            await self.before_stop(group)
+        except Exception as exc:  # the worker must be stopped regardless
+            self.log.error("before_stop_failed", group=group.group_id, cause=repr(exc))
 
     def _update_empty(self) -> None:
         if not self.groups and not self._pending_groups:

@@ -5,7 +5,8 @@ same bytes for the same batch.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Protocol, Sequence
 
 import torch
 
@@ -25,12 +26,16 @@ class SamplingGraph(Protocol):
 
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                  epoch: int, seq: int) -> dict[str, torch.Tensor]:
+                  epoch: int, seq: int, *, stage: Callable[[str], ContextManager] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics)."""
     sub = graph.sample(seeds, spec, plan_entry.seed)
     x, y, orig = graph.gather(sub.nodes)
-    return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
-                              num_sampled_nodes=sub.num_sampled_nodes, num_sampled_edges=sub.num_sampled_edges,
-                              batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index)
+    with stage("encode") if stage is not None else nullcontext():
+        return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
+                                  num_sampled_nodes=sub.num_sampled_nodes,
+                                  num_sampled_edges=sub.num_sampled_edges, batch_size=sub.batch_size,
+                                  epoch=epoch, seq=seq, index=plan_entry.index)
 
 
 def group_by_part(book: RangePartitionBook, gids: torch.Tensor) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ from ..sampling.graph import sample_part
 from ..sampling.neighbor import sample_subgraph, stitch
 from ..sampling.types import OneHop, SampledSubgraph, SamplingSpec
 from . import rpc_api
+from .telemetry import WorkerTelemetry
 
 
 class PeerError(RuntimeError):
@@ -27,21 +28,30 @@ def worker_name(part: int) -> str:
 
 
 class DistributedGraph:
-    def __init__(self, part: Partition, rpc_timeout: float):
+    def __init__(self, part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry | None = None):
         self.part = part
         self.book = part.book
         self.rpc_timeout = float(rpc_timeout)
+        self.telemetry = telemetry if telemetry is not None else WorkerTelemetry()
 
     # ---- the SamplingGraph protocol -------------------------------------------------------------
 
     def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+        tel, me = self.telemetry, self.part.part_id
+
         def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
             split = self.book.split(gids)
-            remote = [(pos, p, self._call(p, rpc_api.one_hop, gids[pos], fanout, spec.replace, spec.direction,
-                                          seed, hop)) for p, pos in split if p != self.part.part_id]
-            pieces = [(pos, sample_part(self.part, gids[pos], spec, fanout, seed, hop))
-                      for p, pos in split if p == self.part.part_id]
-            pieces += [(pos, OneHop(*self._wait(p, fut, "one_hop"))) for pos, p, fut in remote]
+            t0 = tel.clock()
+            remote = [(pos, p, self._call(p, "one_hop", rpc_api.one_hop, gids[pos], fanout, spec.replace,
+                                          spec.direction, seed, hop)) for p, pos in split if p != me]
+            pieces = []
+            for p, pos in split:
+                if p == me:  # sampled while the remote pieces are in flight
+                    with tel.stage("local_sample"):
+                        pieces.append((pos, sample_part(self.part, gids[pos], spec, fanout, seed, hop)))
+            if remote:
+                pieces += [(pos, OneHop(*self._wait(p, fut, "one_hop"))) for pos, p, fut in remote]
+                tel.observe_stage("remote_sample", tel.clock() - t0)
             if len(pieces) == 1 and self.book.num_parts == 1:
                 return pieces[0][1]
             return stitch(gids.numel(), pieces)
@@ -49,8 +59,13 @@ class DistributedGraph:
         return sample_subgraph(seeds, spec, one_hop)
 
     def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with self.telemetry.stage("feature_gather"):
+            return self._gather(gids)
+
+    def _gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         split = self.book.split(gids)
-        remote = [(pos, p, self._call(p, rpc_api.gather, gids[pos])) for p, pos in split if p != self.part.part_id]
+        remote = [(pos, p, self._call(p, "gather", rpc_api.gather, gids[pos]))
+                  for p, pos in split if p != self.part.part_id]
         part = self.part
         x = torch.empty((gids.numel(),) + tuple(part.x.shape[1:]), dtype=part.x.dtype)
         y = torch.empty((gids.numel(),) + tuple(part.y.shape[1:]), dtype=part.y.dtype)
@@ -84,14 +99,28 @@ class DistributedGraph:
 
     # ---- RPC plumbing ---------------------------------------------------------------------------
 
-    def _call(self, part: int, func, *args):
-        return rpc.rpc_async(worker_name(part), func, args=args, timeout=self.rpc_timeout)
+    def _call(self, part: int, call: str, func, *args):
+        """``func(*args)`` on peer ``part``; its latency and outcome are recorded when it completes."""
+        tel = self.telemetry
+        t0 = tel.clock()
+        fut = rpc.rpc_async(worker_name(part), func, args=args, timeout=self.rpc_timeout)
 
-    @staticmethod
-    def _wait(part: int, fut, what: str):
+        def done(f) -> None:
+            try:
+                f.wait()
+                ok = True
+            except Exception:  # noqa: BLE001 -- the waiter raises it; here it is only counted
+                ok = False
+            tel.observe_remote(part, call, tel.clock() - t0, ok)
+
+        fut.add_done_callback(done)
+        return fut
+
+    def _wait(self, part: int, fut, what: str):
         try:
             return fut.wait()
         except Exception as exc:  # RPC errors arrive as RuntimeError with the peer's message
+            self.telemetry.count_error("remote")
             raise PeerError(f"{what} on peer worker part{part} failed: {_first_line(exc)}") from exc
 
 

@@ -29,6 +29,7 @@ from graphfeed.proto import datapath
 from ..partition.store import Partition
 from .distributed import DistributedGraph
 from .session import Session, SessionArgs
+from .telemetry import WorkerTelemetry
 
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
@@ -44,7 +45,9 @@ class SessionWorker:
 
     def __init__(self, spec, part: Partition):
         self.spec, self.part = spec, part
-        self.graph = DistributedGraph(part, spec.rpc_timeout)
+        self.telemetry = WorkerTelemetry()
+        self.graph = DistributedGraph(part, spec.rpc_timeout, self.telemetry)
+        self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
         self.lock = threading.Lock()
@@ -83,7 +86,7 @@ class SessionWorker:
                            int(rank), int(world_size), str(kind))
         s = self.spec
         session = Session(args, self.graph, s.part_id, self.part.meta.num_parts, num_producers=s.num_producers,
-                          buffer_batches=s.buffer_batches, buffer_bytes=s.buffer_bytes)
+                          buffer_batches=s.buffer_batches, buffer_bytes=s.buffer_bytes, telemetry=self.telemetry)
         with self.lock:
             self.sessions[session_id] = session
             self.secrets[session_id] = session_secret
@@ -120,12 +123,26 @@ class SessionWorker:
         if session is None:
             raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id}")
         session.close()
+        row = session.stats()
+        totals = self.closed_totals.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS, 0))
+        for key in CUMULATIVE_FIELDS:
+            totals[key] += row[key]
 
     def stats(self) -> list[dict]:
         rows = [s.stats() for s in list(self.sessions.values())]
         for r in rows:
             r["group_id"] = self.spec.group_id
         return rows
+
+    def metrics(self) -> dict:
+        """Cumulative figures since this worker started (see :mod:`.telemetry`), plus ``kinds``:
+        per session kind, the served/produced counters (closed sessions included) and the buffer gauges."""
+        kinds = {kind: dict(t, buffered_batches=0, buffered_bytes=0) for kind, t in self.closed_totals.items()}
+        for row in self.stats():
+            k = kinds.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS + GAUGE_FIELDS, 0))
+            for key in CUMULATIVE_FIELDS + GAUGE_FIELDS:
+                k[key] += row[key]
+        return dict(self.telemetry.snapshot(), kinds=kinds)
 
     def pull(self, session_id: str, epoch: int, seq: int) -> torch.futures.Future:
         return self.session(session_id).pull(epoch, seq)
@@ -153,7 +170,9 @@ class SessionWorker:
             rpc.shutdown(graceful=False)
 
 
-COMMANDS = ("open_session", "start_epoch", "close_session", "stats")
+COMMANDS = ("open_session", "start_epoch", "close_session", "stats", "metrics")
+CUMULATIVE_FIELDS = ("batches_produced", "batches_served", "bytes_served")
+GAUGE_FIELDS = ("buffered_batches", "buffered_bytes")
 
 
 def _error_kind(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ from graphfeed.proto.epoch import BatchSpec, check_loader_args, partition_order,
 from ..loader.producer import produce_batch
 from ..sampling.types import SamplingSpec
 from .buffer import BatchBuffer
+from .telemetry import WorkerTelemetry
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ class EpochRun:
 
 class Session:
     def __init__(self, args: SessionArgs, graph, part_id: int, num_parts: int, *, num_producers: int,
-                 buffer_batches: int, buffer_bytes: int):
+                 buffer_batches: int, buffer_bytes: int, telemetry: WorkerTelemetry | None = None):
         check_loader_args(args.batch_size, args.world_size, args.rank)
         self.args, self.graph, self.part_id, self.num_parts = args, graph, part_id, num_parts
+        self.telemetry = telemetry if telemetry is not None else WorkerTelemetry()
         self.num_producers = max(1, int(num_producers))
         self.buffer_batches, self.buffer_bytes = buffer_batches, buffer_bytes
         self.run: EpochRun | None = None
@@ -117,10 +119,13 @@ class Session:
                 run.buffer.unreserve()
                 return
             seq, entry = item
+            tel = self.telemetry
             try:
                 seeds = run.order[entry.start:entry.stop]
-                batch = produce_batch(self.graph, seeds, a.spec, entry, run.epoch, seq)
+                with tel.stage("batch"):
+                    batch = produce_batch(self.graph, seeds, a.spec, entry, run.epoch, seq, stage=tel.stage)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
+                tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
                                               f"failed: {type(exc).__name__}: {exc}"))
                 return
