@@ -45,7 +45,12 @@ def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.fu
     PermissionError when ``secret`` is not the session's secret.
     """
     worker = _bound()
-    worker.authorize(session_id, secret)
+    try:
+        worker.authorize(session_id, secret)
+    except PermissionError as exc:  # through a future, so the caller gets the PermissionError itself
+        refused: torch.futures.Future = torch.futures.Future()
+        refused.set_exception(exc)
+        return _as_remote_errors(refused)
     return _as_remote_errors(worker.pull(session_id, int(epoch), int(seq)))
 
 
