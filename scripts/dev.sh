@@ -20,9 +20,9 @@ setup() {
   fi
   echo "== setting up $VENV (one time)" >&2
   [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip "setuptools>=68" wheel
+  "$VENV/bin/pip" install -q --upgrade pip "setuptools>=77" wheel
   # CPU build of torch (a plain `torch` requirement would pull a multi-GB CUDA build).
-  "$VENV/bin/pip" install -q "torch==${GRAPHFEED_TORCH_VERSION:-2.13.0}"
+  "$VENV/bin/pip" install -q "torch==${GRAPHFEED_TORCH_VERSION:-2.13.0}" numpy
   # No build isolation: the native ops compile against the torch installed above.
   "$VENV/bin/pip" install -q --no-build-isolation -e '.[dev]'
   echo "$want" > "$STAMP"
