@@ -217,7 +217,7 @@ class SessionStats(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., kind: _Optional[str] = ..., epoch: _Optional[int] = ..., batches_produced: _Optional[int] = ..., batches_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds")
+    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds", "batches_served_total", "bytes_served_total", "buffered_batches", "buffered_bytes", "sessions_closed_total", "metrics_port")
     STATE_FIELD_NUMBER: _ClassVar[int]
     PART_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,12 @@ class ServerStats(_message.Message):
     SESSIONS_REAPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SERVED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_CLOSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
     state: str
     part_id: int
     groups_open: int
@@ -234,4 +240,10 @@ class ServerStats(_message.Message):
     sessions_reaped_total: int
     sessions: _containers.RepeatedCompositeFieldContainer[SessionStats]
     uptime_seconds: float
-    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ...) -> None: ...
+    batches_served_total: int
+    bytes_served_total: int
+    buffered_batches: int
+    buffered_bytes: int
+    sessions_closed_total: int
+    metrics_port: int
+    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...

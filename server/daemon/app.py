@@ -36,7 +36,7 @@ from . import logs, security
 from .config import ServerConfig
 from .control import SERVICE_NAME, ControlServicer
 from .exitcodes import ExitCode, StartupError
-from .metrics import MetricsEndpoint
+from .metrics import MetricsEndpoint, WorkerFigures
 from .registry import WORKER_STOP_GRACE, Registry
 from .served import ServedPartition, load_partition
 from .worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
@@ -86,6 +86,7 @@ class Daemon:
         self.served: ServedPartition | None = None
         self.registry: Registry | None = None
         self.control: ControlServicer | None = None
+        self.figures: WorkerFigures | None = None
         self.metrics: MetricsEndpoint | None = None
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -151,8 +152,10 @@ class Daemon:
                                  options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self.figures = WorkerFigures(self.registry, c.call_timeout)
+        self.registry.before_stop = self.figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, self.served, self.registry, self.log, self.worker_factory,
-                                  is_draining=lambda: self.draining)
+                                  is_draining=lambda: self.draining, figures=self.figures)
         pb_grpc.add_ControlServicer_to_server(control, server)
         self.control = control
         self._health = health.aio.HealthServicer()
@@ -197,13 +200,13 @@ class Daemon:
         c = self.config
         if c.metrics_port is None:
             return
-        self.metrics = MetricsEndpoint(self, asyncio.get_running_loop())
+        self.metrics = MetricsEndpoint(self, self.figures, asyncio.get_running_loop())
         try:
             self.metrics_port = self.metrics.start(c.host, c.metrics_port)
         except OSError as exc:
             raise StartupError(ExitCode.BIND, f"cannot bind the metrics port {c.host}:{c.metrics_port}: "
                                               f"{exc.strerror or exc}") from None
-        self.registry.before_stop = self.metrics.figures.retire  # a stopping worker's last figures are kept
+        self.control.metrics_port = self.metrics_port
 
     def _announce(self) -> None:
         c, meta = self.config, self.served.meta

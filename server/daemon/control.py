@@ -29,6 +29,7 @@ from graphfeed.server.sampling.types import SamplingSpec
 
 from .config import ServerConfig
 from .logs import EventLogger
+from .metrics import WorkerFigures
 from .registry import Group, Registry, RequestError, Session
 from .served import ServedPartition
 from .worker_api import GroupSpec, WorkerError, WorkerFactory, WorkerGone, WorkerUnavailable
@@ -88,7 +89,8 @@ def rpc(method):
 
 class ControlServicer(pb_grpc.ControlServicer):
     def __init__(self, config: ServerConfig, served: ServedPartition, registry: Registry, log: EventLogger,
-                 worker_factory: WorkerFactory, is_draining: Callable[[], bool], started_at: float | None = None):
+                 worker_factory: WorkerFactory, is_draining: Callable[[], bool], started_at: float | None = None,
+                 figures: WorkerFigures | None = None):
         self.config = config
         self.served = served
         self.registry = registry
@@ -97,6 +99,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.is_draining = is_draining
         self.started_at = time.monotonic() if started_at is None else started_at
         self.errors: collections.Counter[str] = collections.Counter()   # refusals by status; the metrics read it
+        self.figures = figures          # the workers' cumulative figures (GetStats totals)
+        self.metrics_port = 0           # set by the daemon when its metrics endpoint runs
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -332,7 +336,22 @@ class ControlServicer(pb_grpc.ControlServicer):
             state="draining" if self.is_draining() else "serving", part_id=self.served.part_id,
             groups_open=len(reg.groups), sessions_open=len(reg.sessions),
             sessions_opened_total=reg.sessions_opened_total, sessions_reaped_total=reg.sessions_reaped_total,
-            sessions=[s for rows in per_group for s in rows], uptime_seconds=time.monotonic() - self.started_at)
+            sessions=[s for rows in per_group for s in rows], uptime_seconds=time.monotonic() - self.started_at,
+            sessions_closed_total=reg.sessions_closed_total, metrics_port=self.metrics_port,
+            **await self._served_totals())
+
+    async def _served_totals(self) -> dict:
+        """Batches/bytes served by every session so far and buffered now, from the workers' figures."""
+        if self.figures is None:
+            return {}
+        try:
+            await asyncio.wait_for(asyncio.shield(self.figures.refresh()), STATS_TIMEOUT)
+        except asyncio.TimeoutError:
+            pass  # a busy worker: its cached figures answer
+        kinds = self.figures.merged()[0]["kinds"].values()
+        return {key: sum(k[field] for k in kinds) for key, field in (
+            ("batches_served_total", "batches_served"), ("bytes_served_total", "bytes_served"),
+            ("buffered_batches", "buffered_batches"), ("buffered_bytes", "buffered_bytes"))}
 
 
 def _check_rendezvous(address: str) -> None:

@@ -392,11 +392,10 @@ class ServerCollector:
 class MetricsEndpoint:
     """The daemon's ``/metrics``: an explicit registry (no process-global one) on its own HTTP thread."""
 
-    def __init__(self, daemon, loop: asyncio.AbstractEventLoop):
+    def __init__(self, daemon, figures: WorkerFigures, loop: asyncio.AbstractEventLoop):
         from prometheus_client import CollectorRegistry
 
-        c = daemon.config
-        self.figures = WorkerFigures(daemon.registry, c.call_timeout)
+        self.figures = figures
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = ServerCollector(daemon, self.figures, partition_figures(daemon.served), loop)
         self.registry.register(self.collector)

@@ -1,0 +1,88 @@
+"""``graphfeed status`` against real daemons: both up (exit 0), then one killed (a DOWN row, exit 1)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import graphfeed.client as gf
+from graphfeed.cli import status
+from graphfeed.server.partition import builder, synth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_cluster import hermetic_env, running_cluster  # noqa: E402
+
+STATUS = (sys.executable, "-m", "graphfeed.cli", "status")
+RUN_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def parts_dir(tmp_path_factory) -> Path:
+    ei, x, y, splits = synth.generate(1200, 6, 8, 4)
+    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="status-1200")
+    out = tmp_path_factory.mktemp("status") / "parts"
+    builder.partition_graph(g, 2, out, method="random")
+    return out
+
+
+def _status_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*STATUS, *args], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          env=hermetic_env({"GRAPHFEED_TOKEN": ""}))
+
+
+def _status_json(addresses, capsys) -> tuple[int, list[dict]]:
+    parser = argparse.ArgumentParser()
+    status.add_arguments(parser)
+    code = status.run(parser.parse_args([*addresses, "--json", "--timeout", "10"]))
+    return code, [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_status_rows_for_live_servers_then_a_down_row(parts_dir, tmp_path, capsys):
+    with running_cluster(parts_dir, args=("--metrics-port", "0"), log_dir=tmp_path) as servers:
+        addresses = [s.address for s in servers]
+        with gf.connect(addresses, timeout=60) as client:
+            with client.neighbor_loader("train", [3, 2], batch_size=32, seed=2) as loader:
+                assert sum(1 for _ in loader) == len(loader)
+                per_server = loader.stats()["batches_by_server"]
+                code, rows = _status_json(addresses, capsys)
+        assert code == 0
+        assert [r["server"] for r in rows] == addresses
+        for k, (row, server) in enumerate(zip(rows, servers)):
+            assert (row["up"], row["health"], row["part"], row["state"]) == (True, "SERVING", f"{k}/2", "serving")
+            assert (row["groups"], row["sessions"]) == (1, 1)
+            assert row["batches"] == per_server[k] and row["bytes"] > 0
+            assert row["buf_batches"] == 0 and row["uptime"] > 0
+            assert row["metrics_port"] == server.metrics_port
+
+        done = _status_cli(*addresses)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0].split()[:3] == ["server", "health", "part"]
+        for k, address in enumerate(addresses):
+            row = next(line for line in lines if line.startswith(address))
+            assert row.split()[1:3] == ["SERVING", f"{k}/2"], row
+        assert "2 server(s), 0 down" in done.stdout
+
+        victim = servers[1]
+        victim.expect_exit = -signal.SIGKILL
+        os.killpg(victim.pid, signal.SIGKILL)  # the daemon and its session workers
+        victim.wait(30)
+        done = _status_cli(*addresses)
+        assert done.returncode == 1, done.stdout + done.stderr
+        up = next(line for line in done.stdout.splitlines() if line.startswith(addresses[0]))
+        down = next(line for line in done.stdout.splitlines() if line.startswith(addresses[1]))
+        assert up.split()[1] == "SERVING"
+        assert down.split()[1] == "DOWN" and "unreachable" in down, down
+        assert "2 server(s), 1 down" in done.stdout
+
+
+def test_status_bad_address_is_a_usage_error():
+    done = _status_cli("not-an-address")
+    assert done.returncode == 2
+    assert "not host:port" in done.stderr and "Traceback" not in done.stderr
