@@ -162,3 +162,61 @@ def test_series_do_not_grow_with_sessions(cluster):
     for s in cluster:
         samples = scrape(s)
         assert not any("session" in k for _, lab in samples for k, _v in lab), "a series is labelled by session"
+
+
+# ---- client side (no servers) -------------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_loader_stats_data_stall_ratio_and_rate():
+    from graphfeed.client.metrics import LoaderStats
+
+    clock = FakeClock()
+    stats = LoaderStats("train", num_servers=2, clock=clock)
+    stats.start_epoch(0)
+    for server, (wait, step) in enumerate([(1.0, 3.0), (0.5, 3.5)]):   # waits 1.5 s of 8 s wall
+        clock.now += wait
+        stats.delivered(server)
+        clock.now += step
+        stats.asked()
+    stats.end_epoch()
+    s = stats.snapshot()
+    assert (s["batches"], s["batches_by_server"]) == (2, [1, 1])
+    assert s["wait_seconds"] == pytest.approx(1.5) and s["wall_seconds"] == pytest.approx(8.0)
+    assert s["data_stall_ratio"] == pytest.approx(1.5 / 8.0)
+    assert s["batches_per_second"] == pytest.approx(2 / 8.0)
+    stats.start_epoch(1)                      # a second epoch: per-epoch figures reset, totals keep the first
+    clock.now += 2.0                          # still waiting for the first batch: that wait counts already
+    s = stats.snapshot()
+    assert (s["epoch"], s["batches"], s["data_stall_ratio"]) == (1, 0, pytest.approx(1.0))
+    assert s["total"]["batches"] == 2 and s["total"]["wall_seconds"] == pytest.approx(10.0)
+
+
+def test_client_metrics_endpoint_and_names_match_the_contract():
+    from graphfeed.client import metrics as cm
+
+    assert cm.CLIENT_METRIC_NAMES == m.CLIENT_METRIC_NAMES
+    clock = FakeClock()
+    stats = cm.LoaderStats("val", num_servers=1, clock=clock)
+    stats.start_epoch(0)
+    clock.now += 1.0
+    stats.delivered(0)
+    clock.now += 3.0
+    server = cm.start_metrics_server(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.close()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert {name for name, _ in samples} <= m.series_names(m.CLIENT_METRICS)
+    assert value(samples, "graphfeed_client_batches_total", loader="val") == 1
+    assert value(samples, "graphfeed_client_data_stall_ratio", loader="val") == pytest.approx(0.25)
+    assert value(samples, "graphfeed_client_batches_per_second", loader="val") == pytest.approx(0.25)
