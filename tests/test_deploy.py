@@ -1,0 +1,284 @@
+"""deploy/: every file parses, agrees with the code (ports, exit codes, metric names), and its
+commands run as they would in production where that is feasible on a test box."""
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graphfeed.server.daemon import metrics
+from graphfeed.server.daemon.config import ServerConfig, load_config
+from graphfeed.server.daemon.exitcodes import ExitCode
+from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
+from graphfeed.server.partition import builder, synth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_cluster import SERVE_COMMAND, hermetic_env, running_cluster  # noqa: E402
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+UNIT = DEPLOY / "systemd" / "graphfeed-server@.service"
+EXAMPLE_CONFIG = DEPLOY / "config" / "server.yaml"
+CONTAINERFILE = DEPLOY / "container" / "Containerfile"
+COMPOSE = DEPLOY / "compose" / "compose.yaml"
+K8S = DEPLOY / "k8s" / "graphfeed.yaml"
+PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+DASHBOARD = DEPLOY / "grafana" / "graphfeed.json"
+CONTROL_PORT = ServerConfig.__dataclass_fields__["port"].default   # 50051
+UNIT_INSTALL_PATH = "/opt/graphfeed/bin/graphfeed"
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    return yaml.safe_load(EXAMPLE_CONFIG.read_text())
+
+
+@pytest.fixture(scope="module")
+def metrics_port(example) -> int:
+    return int(example["metrics_port"])
+
+
+@pytest.fixture(scope="module")
+def parts_dir(tmp_path_factory) -> Path:
+    ei, x, y, splits = synth.generate(1000, 8, 8, 3)
+    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint="deploy-1000")
+    out = tmp_path_factory.mktemp("deploy") / "parts"
+    builder.partition_graph(g, 2, out, topologies=("csc",))
+    return out
+
+
+# ---- example config ---------------------------------------------------------------------------------
+
+def test_example_config_passes_check_config(example, parts_dir, tmp_path):
+    assert example["port"] == CONTROL_PORT
+    cfg = tmp_path / "server-1.yaml"
+    cfg.write_text(EXAMPLE_CONFIG.read_text().replace(example["partition"], str(parts_dir)))
+    # as the systemd unit runs it: --config server-%i.yaml --part %i
+    run = subprocess.run([*SERVE_COMMAND, "--config", str(cfg), "--part", "1", "--check-config"],
+                         env=hermetic_env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert f"partition={parts_dir} part=1 host=0.0.0.0 port={CONTROL_PORT}" in run.stdout
+    c = load_config(cfg, environ={})
+    assert c.metrics_port == example["metrics_port"] and c.log_format == "json"
+
+
+def test_example_config_names_every_key():
+    text = EXAMPLE_CONFIG.read_text()
+    for key in ServerConfig.__dataclass_fields__:
+        if key == "token":   # documented as token_file / GRAPHFEED_TOKEN: a token does not belong in a file
+            continue
+        assert re.search(rf"^#? ?{key}:", text, re.M), f"deploy/config/server.yaml does not mention {key}"
+
+
+# ---- systemd ----------------------------------------------------------------------------------------
+
+def _unit() -> configparser.ConfigParser:
+    p = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    p.optionxform = str
+    p.read_string(UNIT.read_text())
+    return p
+
+
+def test_unit_restart_policy_matches_exit_codes_and_drain(example):
+    s = _unit()["Service"]
+    assert s["Restart"] == "on-failure"
+    assert {int(c) for c in s["RestartPreventExitStatus"].split()} == {ExitCode.CONFIG, ExitCode.PARTITION}
+    stop = float(s["TimeoutStopSec"])
+    assert stop > example["drain_grace_seconds"] + WORKER_STOP_GRACE + 5, "stop timeout shorter than the drain"
+    assert s["KillMode"] == "mixed", "SIGTERM must reach only the daemon, which drains its session workers"
+    assert s["User"] == "graphfeed" and s["NoNewPrivileges"] == "yes" and s["ProtectSystem"] == "strict"
+    for key in ("ProtectHome", "PrivateTmp", "ReadOnlyPaths", "CapabilityBoundingSet", "RestrictAddressFamilies"):
+        assert key in s, key
+    argv = shlex.split(s["ExecStart"])
+    assert argv[:2] == [UNIT_INSTALL_PATH, "serve"] and "/etc/graphfeed/server-%i.yaml" in argv and "%i" in argv
+
+
+def test_systemd_analyze_verify(tmp_path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (Debian package `systemd`; .ci/run installs it)")
+    # verify checks that ExecStart exists: point it at this checkout's graphfeed instead of /opt.
+    graphfeed = Path(sys.executable).with_name("graphfeed")
+    assert graphfeed.exists(), graphfeed
+    (tmp_path / UNIT.name).write_text(UNIT.read_text().replace(UNIT_INSTALL_PATH, str(graphfeed)))
+    run = subprocess.run([tool, "verify", str(tmp_path / "graphfeed-server@0.service")], capture_output=True,
+                         text=True, timeout=120)
+    # verify exits 0 on unknown keys or bad values but prints them: both streams must be clean.
+    assert run.returncode == 0 and not run.stdout.strip() and not run.stderr.strip(), run.stdout + run.stderr
+
+
+# ---- container --------------------------------------------------------------------------------------
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined, comments dropped."""
+    lines, out = [], []
+    for raw in CONTAINERFILE.read_text().splitlines():
+        if raw.strip().startswith("#") or not raw.strip():
+            continue
+        lines.append(raw)
+    text = "\n".join(lines).replace("\\\n", " ")
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _runtime_stage() -> list[tuple[str, str]]:
+    ins = _instructions()
+    last_from = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    return ins[last_from:]
+
+
+def _env(stage) -> dict[str, str]:
+    env = {}
+    for word, rest in stage:
+        if word == "ENV":
+            env.update(dict(kv.split("=", 1) for kv in shlex.split(rest)))
+    return env
+
+
+def _healthcheck_argv(stage) -> list[str]:
+    [rest] = [r for w, r in stage if w == "HEALTHCHECK"]
+    return json.loads(rest[rest.index("CMD") + 3:].strip())
+
+
+def test_containerfile_is_nonroot_pinned_and_consistent(metrics_port):
+    ins = _instructions()
+    runs = " ".join(r for w, r in ins if w == "RUN")
+    assert "torch==2.13.0" in runs and "download.pytorch.org/whl/cpu" in runs
+    stage = _runtime_stage()
+    [user] = [r for w, r in stage if w == "USER"]
+    assert user.split(":")[0] not in ("0", "root") and "useradd --system --uid 10001" in " ".join(
+        r for w, r in stage if w == "RUN")
+    words = [w for w, _ in stage]
+    assert words.index("USER") > max(i for i, w in enumerate(words) if w == "RUN"), "USER must follow every RUN"
+    env = _env(stage)
+    assert int(env["GRAPHFEED_PORT"]) == CONTROL_PORT and int(env["GRAPHFEED_METRICS_PORT"]) == metrics_port
+    [expose] = [r for w, r in stage if w == "EXPOSE"]
+    assert {int(p) for p in expose.split()} == {CONTROL_PORT, metrics_port}
+    assert json.loads(dict(stage)["ENTRYPOINT"]) == [UNIT_INSTALL_PATH, "serve"]
+    for src in re.findall(r"^COPY (\S+) \./\1$", CONTAINERFILE.read_text(), re.M):
+        assert (DEPLOY.parent / src).is_dir(), f"Containerfile copies {src}, which does not exist"
+
+
+def _image_command(argv: list[str]) -> list[str]:
+    """The image's /opt/graphfeed/bin/X is this checkout's .venv/bin/X."""
+    return [str(Path(sys.executable).with_name(Path(argv[0]).name)) if argv[0].startswith("/opt/graphfeed/bin/")
+            else argv[0], *argv[1:]]
+
+
+def test_container_entrypoint_and_healthcheck_run_as_in_the_image(parts_dir, tmp_path):
+    stage = _runtime_stage()
+    env = {k: v for k, v in _env(stage).items() if k.startswith("GRAPHFEED_")}
+    env.update(GRAPHFEED_PARTITION=str(parts_dir), GRAPHFEED_PART="0", GRAPHFEED_HOST="127.0.0.1")
+    entry = _image_command(json.loads(dict(stage)["ENTRYPOINT"]))
+    run = subprocess.run([*entry, "--check-config"], env=hermetic_env(env), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    health = _image_command(_healthcheck_argv(stage))
+    with running_cluster(parts_dir, parts=[0], log_dir=tmp_path) as [server]:
+        ok = subprocess.run(health, env=hermetic_env({"GRAPHFEED_PORT": str(server.port)}), capture_output=True,
+                            text=True, timeout=60)
+        assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stdout + ok.stderr
+    dead = subprocess.run(health, env=hermetic_env({"GRAPHFEED_PORT": str(server.port)}), capture_output=True,
+                          text=True, timeout=60)
+    assert dead.returncode == 1 and "unhealthy: UNAVAILABLE" in dead.stderr, dead.stdout + dead.stderr
+
+
+# ---- compose, Kubernetes, Prometheus ----------------------------------------------------------------
+
+def test_compose_two_partitions_and_prometheus(metrics_port):
+    doc = yaml.safe_load(COMPOSE.read_text())
+    services = doc["services"]
+    servers = {n: s for n, s in services.items() if n.startswith("server-")}
+    assert sorted(s["environment"]["GRAPHFEED_PART"] for s in servers.values()) == ["0", "1"]
+    for name, s in servers.items():
+        assert s["build"]["dockerfile"] == "deploy/container/Containerfile"
+        assert (COMPOSE.parent / s["build"]["context"] / s["build"]["dockerfile"]).resolve() == CONTAINERFILE
+        assert int(s["environment"]["GRAPHFEED_PORT"]) == CONTROL_PORT
+        targets = {int(p.rsplit(":", 1)[1]) for p in s["ports"]}
+        assert targets == {CONTROL_PORT, metrics_port}, name
+        assert s["stop_grace_period"] == "60s" and s["read_only"] is True
+    prom = services["prometheus"]
+    mount = prom["volumes"][0].split(":")[0]
+    assert (COMPOSE.parent / mount).resolve() == PROMETHEUS
+    scraped = _prometheus_targets()
+    assert scraped == {f"{n}:{metrics_port}" for n in servers}
+
+
+def _prometheus_targets() -> set[str]:
+    doc = yaml.safe_load(PROMETHEUS.read_text())
+    [job] = [j for j in doc["scrape_configs"] if j["job_name"] == "graphfeed-server"]
+    return {t for sc in job["static_configs"] for t in sc["targets"]}
+
+
+def test_k8s_statefulset_service_and_grpc_probes(metrics_port):
+    docs = {d["kind"]: d for d in yaml.safe_load_all(K8S.read_text())}
+    svc, sts = docs["Service"], docs["StatefulSet"]
+    assert svc["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    assert {p["port"] for p in svc["spec"]["ports"]} == {CONTROL_PORT, metrics_port}
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"] == sts["spec"]["template"]["metadata"][
+        "labels"]
+    pod = sts["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["GRAPHFEED_PART"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert int(env["GRAPHFEED_PORT"]["value"]) == CONTROL_PORT
+    assert int(env["GRAPHFEED_METRICS_PORT"]["value"]) == metrics_port
+    assert env["GRAPHFEED_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == docs["Secret"]["metadata"]["name"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == CONTROL_PORT, probe
+    assert c["readinessProbe"]["grpc"]["service"] == "graphfeed.control.v1.Control"
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and c["securityContext"]["readOnlyRootFilesystem"]
+    grace = float(int(env["GRAPHFEED_DRAIN_GRACE_SECONDS"]["value"]))
+    assert pod["terminationGracePeriodSeconds"] > grace + WORKER_STOP_GRACE + 5
+    assert {p["containerPort"] for p in c["ports"]} == {CONTROL_PORT, metrics_port}
+
+
+# ---- Grafana ----------------------------------------------------------------------------------------
+
+def _dashboard_metric_names() -> set[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"] for v in doc["templating"]["list"] if isinstance(v.get("query"), str)]
+    assert exprs
+    return {m for e in exprs for m in re.findall(r"\bgraphfeed_[a-z0-9_]+\b", e)}
+
+
+def _known(name: str) -> bool:
+    known = set(metrics.METRIC_NAMES) | set(metrics.CLIENT_METRIC_NAMES)
+    types = {**metrics.METRICS, **metrics.CLIENT_METRICS}
+    if name in known:
+        return True
+    for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram",)), ("_count", ("histogram",)),
+                          ("_total", ("counter",))):
+        base = name[:-len(suffix)] if name.endswith(suffix) else None
+        if base in types and types[base].type in kinds:
+            return True
+    return False
+
+
+def test_dashboard_names_only_existing_metrics_and_covers_the_topics():
+    names = _dashboard_metric_names()
+    unknown = sorted(n for n in names if not _known(n))
+    assert not unknown, f"the dashboard uses metrics graphfeed does not export: {unknown}"
+    for needed in ("graphfeed_batches_served_total", "graphfeed_stage_seconds_bucket",
+                   "graphfeed_client_data_stall_ratio", "graphfeed_buffered_batches", "graphfeed_errors_total"):
+        assert needed in names, needed
+    titles = " ".join(p["title"].lower() for p in json.loads(DASHBOARD.read_text())["panels"])
+    for topic in ("throughput", "latency", "stall", "buffer", "error"):
+        assert topic in titles, topic
+
+
+def test_dashboard_check_catches_a_made_up_metric():
+    assert not _known("graphfeed_made_up_total") and not _known("graphfeed_uptime_seconds_bucket")
+    assert _known("graphfeed_stage_seconds_count") and _known("graphfeed_errors_total")
