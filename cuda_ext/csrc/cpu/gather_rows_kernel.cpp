@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../gather_rows.h"
+#include "parallel.h"
 
 namespace graphfeed {
 namespace cpu {
@@ -22,7 +23,7 @@ void gather_into(const at::Tensor& src, const at::Tensor& index, at::Tensor& out
   char* o = static_cast<char*>(out.data_ptr());
   const int64_t* ix = idx.data_ptr<int64_t>();
   const int64_t grain = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(row_bytes, 1));
-  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t r = ix[i];
       TORCH_CHECK(r >= 0 && r < rows, "index ", r, " is out of range for src with ", rows, " rows");

@@ -11,7 +11,7 @@ constexpr int64_t kGrain = 1 << 14;
 bool ShardedIdMap::insert_known(const int64_t* keys, const int64_t* vals, int64_t n, bool unique) {
   std::atomic<bool> ok{true};
   std::atomic<int64_t> duplicate{-1}, negative{0};
-  at::parallel_for(0, shards_, 1, [&](int64_t sb, int64_t se) {
+  parallel_for(0, shards_, 1, [&](int64_t sb, int64_t se) {
     for (int64_t shard = sb; shard < se; ++shard) {
       int64_t used = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -45,7 +45,7 @@ bool ShardedIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, in
   std::atomic<bool> ok{true};
   std::atomic<int64_t> negative{0};
   // Pass 1 (parallel over shards): find or insert; flag first appearances.
-  at::parallel_for(0, shards_, 1, [&](int64_t sb, int64_t se) {
+  parallel_for(0, shards_, 1, [&](int64_t sb, int64_t se) {
     for (int64_t shard = sb; shard < se; ++shard) {
       int64_t used = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -82,7 +82,7 @@ bool ShardedIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, in
   int64_t* out_new = new_ids.data() + old;
   Slot* slots = slots_.data();
   // Pass 3 (parallel over candidates): local ids, and the new ids in order.
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t v = slots[slot_of[i]].val;
       local[i] = v >= 0 ? v : num_known + rank[-(v + 1)];
@@ -90,13 +90,101 @@ bool ShardedIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, in
     }
   });
   if (persist) {  // Pass 4: new nodes become known, keyed to their local ids.
-    at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         if (rank[i + 1] != rank[i]) slots[slot_of[i]].val = num_known + rank[i];
       }
     });
   }
   return true;
+}
+
+void DenseIdMap::reset(int64_t bound) {
+  TORCH_CHECK(bound >= 0 && bound <= kMaxIds, "id bound ", bound, " is too large for a dense id map");
+  if (static_cast<int64_t>(map_.size()) < bound) {
+    map_.assign(bound, kEmpty);
+  } else if (dirty_) {
+    int32_t* m = map_.data();
+    parallel_for(0, static_cast<int64_t>(map_.size()), 1 << 16, [&](int64_t b, int64_t e) {
+      std::fill(m + b, m + e, kEmpty);
+    });
+  }
+  bound_ = bound;
+  dirty_ = true;  // until clear() ran
+}
+
+bool DenseIdMap::insert_known(const int64_t* keys, const int64_t* vals, int64_t n, bool unique) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = keys[i];
+    TORCH_CHECK(k >= 0 && k < bound_, "node id ", k, " is outside the graph's ids 0..", bound_ - 1);
+    const int64_t v = vals ? vals[i] : i;
+    TORCH_CHECK(v >= 0 && v < INT32_MAX, "local id ", v, " does not fit the dense id map");
+    TORCH_CHECK(!unique || map_[k] == kEmpty, "seed node ", k, " appears more than once; seeds must be distinct");
+    map_[k] = static_cast<int32_t>(v);
+  }
+  return true;
+}
+
+bool DenseIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local,
+                         std::vector<int64_t>& new_ids, bool persist) {
+  TORCH_CHECK(n < INT32_MAX - 1 && num_known + n < INT32_MAX, "too many nodes for one batch (", num_known + n, ")");
+  rank_.resize(n + 1);
+  int64_t* rank = rank_.data();
+  int32_t* m = map_.data();
+  const int64_t bound = bound_;
+  const int64_t shards = std::max<int64_t>(1, num_threads());
+  std::atomic<int64_t> bad{-1};
+  // Pass 1 (parallel over id ranges): first appearances, stored as -(position + 1).
+  parallel_for(0, shards, 1, [&](int64_t sb, int64_t se) {
+    for (int64_t shard = sb; shard < se; ++shard) {
+      const int64_t lo = bound * shard / shards, hi = bound * (shard + 1) / shards;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t k = cand[i];
+        if (k < lo || k >= hi) {
+          if (shard == 0 && (k < 0 || k >= bound)) bad = k;
+          continue;
+        }
+        const bool fresh = m[k] == kEmpty;
+        if (fresh) m[k] = static_cast<int32_t>(-(i + 1));
+        rank[i] = fresh;
+      }
+    }
+  });
+  TORCH_CHECK(bad < 0, "node id ", bad.load(), " is outside the graph's ids 0..", bound - 1,
+              " (the fused sampler needs a graph held in one partition)");
+  int64_t acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t f = rank[i];
+    rank[i] = acc;
+    acc += f;
+  }
+  rank[n] = acc;
+  const size_t old = new_ids.size();
+  new_ids.resize(old + acc);
+  int64_t* out_new = new_ids.data() + old;
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t v = m[cand[i]];
+      local[i] = v >= 0 ? v : num_known + rank[-(v + 1)];
+      if (rank[i + 1] != rank[i]) out_new[rank[i]] = cand[i];
+    }
+  });
+  if (persist) {
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        if (rank[i + 1] != rank[i]) m[cand[i]] = static_cast<int32_t>(num_known + rank[i]);
+      }
+    });
+  }
+  return true;
+}
+
+void DenseIdMap::clear(const int64_t* ids, int64_t n) {
+  int32_t* m = map_.data();
+  parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) m[ids[i]] = kEmpty;
+  });
+  dirty_ = false;
 }
 
 }  // namespace cpu

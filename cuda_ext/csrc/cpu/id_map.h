@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../rng.h"
+#include "parallel.h"
 
 namespace graphfeed {
 namespace cpu {
@@ -31,7 +32,7 @@ class ShardedIdMap {
 
   // Empties the map and sizes it for up to ``max_keys`` keys.
   void reset(int64_t max_keys) {
-    shards_ = std::max<int64_t>(1, at::get_num_threads());
+    shards_ = std::max<int64_t>(1, num_threads());
     int64_t per = std::max<int64_t>(64, (2 * max_keys + shards_ - 1) / shards_);
     cap_ = 64;
     while (cap_ < per) cap_ <<= 1;
@@ -39,7 +40,7 @@ class ShardedIdMap {
     const int64_t total = cap_ * shards_;
     if (static_cast<int64_t>(slots_.size()) < total) slots_.resize(total);
     Slot* s = slots_.data();
-    at::parallel_for(0, total, 1 << 16, [&](int64_t b, int64_t e) {
+    parallel_for(0, total, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) s[i] = Slot{-1, 0};
     });
   }
@@ -96,6 +97,32 @@ class ShardedIdMap {
   std::vector<Slot> slots_;
   std::vector<int64_t> slot_of_, rank_;
   int64_t shards_ = 0, cap_ = 0, max_keys_ = -1;
+};
+
+// The same contract over a dense array indexed by node id (ids in [0, bound)): no hashing
+// and no probing, and at 4 bytes per id the array of a graph of a few million nodes stays
+// in the last-level cache, where a hash table sized for a batch does not.  Shards are id
+// ranges.  Only the entries a call touched are cleared afterwards (``clear``); a call
+// that raised leaves the map dirty and the next ``reset`` refills it.
+class DenseIdMap {
+ public:
+  static constexpr int32_t kEmpty = INT32_MIN;
+  static constexpr int64_t kMaxIds = int64_t(1) << 26;   // 256 MiB of map at most; larger graphs hash
+
+  // Ids must lie in [0, bound); raises when bound or the batch exceed int32 ranges.
+  void reset(int64_t bound);
+  bool fits(int64_t) const { return true; }
+  bool insert_known(const int64_t* keys, const int64_t* vals, int64_t n, bool unique);
+  bool relabel(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local, std::vector<int64_t>& new_ids,
+               bool persist);
+  // Empties the entries of ``ids`` (every id the call inserted) and marks the map clean.
+  void clear(const int64_t* ids, int64_t n);
+
+ private:
+  std::vector<int32_t> map_;
+  std::vector<int64_t> rank_;
+  int64_t bound_ = 0;
+  bool dirty_ = true;
 };
 
 }  // namespace cpu

@@ -22,20 +22,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> one_hop_cpu(const at::Tensor& ind
   const int64_t rows = indptr.numel() - 1, num_edges = indices.numel();
   const uint64_t base = rng::hop_base(seed, hop);
 
-  auto count = [&](int64_t i) {
-    return sample_count(row_range(ip, rows, num_edges, nd[i]).deg, fanout, replace);
-  };
-  auto fill = [&](int64_t i, int64_t* nbr, int64_t* eo) {
-    const RowRange rr = row_range(ip, rows, num_edges, nd[i]);
-    const int64_t c = sample_count(rr.deg, fanout, replace);
-    sample_positions(rr.deg, fanout, replace, rng::node_key(base, gd[i]), eo);  // positions, then replaced
-    for (int64_t q = 0; q < c; ++q) {
-      const int64_t e = rr.start + eo[q];
-      nbr[q] = ind[e];
-      eo[q] = ed[e];
-    }
-  };
-  return sample_frontier(nodes.numel(), count, fill);
+  const int64_t n = nodes.numel();
+  std::vector<RowRange> span(n);
+  at::Tensor counts = at::empty({n}, at::kLong);
+  int64_t* cnt = counts.data_ptr<int64_t>();
+  count_rows(n, ip, rows, num_edges, fanout, replace, [&](int64_t i) { return nd[i]; }, span.data(), cnt);
+  std::vector<int64_t> off(n + 1);
+  const int64_t total = exclusive_offsets(cnt, n, off.data());
+  at::Tensor nbr = at::empty({total}, at::kLong), out_eid = at::empty({total}, at::kLong);
+  int64_t* nb = nbr.data_ptr<int64_t>();
+  int64_t* eo = out_eid.data_ptr<int64_t>();
+  parallel_for(0, n, kNodeGrain, [&](int64_t b, int64_t e) {
+    fill_uniform(b, e, span.data(), off.data(), ind, ed, fanout, replace, base, [&](int64_t i) { return gd[i]; },
+                 nb, eo, [](int64_t, int64_t) {});
+  });
+  return {counts, nbr, out_eid};
 }
 
 }  // namespace
