@@ -1,6 +1,8 @@
-"""``graphfeed bench sample``: sampling throughput of the in-process sampler, one JSON line.
+"""``graphfeed bench sample|remote``: sampling throughput, one JSON line.
 
-The measurement and the meaning of every field live in :mod:`graphfeed.server.bench`.
+``sample`` measures the in-process sampler (:mod:`graphfeed.server.bench`, where every
+field is defined); ``remote`` measures the same figures through ``graphfeed serve``
+daemons and the client (:mod:`graphfeed.server.bench_remote`).
 """
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 
 from graphfeed.cli.main import UsageError
 
-HELP = "benchmarks: `bench sample` (in-process sampler)"
+HELP = "benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers)"
 
 
 def _fanouts(text: str) -> tuple[int, ...]:
@@ -34,11 +36,63 @@ def add_arguments(parser) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
     p.add_argument("--replace", action="store_true", help="sample with replacement")
     p.add_argument("--direction", default="in", choices=("in", "out"), help="in-edges (default) or out-edges")
+    _add_remote(sub)
+
+
+def _add_remote(sub) -> None:
+    p = sub.add_parser("remote", help="the same figures through graphfeed servers and the client",
+                       description="Start N servers on loopback (or use running ones), pull one warm-up epoch "
+                                   "and --epochs measured epochs of the input nodes through the remote loader; "
+                                   "prints one JSON line with the fields of `bench sample` plus servers, "
+                                   "prefetch and, with --compare, ratio_vs_inprocess.")
+    p.add_argument("--servers", required=True,
+                   help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
+                        "or a comma-separated host:port list of running servers")
+    p.add_argument("--graph", default=None, help="partition folder (needed with --servers N and --compare)")
+    p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
+    p.add_argument("--features", action="store_true",
+                   help="accepted for symmetry with `bench sample`: remote batches always carry x and y")
+    p.add_argument("--prefetch", type=int, default=4, help="pulls in flight per server (default 4)")
+    p.add_argument("--epochs", type=int, default=3, help="measured epochs after one warm-up (default 3)")
+    p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train)")
+    p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
+    p.add_argument("--replace", action="store_true", help="sample with replacement")
+    p.add_argument("--direction", default="in", choices=("in", "out"), help="in-edges (default) or out-edges")
+    p.add_argument("--compare", action="store_true",
+                   help="also run `bench sample --features` on --graph with the same settings (own process) "
+                        "and report ratio_vs_inprocess = remote seeds/s / in-process seeds/s")
+
+
+def _servers(text: str):
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in addresses if a.rpartition(":")[0] == "" or not a.rpartition(":")[2].isdigit()]
+    if not addresses or bad:
+        raise UsageError(f"--servers {text!r}: give a number of servers to start, or host:port,host:port")
+    return addresses
+
+
+def _run_remote(args) -> int:
+    from graphfeed.server.bench_remote import RemoteBenchConfig, bench_remote
+
+    cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph,
+                            num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size,
+                            prefetch=args.prefetch, epochs=args.epochs, input=args.input, seed=args.seed,
+                            replace=args.replace, direction=args.direction, compare=args.compare)
+    print(json.dumps(bench_remote(cfg)), flush=True)
+    return 0
 
 
 def run(args) -> int:
-    if getattr(args, "bench_command", None) != "sample":
-        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`")
+    command = getattr(args, "bench_command", None)
+    if command == "remote":
+        return _run_remote(args)
+    if command != "sample":
+        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...` or "
+                         "`graphfeed bench remote --servers N --graph DIR ...`")
     from graphfeed.server.bench import SampleBenchConfig, bench_sample
 
     cfg = SampleBenchConfig(graph=args.graph, num_neighbors=_fanouts(args.num_neighbors),

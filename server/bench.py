@@ -12,6 +12,8 @@ Definitions (keep them stable: later issues report against them):
 * with ``features`` every batch goes through the full :func:`produce_batch` path (sample,
   then gather ``x``/``y``/original ids of every sampled node, then encode); without, only
   the multi-hop sampling runs;
+* ``cpu_s_per_epoch`` is the median CPU time (user + system, all threads) spent per measured
+  epoch -- steadier than the rates on a shared machine;
 * ``peak_rss_mb`` is the process's peak resident set (``ru_maxrss``), memory-mapped
   partition pages that were touched included.
 """
@@ -79,6 +81,7 @@ class EpochStats:
     seeds: int
     batches: int
     edges: int
+    cpu_s: float = 0.0   # CPU seconds (user + system) the epoch cost
 
     def rates(self) -> dict[str, float]:
         s = max(self.seconds, 1e-9)
@@ -96,7 +99,7 @@ def input_nodes(graph: LocalGraph, name: str) -> list[torch.Tensor]:
 def run_epoch(graph: LocalGraph, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
               clock: Callable[[], float] = time.perf_counter) -> EpochStats:
     """One shuffled pass over ``inputs`` (batches as the loaders plan them, one rank)."""
-    t0 = clock()
+    t0, cpu0 = clock(), time.process_time()
     plan = plan_epoch([t.numel() for t in inputs], cfg.batch_size, 1, seed=cfg.seed, epoch=epoch,
                       shuffle=True, drop_last=False)
     orders = [partition_order(t, seed=cfg.seed, epoch=epoch, part=p, shuffle=True) for p, t in enumerate(inputs)]
@@ -108,7 +111,7 @@ def run_epoch(graph: LocalGraph, inputs: list[torch.Tensor], cfg: SampleBenchCon
         else:
             edges += graph.sample(batch_seeds, cfg.spec, entry.seed).row.numel()
         seeds += batch_seeds.numel()
-    return EpochStats(clock() - t0, seeds, len(plan), edges)
+    return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
 
 
 def peak_rss_mb() -> float:
@@ -126,6 +129,7 @@ def summarize(epochs: list[EpochStats]) -> dict:
     out["seeds_per_epoch"] = epochs[0].seeds
     out["batches_per_epoch"] = epochs[0].batches
     out["sampled_edges_per_epoch"] = statistics.median(e.edges for e in epochs)
+    out["cpu_s_per_epoch"] = round(statistics.median(e.cpu_s for e in epochs), 3)
     return out
 
 
