@@ -138,6 +138,10 @@ def test_replace_and_out_direction_arguments(parts):
 def test_bad_arguments_are_clear_errors(parts, tiny):
     with pytest.raises(ValueError, match="not in the graph"):
         LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([0, 10_000_000]))
+    with pytest.raises(ValueError, match="integer node ids"):
+        LocalNeighborLoader(parts, FANOUT, input_nodes=torch.ones(tiny["x"].shape[0], dtype=torch.bool))
+    with pytest.raises(ValueError, match="integer node ids"):
+        LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="unknown split"):
         LocalNeighborLoader(parts, FANOUT, input_nodes="training")
     with pytest.raises(ValueError, match="list of per-hop fanouts"):

@@ -24,6 +24,19 @@ from graphfeed.server.sampling.neighbor import sample_subgraph
 from graphfeed.server.sampling.types import SamplingSpec
 
 
+# ------------------------------------------------------------------------ implementations
+
+IMPLEMENTATIONS = ["reference"] + (["native"] if dispatch.IMPLEMENTATION == "native" else [])
+
+
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
+def impl(request, monkeypatch):
+    """Run every test against the reference and, when it is built, the native op library."""
+    if request.param == "reference":
+        monkeypatch.setattr(dispatch, "_NATIVE", None)
+    return request.param
+
+
 # ---------------------------------------------------------------------------------- graphs
 
 def _graph_input(edge_index, num_nodes: int) -> GraphInput:

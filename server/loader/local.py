@@ -49,7 +49,11 @@ class LocalNeighborLoader:
             return [torch.arange(p.start, p.stop) for p in parts]
         if isinstance(input_nodes, str):
             return [p.split(input_nodes).clone() for p in parts]
-        gids = resolve_original_ids(parts, torch.as_tensor(input_nodes))
+        ids = torch.as_tensor(input_nodes).reshape(-1)
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            # as the remote loader: a bool mask would otherwise be read as the ids 0 and 1
+            raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}")
+        gids = resolve_original_ids(parts, ids)
         return group_by_part(self.graph.book, gids)
 
     def set_epoch(self, epoch: int) -> None:
