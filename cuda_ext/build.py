@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -76,31 +75,36 @@ def setup_kwargs(root: Path) -> dict:
         ext = cx.CppExtension(sources=cpu_sources(root), extra_compile_args={"cxx": cxx}, **kwargs)
 
     class OptionalBuildExtension(cx.BuildExtension):
-        """Builds the op library; a failure is recorded, not fatal."""
+        """Builds the op library; any failure (compiler missing or broken, compile error) is
+        recorded in ``_build_info.json`` and reported, never fatal to the install."""
 
-        def build_extension(self, ext):
-            target = Path(self.get_ext_fullpath(ext.name))
+        def run(self):
+            inplace = bool(self.inplace or getattr(self, "editable_mode", False))
             info = {"attempted": True, "built": False, "cuda": cuda, "torch": torch.__version__, "error": None}
             try:
-                super().build_extension(ext)
-                info["built"] = True
-            except Exception as exc:  # noqa: BLE001 -- any compile failure must leave a usable install
+                super().run()
+                info["built"] = all(Path(self.get_ext_fullpath(e.name)).exists() for e in self.extensions)
+                if not info["built"]:
+                    info["error"] = "the compiler produced no library (see the build log)"
+            except Exception as exc:  # noqa: BLE001 -- any build failure must leave a usable install
                 info["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-                print(f"graphfeed: WARNING: the native ops failed to build ({info['error']}); "
+            if info["error"]:
+                print(f"graphfeed: WARNING: the native ops were not built ({info['error']}); "
                       "the pure-torch reference sampler will be used", file=sys.stderr)
-                target.unlink(missing_ok=True)
-            _write_info(target.parent, info)
+            self._record(info, inplace)
 
-        def copy_extensions_to_source(self):
-            # --inplace / editable installs: the library, its build record, and no stale library.
-            super().copy_extensions_to_source()
+        def _record(self, info: dict, inplace: bool) -> None:
             build_py = self.get_finalized_command("build_py")
             for ext in self.extensions:
-                inplace_file, regular_file = (Path(p) for p in self._get_inplace_equivalent(build_py, ext))
-                if (regular_file.parent / INFO_FILE).exists():
-                    shutil.copyfile(regular_file.parent / INFO_FILE, inplace_file.parent / INFO_FILE)
-                if not regular_file.exists():
-                    inplace_file.unlink(missing_ok=True)
+                built = Path(self.get_ext_fullpath(ext.name))
+                if not info["built"]:
+                    built.unlink(missing_ok=True)
+                _write_info(built.parent, info)
+                if inplace:  # --inplace / editable installs load from the source folder
+                    source = Path(self._get_inplace_equivalent(build_py, ext)[0])
+                    if not info["built"]:
+                        source.unlink(missing_ok=True)   # never load a stale library
+                    _write_info(source.parent, info)
 
     return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=True)}}
 
