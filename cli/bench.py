@@ -7,6 +7,7 @@ daemons and the client (:mod:`graphfeed.server.bench_remote`).
 from __future__ import annotations
 
 import json
+import sys
 
 from graphfeed.cli.main import UsageError
 
@@ -82,7 +83,12 @@ def _run_remote(args) -> int:
                             num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size,
                             prefetch=args.prefetch, epochs=args.epochs, input=args.input, seed=args.seed,
                             replace=args.replace, direction=args.direction, compare=args.compare)
-    print(json.dumps(bench_remote(cfg)), flush=True)
+    try:
+        result = bench_remote(cfg)
+    except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line
+        print(f"graphfeed bench remote: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
     return 0
 
 

@@ -27,6 +27,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--num-neighbors", default="10,5,5")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=0.01, help="Adam learning rate")
+    parser.add_argument("--hidden", type=int, default=128, help="GraphSAGE hidden width")
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout between GraphSAGE layers")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up on training after this many seconds")
 
 
@@ -122,7 +125,8 @@ def _train(args, servers: list[str], children: list) -> int:
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), OMP_NUM_THREADS="1")
         cmd = [sys.executable, "-m", "graphfeed.cli.train_ddp", "--servers", ",".join(servers),
                "--epochs", str(args.epochs), "--num-neighbors", args.num_neighbors,
-               "--batch-size", str(args.batch_size)] + (["--progress"] if rank == 0 else [])
+               "--batch-size", str(args.batch_size), "--lr", str(args.lr),
+               "--hidden", str(args.hidden), "--dropout", str(args.dropout)] + (["--progress"] if rank == 0 else [])
         proc = subprocess.Popen(cmd, env=env, stdout=None if rank == 0 else subprocess.DEVNULL)
         children.append(proc)
         ranks.append(proc)

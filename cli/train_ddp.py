@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout between layers")
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="progress bar on rank 0")
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
         train = client.neighbor_loader(input_nodes="train", batch_size=args.batch_size, shuffle=True, **common)
         val = client.neighbor_loader(input_nodes="val", batch_size=2048, **common)
         test = client.neighbor_loader(input_nodes="test", batch_size=2048, **common)
-        model = SAGE(num_features, args.hidden, client.num_classes, len(fanouts))
+        model = SAGE(num_features, args.hidden, client.num_classes, len(fanouts), dropout=args.dropout)
         if dist.is_initialized():
             model = DistributedDataParallel(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)

@@ -107,6 +107,7 @@ class LocalServer:
     part: int
     log_path: Path
     port: int = 0
+    reader: threading.Thread | None = None
 
     @property
     def address(self) -> str:
@@ -138,7 +139,7 @@ class LocalServers:
             for s in self.servers:
                 self._wait_ready(s)
         except BaseException:
-            self._kill_all()
+            self.stop()   # the others too (exit codes not checked: the start already failed)
             raise
         return self
 
@@ -172,7 +173,8 @@ class LocalServers:
                 lines.put(line)
             lines.put(None)
 
-        threading.Thread(target=read, daemon=True, name=f"serve-part{s.part}-stdout").start()
+        s.reader = threading.Thread(target=read, daemon=True, name=f"serve-part{s.part}-stdout")
+        s.reader.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not s.port:
             try:
@@ -203,13 +205,11 @@ class LocalServers:
                 s.proc.kill()
                 s.proc.wait(10)
                 codes.append(None)  # did not stop in time: reported as a failure
-        return codes
-
-    def _kill_all(self) -> None:
         for s in self.servers:
-            if s.proc.poll() is None:
-                s.proc.kill()
-                s.proc.wait(10)
+            if s.reader is not None:
+                s.reader.join(5)    # it ends at EOF, now that the process is gone
+            s.proc.stdout.close()
+        return codes
 
     def peak_rss_mb(self) -> list[float]:
         """Per server: the summed peak RSS of the daemon and every process below it (MiB)."""
