@@ -12,6 +12,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from ..partition.store import Partition
+from ..sampling import dispatch
 from ..sampling.graph import sample_part
 from ..sampling.neighbor import sample_subgraph, stitch
 from ..sampling.types import OneHop, SampledSubgraph, SamplingSpec
@@ -64,17 +65,19 @@ class DistributedGraph:
 
     def _gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         split = self.book.split(gids)
-        remote = [(pos, p, self._call(p, "gather", rpc_api.gather, gids[pos]))
-                  for p, pos in split if p != self.part.part_id]
         part = self.part
+        if len(split) == 1 and split[0][0] == part.part_id:  # all local (one part): no second copy
+            return self.local_gather(gids)
+        remote = [(pos, p, self._call(p, "gather", rpc_api.gather, gids[pos]))
+                  for p, pos in split if p != part.part_id]
         x = torch.empty((gids.numel(),) + tuple(part.x.shape[1:]), dtype=part.x.dtype)
         y = torch.empty((gids.numel(),) + tuple(part.y.shape[1:]), dtype=part.y.dtype)
         orig = torch.empty(gids.numel(), dtype=torch.int64)
-        for p, pos in split:
-            if p == part.part_id:
-                x[pos], y[pos], orig[pos] = self.local_gather(gids[pos])
-        for pos, p, fut in remote:
-            x[pos], y[pos], orig[pos] = self._wait(p, fut, "gather")
+        # index_copy_ rather than ``x[pos] = ...``: advanced-indexing assignment is several times slower
+        pieces = [(pos, self.local_gather(gids[pos])) for p, pos in split if p == part.part_id]
+        for pos, rows in pieces + [(pos, self._wait(p, fut, "gather")) for pos, p, fut in remote]:
+            for out, src in zip((x, y, orig), rows):
+                out.index_copy_(0, pos, src)
         return x, y, orig
 
     # ---- what peers ask of this part ------------------------------------------------------------
@@ -95,7 +98,8 @@ class DistributedGraph:
 
     def local_gather(self, gids):
         local = self._check_owned(gids) - self.part.start
-        return self.part.x[local], self.part.y[local], self.part.orig_id[local]
+        p = self.part  # the dispatched row gather (native: parallel, GIL released), as LocalGraph.gather
+        return dispatch.gather_rows(p.x, local), dispatch.gather_rows(p.y, local), dispatch.gather_rows(p.orig_id, local)
 
     # ---- RPC plumbing ---------------------------------------------------------------------------
 
