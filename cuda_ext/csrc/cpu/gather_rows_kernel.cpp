@@ -3,7 +3,11 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
+#include <sys/mman.h>
+
+#include <cstdlib>
 #include <cstring>
 
 #include "../gather_rows.h"
@@ -36,11 +40,29 @@ void gather_into(const at::Tensor& src, const at::Tensor& index, at::Tensor& out
   });
 }
 
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kHugeFrom = size_t(8) << 20;
+
+// A fresh multi-MB output costs more in page faults than the gather itself (measured:
+// 122 MB of rows, 87 ms fresh vs 20-30 ms into a reused buffer); transparent huge pages
+// cut the faults 512-fold.  Small outputs use torch's allocator.
+at::Tensor empty_rows(const std::vector<int64_t>& sizes, const at::Tensor& like) {
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const size_t bytes = static_cast<size_t>(numel) * like.element_size();
+  if (bytes < kHugeFrom) return at::empty(sizes, like.options());
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  TORCH_CHECK(p != nullptr, "out of memory allocating ", rounded, " bytes for gathered rows");
+  madvise(p, rounded, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return at::from_blob(p, sizes, [](void* q) { std::free(q); }, like.options());
+}
+
 at::Tensor gather_rows_cpu(const at::Tensor& src, const at::Tensor& index) {
   check_gather_rows_args(src, index);
   auto sizes = src.sizes().vec();
   sizes[0] = index.numel();
-  at::Tensor out = at::empty(sizes, src.options());
+  at::Tensor out = empty_rows(sizes, src);
   gather_into(src, index, out);
   return out;
 }

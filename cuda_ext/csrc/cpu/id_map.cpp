@@ -64,6 +64,7 @@ bool ShardedIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, in
         }
         slot_of[i] = s;
         rank[i] = inserted;
+        local[i] = inserted ? -(i + 1) : slots_[s].val;   // known id, or -(first appearance + 1)
       }
     }
   });
@@ -81,21 +82,17 @@ bool ShardedIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, in
   new_ids.resize(old + acc);
   int64_t* out_new = new_ids.data() + old;
   Slot* slots = slots_.data();
-  // Pass 3 (parallel over candidates): local ids, and the new ids in order.
+  // Pass 3 (parallel over candidates): resolve new ids; with ``persist`` new nodes become
+  // known under their local ids (the table is only written here, never read).
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t v = slots[slot_of[i]].val;
-      local[i] = v >= 0 ? v : num_known + rank[-(v + 1)];
-      if (rank[i + 1] != rank[i]) out_new[rank[i]] = cand[i];
+      if (local[i] < 0) local[i] = num_known + rank[-(local[i] + 1)];
+      if (rank[i + 1] != rank[i]) {
+        out_new[rank[i]] = cand[i];
+        if (persist) slots[slot_of[i]].val = num_known + rank[i];
+      }
     }
   });
-  if (persist) {  // Pass 4: new nodes become known, keyed to their local ids.
-    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        if (rank[i + 1] != rank[i]) slots[slot_of[i]].val = num_known + rank[i];
-      }
-    });
-  }
   return true;
 }
 
@@ -128,6 +125,7 @@ bool DenseIdMap::insert_known(const int64_t* keys, const int64_t* vals, int64_t 
 bool DenseIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local,
                          std::vector<int64_t>& new_ids, bool persist) {
   TORCH_CHECK(n < INT32_MAX - 1 && num_known + n < INT32_MAX, "too many nodes for one batch (", num_known + n, ")");
+  if (num_threads() == 1) return relabel_serial(cand, n, num_known, local, new_ids, persist);
   rank_.resize(n + 1);
   int64_t* rank = rank_.data();
   int32_t* m = map_.data();
@@ -144,9 +142,10 @@ bool DenseIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, int6
           if (shard == 0 && (k < 0 || k >= bound)) bad = k;
           continue;
         }
-        const bool fresh = m[k] == kEmpty;
-        if (fresh) m[k] = static_cast<int32_t>(-(i + 1));
-        rank[i] = fresh;
+        const int32_t v = m[k];
+        rank[i] = v == kEmpty;
+        if (v == kEmpty) m[k] = static_cast<int32_t>(-(i + 1));
+        local[i] = v == kEmpty ? -(i + 1) : v;   // known id, or -(first appearance + 1)
       }
     }
   });
@@ -162,19 +161,44 @@ bool DenseIdMap::relabel(const int64_t* cand, int64_t n, int64_t num_known, int6
   const size_t old = new_ids.size();
   new_ids.resize(old + acc);
   int64_t* out_new = new_ids.data() + old;
+  // Pass 2 (parallel over candidates): resolve new ids; the map is only written here.
   parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t v = m[cand[i]];
-      local[i] = v >= 0 ? v : num_known + rank[-(v + 1)];
-      if (rank[i + 1] != rank[i]) out_new[rank[i]] = cand[i];
+      if (local[i] < 0) local[i] = num_known + rank[-(local[i] + 1)];
+      if (rank[i + 1] != rank[i]) {
+        out_new[rank[i]] = cand[i];
+        if (persist) m[cand[i]] = static_cast<int32_t>(num_known + rank[i]);
+      }
     }
   });
-  if (persist) {
-    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        if (rank[i + 1] != rank[i]) m[cand[i]] = static_cast<int32_t>(num_known + rank[i]);
-      }
-    });
+  return true;
+}
+
+// One thread: a single pass numbers new ids as they appear (same result as the passes).
+bool DenseIdMap::relabel_serial(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local,
+                                std::vector<int64_t>& new_ids, bool persist) {
+  constexpr int64_t kAhead = 16;
+  int32_t* m = map_.data();
+  int64_t next = num_known;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const int64_t a = cand[i + kAhead];
+      if (a >= 0 && a < bound_) __builtin_prefetch(m + a);
+    }
+    const int64_t k = cand[i];
+    TORCH_CHECK(k >= 0 && k < bound_, "node id ", k, " is outside the graph's ids 0..", bound_ - 1,
+                " (the fused sampler needs a graph held in one partition)");
+    const int32_t v = m[k];
+    if (v >= 0) {
+      local[i] = v;
+    } else if (v != kEmpty) {                 // new in this call, not persisted: -(first + 1)
+      local[i] = local[-(static_cast<int64_t>(v) + 1)];
+    } else {
+      local[i] = next;
+      m[k] = persist ? static_cast<int32_t>(next) : static_cast<int32_t>(-(i + 1));
+      new_ids.push_back(k);
+      ++next;
+    }
   }
   return true;
 }

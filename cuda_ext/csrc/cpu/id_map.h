@@ -115,6 +115,8 @@ class DenseIdMap {
   bool insert_known(const int64_t* keys, const int64_t* vals, int64_t n, bool unique);
   bool relabel(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local, std::vector<int64_t>& new_ids,
                bool persist);
+  bool relabel_serial(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local,
+                      std::vector<int64_t>& new_ids, bool persist);
   // Empties the entries of ``ids`` (every id the call inserted) and marks the map clean.
   void clear(const int64_t* ids, int64_t n);
 

@@ -18,6 +18,7 @@ namespace cpu {
 namespace {
 
 thread_local bool in_pool_task = false;
+constexpr int64_t kChunksPerThread = 8;
 
 struct Job {
   const std::function<void(int64_t)>* task;
@@ -38,7 +39,7 @@ class Pool {
   bool try_run(int64_t tasks, const std::function<void(int64_t)>& task) {
     std::unique_lock<std::mutex> busy(submit_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
-    ensure_workers(tasks - 1);
+    ensure_workers(std::min(tasks, num_threads()) - 1);
     auto job = std::make_shared<Job>();
     job->task = &task;
     job->tasks = tasks;
@@ -121,8 +122,10 @@ int64_t num_threads() { return std::max<int64_t>(1, at::get_num_threads()); }
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
   if (end <= begin) return;
   const int64_t n = end - begin;
-  const int64_t g = std::max<int64_t>(grain, 1);
-  const int64_t tasks = in_pool_task ? 1 : std::min(num_threads(), (n + g - 1) / g);
+  const int64_t g = std::max<int64_t>(grain, 1), threads = num_threads();
+  // Several chunks per thread, taken from a shared counter: a thread the OS deschedules
+  // (busy machine) delays one small chunk, and the others take the rest.
+  const int64_t tasks = (in_pool_task || threads == 1) ? 1 : std::min(threads * kChunksPerThread, (n + g - 1) / g);
   if (tasks <= 1) {
     f(begin, end);
     return;

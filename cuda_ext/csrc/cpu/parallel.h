@@ -18,8 +18,8 @@ namespace cpu {
 // Threads a kernel may use now (torch.get_num_threads()).
 int64_t num_threads();
 
-// Calls f(b, e) on disjoint chunks covering [begin, end), at most num_threads() chunks of
-// at least ``grain`` items, in parallel; rethrows the first exception a chunk raised.
+// Calls f(b, e) on disjoint chunks covering [begin, end) (at least ``grain`` items each, a
+// few per thread) on up to num_threads() threads; rethrows the first exception a chunk raised.
 // Runs inline when nested, when one chunk suffices, or when another call holds the pool.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const std::function<void(int64_t, int64_t)>& f);
 

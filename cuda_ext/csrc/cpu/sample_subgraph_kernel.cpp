@@ -1,7 +1,8 @@
 // CPU kernel of graphfeed::sample_subgraph: all hops and the relabelling in one call.
-#include <ATen/ops/cat.h>
 #include <ATen/ops/from_blob.h>
 #include <torch/library.h>
+
+#include <cstring>
 
 #include "../sample_subgraph.h"
 #include "id_map.h"
@@ -16,6 +17,31 @@ at::Tensor to_tensor(std::vector<int64_t>&& v) {
   auto* owner = new std::vector<int64_t>(std::move(v));
   return at::from_blob(owner->data(), {static_cast<int64_t>(owner->size())},
                        [owner](void*) { delete owner; }, at::TensorOptions().dtype(at::kLong));
+}
+
+// Concatenation of 1-D int64 tensors with this library's threads (at::cat would start
+// torch's OpenMP team, whose spinning threads then compete with ours).
+at::Tensor concat(const std::vector<at::Tensor>& parts) {
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.numel();
+  at::Tensor out = at::empty({total}, at::kLong);
+  constexpr int64_t kPiece = 1 << 15;
+  struct Piece {
+    const int64_t* src;
+    int64_t* dst;
+    int64_t len;
+  };
+  std::vector<Piece> pieces;
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (const auto& p : parts) {
+    const int64_t* src = p.data_ptr<int64_t>();
+    for (int64_t b = 0; b < p.numel(); b += kPiece) pieces.push_back({src + b, dst + b, std::min(kPiece, p.numel() - b)});
+    dst += p.numel();
+  }
+  parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].len * sizeof(int64_t));
+  });
+  return out;
 }
 
 struct Topo {
@@ -113,7 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     fb = fe;
   }
   finish_map(map, nodes);
-  return {to_tensor(std::move(nodes)), at::cat(rows), at::cat(cols), at::cat(eids), to_tensor(std::move(num_nodes)),
+  return {to_tensor(std::move(nodes)), concat(rows), concat(cols), concat(eids), to_tensor(std::move(num_nodes)),
           to_tensor(std::move(num_edges))};
 }
 
