@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
@@ -40,3 +41,12 @@ def tiny_parts_dir(tiny_graph, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_parts") / "parts"
     partition_graph(tiny_graph, 2, out, method="metis", topologies=("csc", "csr"), seed=0)
     return out
+
+
+@pytest.fixture
+def one_thread():
+    """Small models on shared cores: one intra-op thread is faster and reproducible."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
