@@ -72,6 +72,14 @@ def reset_rpc_counters() -> None:
         rpc_api._all_gather_sequence_id_to_states.clear()
 
 
+# TensorPipe transports of the data path.  Not "shm": its reactor thread busy-polls, and on
+# a shared host that spin costs each member 2.4-3.8 CPU s per epoch of `bench remote` on the
+# medium graph (1 server: epoch 9.5-13 s -> 5.1 s, trainer CPU 5.5-7.3 s -> 3.3 s).  Batch
+# tensors still move in one copy through the CMA channel on one host; "uv" (TCP, event
+# driven) carries the messages, and is what crosses hosts anyway.
+TRANSPORTS = ("uv",)
+
+
 def join_group(name: str, rank: int, world_size: int, rendezvous: str, *, rpc_timeout: float,
                join_timeout: float, num_worker_threads: int = 16, data_address: str | None = None) -> None:
     """``rpc.init_rpc`` for the data path; returns when every member joined, raises after the bounds."""
@@ -84,7 +92,8 @@ def join_group(name: str, rank: int, world_size: int, rendezvous: str, *, rpc_ti
     register_rendezvous()
     reset_rpc_counters()
     opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method(rendezvous, join_timeout),
-                                           rpc_timeout=rpc_timeout, num_worker_threads=num_worker_threads)
+                                           rpc_timeout=rpc_timeout, num_worker_threads=num_worker_threads,
+                                           _transports=list(TRANSPORTS))
     with warnings.catch_warnings():
         # torch's own start-up uses a deprecated ProcessGroup path and warns about it.
         warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
