@@ -99,7 +99,7 @@ class DistributedGraph:
     def local_gather(self, gids):
         local = self._check_owned(gids) - self.part.start
         p = self.part  # the dispatched row gather (native: parallel, GIL released), as LocalGraph.gather
-        return dispatch.gather_rows(p.x, local), dispatch.gather_rows(p.y, local), dispatch.gather_rows(p.orig_id, local)
+        return tuple(dispatch.gather_rows(t, local) for t in (p.x, p.y, p.orig_id))
 
     # ---- RPC plumbing ---------------------------------------------------------------------------
 
