@@ -33,8 +33,6 @@ class LocalGraph:
         def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
             pieces = [(pos, sample_part(self.parts[p], gids[pos], spec, fanout, seed, hop))
                       for p, pos in self.book.split(gids)]
-            if len(pieces) == 1 and pieces[0][0].numel() == gids.numel() and self.book.num_parts == 1:
-                return pieces[0][1]
             return stitch(gids.numel(), pieces)
 
         return sample_subgraph(seeds, spec, one_hop)
