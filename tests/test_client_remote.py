@@ -193,8 +193,24 @@ TRAINER = textwrap.dedent("""
 """)
 
 
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of a daemon and every process below it."""
+    import psutil
+
+    root = psutil.Process(pid)
+    procs = [root] + root.children(recursive=True)
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
 def test_trainer_killed_its_workers_are_reaped(cluster):
     servers = ",".join(s.address for s in cluster)
+    before = [_tree_rss_mb(s.pid) for s in cluster]
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, servers], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in trainer.stdout.readline().split(",")]
@@ -206,6 +222,10 @@ def test_trainer_killed_its_workers_are_reaped(cluster):
         trainer.stdout.close()
     _wait(lambda: not any(_alive(p) for p in pids), 30, "the dead trainer's workers to exit")
     assert all(_stats(s.address).groups_open == 0 for s in cluster)
+    # The session's memory lived in its worker processes: with them gone, each server's
+    # process tree is back near its level before the session (allowing allocator noise).
+    after = [_tree_rss_mb(s.pid) for s in cluster]
+    assert all(a <= b + 64 for a, b in zip(after, before)), f"server RSS before {before} MB, after {after} MB"
     assert all(health_status(s.address, "graphfeed.control.v1.Control") == SERVING for s in cluster)
 
 
