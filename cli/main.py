@@ -6,10 +6,17 @@ runs, so ``graphfeed --help`` stays fast and the client-only install still works
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
-import sys
+import os
+
+# Huge-page allocations for torch's large CPU tensors (batches are 10-100+ MB): torch
+# reads this once, at its first allocation, so it is set before anything imports torch.
+# Children (servers, workers, demo trainers) inherit it.  Set it to 0 to opt out.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
 
 # command -> (module, one-line help)
 COMMANDS = {

@@ -9,6 +9,7 @@ the pipe closes and asks the kernel for SIGKILL when its parent dies.
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import signal
 import socket
@@ -53,6 +54,19 @@ class WorkerGone(WorkerError):
         super().__init__(message, "gone")
 
 
+def worker_environment() -> dict[str, str]:
+    """The daemon's environment, with torch's huge-page allocations on unless set otherwise.
+
+    Batches are tens to hundreds of MB of fresh memory each; with 4 KiB pages the page
+    faults cost more than the copies (medium graph, 1 server: worker + trainer CPU per
+    epoch 10.3 s -> 7.5 s with ``THP_MEM_ALLOC_ENABLE=1``).  torch reads the variable once,
+    at its first allocation, so it has to be in the environment the process starts with.
+    """
+    env = dict(os.environ)
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    return env
+
+
 class SessionWorkerHandle:
     def __init__(self, proc: subprocess.Popen, conn: Connection, spec: GroupSpec):
         self.proc, self.spec = proc, spec
@@ -68,7 +82,8 @@ class SessionWorkerHandle:
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen([sys.executable, "-m", "graphfeed.server.worker.process", "--fd",
-                                     str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                                     str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                    env=worker_environment())
         except OSError as exc:
             ours.close()
             raise WorkerError(f"cannot spawn a session worker: {exc}") from None
