@@ -115,12 +115,18 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
     return torch.index_select(src, 0, index, out=out)
 
 
+def relabel_needs_sorted_known() -> bool:
+    """The reference relabel binary-searches the known ids; the native one hashes them."""
+    return _NATIVE is None
+
+
 def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: torch.Tensor,
             num_known: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Local ids for ``candidates``; unseen ones get ``num_known, num_known+1, ...`` in order of
     first appearance.  Returns ``(local ids, new global ids in that order)``.
 
-    ``known_gids`` is sorted and ``known_local[i]`` is the local id of ``known_gids[i]``.
+    ``known_local[i]`` is the local id of ``known_gids[i]``; ``known_gids`` must be sorted
+    when :func:`relabel_needs_sorted_known`.
     """
     if _NATIVE is not None:
         return tuple(_NATIVE.relabel(_long(known_gids), _long(known_local), _long(candidates), int(num_known)))

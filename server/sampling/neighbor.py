@@ -23,14 +23,12 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
     seeds = seeds.to(torch.int64)
     batch = seeds.numel()
     nodes, rows, cols, eids = [seeds], [], [], []
-    known_gids, perm = torch.sort(seeds)
-    known_local = perm
     frontier, frontier_local = seeds, torch.arange(batch)
     num_nodes, num_edges = [batch], []
     total = batch
     for hop, fanout in enumerate(spec.num_neighbors):
         res = one_hop_fn(frontier, fanout, hop) if frontier.numel() else _empty_hop()
-        nbr_local, new_gids = dispatch.relabel(known_gids, known_local, res.neighbors, total)
+        nbr_local, new_gids = dispatch.relabel(*_known(nodes), res.neighbors, total)
         seed_side = torch.repeat_interleave(frontier_local, res.counts)
         rows.append(nbr_local if spec.direction == "in" else seed_side)
         cols.append(seed_side if spec.direction == "in" else nbr_local)
@@ -40,11 +38,21 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
         nodes.append(new_gids)
         num_nodes.append(new_gids.numel())
         num_edges.append(res.neighbors.numel())
-        known_gids, order = torch.sort(torch.cat([known_gids, new_gids]))
-        known_local = torch.cat([known_local, new_local])[order]
         frontier, frontier_local = new_gids, new_local
     return SampledSubgraph(torch.cat(nodes), torch.cat(rows), torch.cat(cols), torch.cat(eids),
                            batch, num_nodes, num_edges)
+
+
+def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The nodes seen so far as ``(global ids, local ids)``; a node's local id is its position.
+
+    Sorted by global id only for the implementation that searches them (the native relabel
+    hashes them, and sorting cost it ~18% of a server's sampling time).
+    """
+    gids = torch.cat(nodes)
+    if dispatch.relabel_needs_sorted_known():
+        return torch.sort(gids)
+    return gids, torch.arange(gids.numel())
 
 
 def _empty_hop() -> OneHop:
