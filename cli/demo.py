@@ -122,7 +122,8 @@ def _train(args, servers: list[str], children: list) -> int:
     ranks = []
     for rank in range(args.ranks):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), OMP_NUM_THREADS="1",
+                   TORCH_CPP_LOG_LEVEL=os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"))  # no C++ warning per shutdown
         cmd = [sys.executable, "-m", "graphfeed.cli.train_ddp", "--servers", ",".join(servers),
                "--epochs", str(args.epochs), "--num-neighbors", args.num_neighbors,
                "--batch-size", str(args.batch_size), "--lr", str(args.lr),
