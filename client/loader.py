@@ -17,7 +17,7 @@ import torch
 from graphfeed.proto import batch as batch_codec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import datapath
-from graphfeed.proto.epoch import check_loader_args, plan_epoch, rank_batches
+from graphfeed.proto.epoch import check_input_ids, check_loader_args, plan_epoch, rank_batches
 
 from .errors import ServerError
 from .metrics import LoaderStats
@@ -90,11 +90,8 @@ class RemoteNeighborLoader:
             req.split = input_nodes
             req.kind = kind or input_nodes
         else:
-            ids = (torch.arange(self.client.num_nodes) if input_nodes is None
-                   else torch.as_tensor(input_nodes).reshape(-1))
-            if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-                raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}")
-            req.node_ids.ids.extend(ids.to(torch.int64).tolist())
+            ids = torch.arange(self.client.num_nodes) if input_nodes is None else check_input_ids(input_nodes)
+            req.node_ids.ids.extend(ids.tolist())
             req.kind = kind or "nodes"
         return req
 

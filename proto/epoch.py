@@ -59,6 +59,22 @@ def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
         raise ValueError(f"rank {rank} is not valid for world_size {world_size} (need 0 <= rank < world_size)")
 
 
+def check_input_ids(input_nodes) -> torch.Tensor:
+    """``input_nodes`` given as ids, as a flat int64 tensor; raises ``ValueError`` unless they are
+    integer ids without repeats (each input node is a seed once per epoch)."""
+    ids = torch.as_tensor(input_nodes).reshape(-1)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        # a bool mask would otherwise be read as the ids 0 and 1
+        raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}; "
+                         f"for a mask pass mask.nonzero().view(-1)")
+    ids = ids.to(torch.int64)
+    uniq = torch.unique(ids)
+    if uniq.numel() != ids.numel():
+        raise ValueError(f"input_nodes holds {ids.numel() - uniq.numel()} repeated id(s); "
+                         f"pass each node once (e.g. torch.unique(ids))")
+    return ids
+
+
 def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
                shuffle: bool, drop_last: bool) -> list[BatchSpec]:
     """The global batch order of one epoch (all ranks), ``len`` a multiple of ``world_size``."""

@@ -153,6 +153,8 @@ def test_bad_requests_raise_clear_errors_and_server_stays_up(cluster):
             client.neighbor_loader("train", [5, -2])
         with pytest.raises(ValueError, match="outside the graph"):
             client.neighbor_loader(torch.tensor([1, 3000]), FANOUTS)
+        with pytest.raises(ValueError, match="repeated id"):
+            client.neighbor_loader(torch.tensor([1, 2, 2]), FANOUTS)
         with pytest.raises(ValueError, match="batch_size"):
             client.neighbor_loader("train", FANOUTS, batch_size=0)
         assert len(list(client.neighbor_loader("val", FANOUTS, batch_size=64))) == 2  # one per part: still serving

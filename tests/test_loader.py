@@ -142,6 +142,8 @@ def test_bad_arguments_are_clear_errors(parts, tiny):
         LocalNeighborLoader(parts, FANOUT, input_nodes=torch.ones(tiny["x"].shape[0], dtype=torch.bool))
     with pytest.raises(ValueError, match="integer node ids"):
         LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="1 repeated id"):
+        LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([5, 7, 5]))
     with pytest.raises(ValueError, match="unknown split"):
         LocalNeighborLoader(parts, FANOUT, input_nodes="training")
     with pytest.raises(ValueError, match="list of per-hop fanouts"):

@@ -11,7 +11,8 @@ from typing import Iterator, Sequence
 import torch
 
 from graphfeed.proto import batch as batch_codec
-from graphfeed.proto.epoch import check_loader_args, partition_order, plan_epoch, rank_batches
+from graphfeed.proto.epoch import (check_input_ids, check_loader_args, partition_order, plan_epoch,
+                                   rank_batches)
 
 from ..partition.store import open_parts, resolve_original_ids
 from ..sampling.graph import LocalGraph
@@ -49,11 +50,7 @@ class LocalNeighborLoader:
             return [torch.arange(p.start, p.stop) for p in parts]
         if isinstance(input_nodes, str):
             return [p.split(input_nodes).clone() for p in parts]
-        ids = torch.as_tensor(input_nodes).reshape(-1)
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            # as the remote loader: a bool mask would otherwise be read as the ids 0 and 1
-            raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}")
-        gids = resolve_original_ids(parts, ids)
+        gids = resolve_original_ids(parts, check_input_ids(input_nodes))
         return group_by_part(self.graph.book, gids)
 
     def set_epoch(self, epoch: int) -> None:
