@@ -101,8 +101,8 @@ class ShardedIdMap {
 
 // The same contract over a dense array indexed by node id (ids in [0, bound)): no hashing
 // and no probing, and at 4 bytes per id the array of a graph of a few million nodes stays
-// in the last-level cache, where a hash table sized for a batch does not.  Shards are id
-// ranges.  Only the entries a call touched are cleared afterwards (``clear``); a call
+// in the last-level cache, where a hash table sized for a batch does not.  Relabel is one
+// serial pass (see id_map.cpp).  Only the entries a call touched are cleared afterwards (``clear``); a call
 // that raised leaves the map dirty and the next ``reset`` refills it.
 class DenseIdMap {
  public:
@@ -115,14 +115,11 @@ class DenseIdMap {
   bool insert_known(const int64_t* keys, const int64_t* vals, int64_t n, bool unique);
   bool relabel(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local, std::vector<int64_t>& new_ids,
                bool persist);
-  bool relabel_serial(const int64_t* cand, int64_t n, int64_t num_known, int64_t* local,
-                      std::vector<int64_t>& new_ids, bool persist);
   // Empties the entries of ``ids`` (every id the call inserted) and marks the map clean.
   void clear(const int64_t* ids, int64_t n);
 
  private:
   std::vector<int32_t> map_;
-  std::vector<int64_t> rank_;
   int64_t bound_ = 0;
   bool dirty_ = true;
 };
