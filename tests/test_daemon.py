@@ -27,12 +27,12 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
-from graphfeed.server.partition import builder, synth
 from graphfeed.server.partition.format import read_meta
 from graphfeed.server.partition.store import Partition
 
 from helpers_cluster import (CONTROL_SERVICE, NOT_SERVING, SERVING, hermetic_env, health_status, running_cluster,
                              start_server, wait_for_health)
+from helpers_graphs import synthetic_parts
 
 TESTS = Path(__file__).resolve().parent
 FAKE_SERVE = (sys.executable, str(TESTS / "fake_worker.py"))
@@ -48,12 +48,8 @@ HAS_REAL_WORKER = importlib.util.find_spec("graphfeed.server.worker") is not Non
 @pytest.fixture(scope="session")
 def partition_dir(tmp_path_factory) -> Path:
     """A 2-part partition of a 2,000-node synthetic graph (built once for this module's tests)."""
-    edge_index, x, y, splits = synth.generate(2000, 8, 16, 4)
-    graph = builder.GraphInput(edge_index=edge_index, x=x, y=y, splits=splits, name="daemon-test",
-                               fingerprint="daemon-test-fp", num_classes=4)
-    out = tmp_path_factory.mktemp("daemon") / "graph-2p"
-    builder.partition_graph(graph, 2, out)
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("daemon") / "graph-2p", nodes=2000, avg_degree=8, features=16,
+                           classes=4, parts=2, name="daemon-test")
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from graphfeed.server.daemon import metrics
 from graphfeed.server.daemon.config import ServerConfig, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
-from graphfeed.server.partition import builder, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_graphs import synthetic_parts  # noqa: E402
 from helpers_cluster import SERVE_COMMAND, hermetic_env, running_cluster  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -47,11 +47,8 @@ def metrics_port(example) -> int:
 
 @pytest.fixture(scope="module")
 def parts_dir(tmp_path_factory) -> Path:
-    ei, x, y, splits = synth.generate(1000, 8, 8, 3)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint="deploy-1000")
-    out = tmp_path_factory.mktemp("deploy") / "parts"
-    builder.partition_graph(g, 2, out, topologies=("csc",))
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("deploy") / "parts", nodes=1000, avg_degree=8, features=8,
+                           classes=3, parts=2, name="deploy-1000")
 
 
 # ---- example config ---------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
 from graphfeed.server.daemon import metrics as m
-from graphfeed.server.partition import builder, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_graphs import synthetic_parts  # noqa: E402
 from helpers_cluster import running_cluster  # noqa: E402
 
 FANOUTS = [4, 3]
@@ -26,11 +26,8 @@ SCRAPE_BOUND = 1.0   # seconds: a scrape must answer within this, even during sa
 
 @pytest.fixture(scope="module")
 def parts_dir(tmp_path_factory) -> Path:
-    ei, x, y, splits = synth.generate(2000, 6, 8, 4)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="metrics-2000")
-    out = tmp_path_factory.mktemp("metrics") / "parts"
-    builder.partition_graph(g, 2, out, method="random")
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("metrics") / "parts", nodes=2000, avg_degree=6, features=8,
+                           classes=4, parts=2, name="metrics-2000")
 
 
 @pytest.fixture(scope="module")

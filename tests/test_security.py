@@ -26,9 +26,9 @@ from graphfeed.proto import datapath
 from graphfeed.server.daemon import healthcheck
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
-from graphfeed.server.partition import builder, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_graphs import synthetic_parts  # noqa: E402
 from helpers_cluster import (SERVE_COMMAND, START_TIMEOUT, ServerProcess, _read_stdout,  # noqa: E402
                              _wait_ready_line, hermetic_env)
 from helpers_pki import make_pki  # noqa: E402
@@ -44,11 +44,8 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def parts_dir(tmp_path_factory) -> Path:
-    ei, x, y, splits = synth.generate(2000, 8, 16, 4)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="security-2000")
-    out = tmp_path_factory.mktemp("security") / "parts"
-    builder.partition_graph(g, 1, out, topologies=("csc",))
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("security") / "parts", nodes=2000, avg_degree=8, features=16,
+                           classes=4, parts=1, name="security-2000")
 
 
 def _serve(parts_dir, log_dir: Path, args=(), env=None) -> ServerProcess:

@@ -13,9 +13,9 @@ import pytest
 
 import graphfeed.client as gf
 from graphfeed.cli import status
-from graphfeed.server.partition import builder, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers_graphs import synthetic_parts  # noqa: E402
 from helpers_cluster import hermetic_env, running_cluster  # noqa: E402
 
 STATUS = (sys.executable, "-m", "graphfeed.cli", "status")
@@ -24,11 +24,8 @@ RUN_TIMEOUT = 60.0
 
 @pytest.fixture(scope="module")
 def parts_dir(tmp_path_factory) -> Path:
-    ei, x, y, splits = synth.generate(1200, 6, 8, 4)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="status-1200")
-    out = tmp_path_factory.mktemp("status") / "parts"
-    builder.partition_graph(g, 2, out, method="random")
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("status") / "parts", nodes=1200, avg_degree=6, features=8,
+                           classes=4, parts=2, name="status-1200")
 
 
 def _status_cli(*args: str) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -12,11 +13,13 @@ import torch
 from graphfeed.proto import datapath
 from graphfeed.proto.batch import to_pyg
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
 from graphfeed.server.sampling.types import SamplingSpec
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.handle import GroupSpec, SessionWorkerHandle, WorkerError, WorkerGone
 from graphfeed.server.worker.process import EXIT_JOIN_FAILED
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers_graphs import synthetic_parts  # noqa: E402
 
 
 def _batch(nbytes: int) -> dict[str, torch.Tensor]:
@@ -68,11 +71,8 @@ def test_buffer_take_before_put_completes_later_and_errors_reach_futures():
 
 @pytest.fixture(scope="module")
 def one_part(tmp_path_factory):
-    ei, x, y, splits = synth.generate(3000, 8, 16, 4)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="worker-test")
-    out = tmp_path_factory.mktemp("worker") / "parts"
-    builder.partition_graph(g, 1, out, topologies=("csc",))
-    return out
+    return synthetic_parts(tmp_path_factory.mktemp("worker") / "parts", nodes=3000, avg_degree=8, features=16,
+                           classes=4, parts=1, name="worker-test")
 
 
 def _port() -> int:
