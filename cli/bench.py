@@ -27,17 +27,22 @@ def add_arguments(parser) -> None:
                        description="One warm-up epoch, then the median (and min/max) over --epochs shuffled "
                                    "epochs of the input nodes; prints one JSON line.")
     p.add_argument("--graph", required=True, help="partition folder (from `graphfeed partition`)")
-    p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
-    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     p.add_argument("--features", action="store_true",
                    help="also gather x/y of every sampled node and encode the batch (full produce_batch path)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    _add_workload(p)
+    _add_remote(sub)
+
+
+def _add_workload(p) -> None:
+    """The workload arguments both benchmarks share (same names, same defaults)."""
+    p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
+    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs after one warm-up (default 3)")
     p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train)")
     p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
     p.add_argument("--replace", action="store_true", help="sample with replacement")
     p.add_argument("--direction", default="in", choices=("in", "out"), help="in-edges (default) or out-edges")
-    _add_remote(sub)
 
 
 def _add_remote(sub) -> None:
@@ -50,16 +55,10 @@ def _add_remote(sub) -> None:
                    help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
                         "or a comma-separated host:port list of running servers")
     p.add_argument("--graph", default=None, help="partition folder (needed with --servers N and --compare)")
-    p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
-    p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     p.add_argument("--features", action="store_true",
                    help="accepted for symmetry with `bench sample`: remote batches always carry x and y")
     p.add_argument("--prefetch", type=int, default=4, help="pulls in flight per server (default 4)")
-    p.add_argument("--epochs", type=int, default=3, help="measured epochs after one warm-up (default 3)")
-    p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train)")
-    p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
-    p.add_argument("--replace", action="store_true", help="sample with replacement")
-    p.add_argument("--direction", default="in", choices=("in", "out"), help="in-edges (default) or out-edges")
+    _add_workload(p)
     p.add_argument("--compare", action="store_true",
                    help="also run `bench sample --features` on --graph with the same settings (own process) "
                         "and report ratio_vs_inprocess = remote seeds/s / in-process seeds/s")
