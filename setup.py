@@ -11,7 +11,7 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-TOP_LEVEL = ("cli", "server", "client", "proto", "cuda_ext")
+TOP_LEVEL = ("core", "proto", "transport", "client", "server", "cli", "bench", "testing", "cuda_ext")
 
 
 def namespace_packages():

@@ -1,8 +1,8 @@
 """``graphfeed bench sample|remote``: sampling throughput, one JSON line.
 
-``sample`` measures the in-process sampler (:mod:`graphfeed.server.bench`, where every
+``sample`` measures the in-process sampler (:mod:`graphfeed.bench.sample`, where every
 field is defined); ``remote`` measures the same figures through ``graphfeed serve``
-daemons and the client (:mod:`graphfeed.server.bench_remote`).
+daemons and the client (:mod:`graphfeed.bench.remote`).
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def _servers(text: str):
 
 
 def _run_remote(args) -> int:
-    from graphfeed.server.bench_remote import RemoteBenchConfig, bench_remote
+    from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 
     cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph,
                             num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size,
@@ -98,7 +98,7 @@ def run(args) -> int:
     if command != "sample":
         raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...` or "
                          "`graphfeed bench remote --servers N --graph DIR ...`")
-    from graphfeed.server.bench import SampleBenchConfig, bench_sample
+    from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 
     cfg = SampleBenchConfig(graph=args.graph, num_neighbors=_fanouts(args.num_neighbors),
                             batch_size=args.batch_size, features=args.features, threads=args.threads,

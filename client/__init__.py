@@ -26,10 +26,10 @@ Faults (every wait is bounded):
 * torch allows one RPC group per process at a time: a second ``connect()`` while one client
   is open raises RuntimeError; after ``close()`` a new ``connect()`` works.
 """
-from .client import Client, connect
-from .errors import ClusterError, InvalidRequest, NotFound, ServerError
-from .loader import RemoteNeighborLoader
-from .metrics import start_metrics_server
+from graphfeed.client.client import Client, connect
+from graphfeed.client.errors import ClusterError, InvalidRequest, NotFound, ServerError
+from graphfeed.client.loader import RemoteNeighborLoader
+from graphfeed.client.metrics import start_metrics_server
 
 __all__ = ["connect", "Client", "RemoteNeighborLoader", "ClusterError", "ServerError", "InvalidRequest", "NotFound",
            "start_metrics_server"]

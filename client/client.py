@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .cluster import ServerConn, open_servers, parse_cluster
-from .errors import ServerError
-from .group import DataGroup
-from .loader import RemoteNeighborLoader
-from .security import from_cluster
+from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
+from graphfeed.client.errors import ServerError
+from graphfeed.client.group import DataGroup
+from graphfeed.client.loader import RemoteNeighborLoader
+from graphfeed.client.security import from_cluster
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,

@@ -10,7 +10,7 @@ import grpc
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
-from .errors import ClusterError, from_rpc_error
+from graphfeed.client.errors import ClusterError, from_rpc_error
 
 
 def parse_cluster(cluster) -> list[str]:

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from graphfeed.proto import control_pb2 as pb
-from graphfeed.proto import datapath
+from graphfeed.transport import rpc_group
 
-from .cluster import ServerConn
-from .errors import NotFound, ServerError
+from graphfeed.client.cluster import ServerConn
+from graphfeed.client.errors import NotFound, ServerError
 
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
@@ -102,7 +102,7 @@ class DataGroup:
 
     def _join(self) -> None:
         try:
-            datapath.join_group(datapath.TRAINER, 0, len(self.servers) + 1, self.rendezvous,
+            rpc_group.join_group(rpc_group.TRAINER, 0, len(self.servers) + 1, self.rendezvous,
                                 rpc_timeout=self.rpc_timeout, join_timeout=self.timeout, data_address=self.host)
         except Exception as exc:  # noqa: BLE001
             dead = self.probe()

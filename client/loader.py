@@ -1,7 +1,7 @@
 """The remote neighbor loader: batches sampled by the servers, pulled over the data-path group.
 
 A loader is one session on every server.  Each ``iter()`` is an epoch: the client plans it
-from the servers' input counts (:mod:`graphfeed.proto.epoch`, the same plan the workers
+from the servers' input counts (:mod:`graphfeed.core.epoch`, the same plan the workers
 compute), starts it on every server, and pulls its rank's batches in order from the server
 that owns each batch's seeds, keeping ``prefetch`` pulls in flight per server.  Batches
 equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same arguments.
@@ -14,15 +14,15 @@ from typing import Iterator, Sequence
 
 import torch
 
-from graphfeed.proto import batch as batch_codec
+from graphfeed.core import batch as batch_codec
 from graphfeed.proto import control_pb2 as pb
-from graphfeed.proto import datapath
-from graphfeed.proto.epoch import check_input_ids, check_loader_args, plan_epoch, rank_batches
+from graphfeed.transport import rpc_group
+from graphfeed.core.constants import SPLITS
+from graphfeed.core.epoch import check_input_ids, check_loader_args, plan_epoch, rank_batches
 
-from .errors import ServerError
-from .metrics import LoaderStats
+from graphfeed.client.errors import ServerError
+from graphfeed.client.metrics import LoaderStats
 
-SPLITS = ("train", "val", "test")
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
 
 
@@ -159,7 +159,7 @@ class RemoteNeighborLoader:
         import torch.distributed.rpc as rpc
 
         args = (self.sessions[part], epoch, seq, self._secrets[part])
-        return rpc.rpc_async(datapath.worker_name(part), datapath.PULL, args=args, timeout=self.client.rpc_timeout)
+        return rpc.rpc_async(rpc_group.worker_name(part), rpc_group.PULL, args=args, timeout=self.client.rpc_timeout)
 
     def _wait(self, fut, part: int, epoch: int, seq: int) -> dict:
         done = threading.Event()

@@ -15,7 +15,7 @@ for data, 1 that it did nothing else.
 
 :func:`start_metrics_server` exposes the same figures for Prometheus on the trainer
 (its own registry; ``prometheus_client`` is imported only then).  The names match
-``graphfeed.server.daemon.metrics.CLIENT_METRICS`` (a test checks it).
+:data:`graphfeed.core.metric_names.CLIENT_METRICS`, which the daemon's metrics module lists too.
 """
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ import threading
 import time
 import weakref
 
-CLIENT_METRIC_NAMES = ("graphfeed_client_batches_total", "graphfeed_client_wait_seconds_total",
-                       "graphfeed_client_wall_seconds_total", "graphfeed_client_data_stall_ratio",
-                       "graphfeed_client_batches_per_second")
+from graphfeed.core.metric_names import CLIENT_METRIC_NAMES, CLIENT_METRICS
 
 _LOADERS: "weakref.WeakSet[LoaderStats]" = weakref.WeakSet()
 
@@ -112,16 +110,9 @@ class _LoaderCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        batches = CounterMetricFamily(CLIENT_METRIC_NAMES[0], "Batches the loader yielded to the trainer.",
-                                      labels=["loader"])
-        wait = CounterMetricFamily(CLIENT_METRIC_NAMES[1], "Seconds the trainer waited for its next batch.",
-                                   labels=["loader"])
-        wall = CounterMetricFamily(CLIENT_METRIC_NAMES[2], "Seconds of iteration (wait + training step).",
-                                   labels=["loader"])
-        stall = GaugeMetricFamily(CLIENT_METRIC_NAMES[3], "wait seconds / wall seconds of the current epoch.",
-                                  labels=["loader"])
-        rate = GaugeMetricFamily(CLIENT_METRIC_NAMES[4], "Batches per wall second of the current epoch.",
-                                 labels=["loader"])
+        families = [(CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily)(
+            name, spec.help, labels=list(spec.labels)) for name, spec in CLIENT_METRICS.items()]
+        batches, wait, wall, stall, rate = families
         per_name: dict[str, list[dict]] = {}
         for stats in list(_LOADERS):
             per_name.setdefault(stats.name, []).append(stats.snapshot())
@@ -132,7 +123,7 @@ class _LoaderCollector:
             wall.add_metric([name], sum(s["total"]["wall_seconds"] for s in snaps))
             stall.add_metric([name], max(s["data_stall_ratio"] for s in snaps))
             rate.add_metric([name], sum(s["batches_per_second"] for s in snaps))
-        return [batches, wait, wall, stall, rate]
+        return families
 
 
 class MetricsServer:

@@ -24,7 +24,7 @@ from typing import Mapping
 
 import grpc
 
-from .errors import ClusterError
+from graphfeed.client.errors import ClusterError
 
 TOKEN_ENV = "GRAPHFEED_TOKEN"
 TLS_KEYS = ("ca", "cert", "key")
@@ -138,7 +138,7 @@ def resolve(*, token: str | None = None, tls_ca=None, tls_cert=None, tls_key=Non
 
 def from_cluster(cluster, **given) -> ClientSecurity:
     """:func:`resolve` with the cluster YAML's settings when ``cluster`` is a file (not an address list)."""
-    from .cluster import _looks_like_address
+    from graphfeed.client.cluster import _looks_like_address
 
     doc = path = None
     if isinstance(cluster, (str, os.PathLike)) and not _looks_like_address(os.fspath(cluster)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import has_cuda_kernels, load_error, load_ops
+from graphfeed.cuda_ext import has_cuda_kernels, load_error, load_ops
 
 
 class GpuFeatureCache:

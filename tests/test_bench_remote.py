@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from graphfeed.cli.main import main as cli_main
-from graphfeed.server.bench_remote import RemoteBenchConfig, bench_remote
+from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 from graphfeed.server.partition.store import open_parts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

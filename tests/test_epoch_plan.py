@@ -1,4 +1,4 @@
-"""The epoch contract (graphfeed.proto.epoch): coverage, balance, determinism, errors."""
+"""The epoch contract (graphfeed.core.epoch): coverage, balance, determinism, errors."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from graphfeed.proto.epoch import MAX_BATCH_SIZE, partition_order, plan_epoch, rank_batches
+from graphfeed.core.epoch import MAX_BATCH_SIZE, partition_order, plan_epoch, rank_batches
 
 COUNTS = [[1], [7], [100], [0, 5], [5, 0, 3], [64, 64], [65, 1, 130], [1000, 3, 17, 250], [9, 9, 9, 9, 9]]
 BATCH_SIZES = [1, 2, 7, 32, 64, 1000]
@@ -140,7 +140,7 @@ def test_unsplittable_plan_is_an_error_not_an_empty_batch():
 
 @pytest.mark.parametrize("w, r", [(0, 0), (2, 2), (2, -1)])
 def test_bad_rank_or_world_is_a_clear_error(w, r):
-    from graphfeed.proto.epoch import check_loader_args
+    from graphfeed.core.epoch import check_loader_args
 
     with pytest.raises(ValueError, match="not valid for world_size"):
         check_loader_args(8, w, r)

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from graphfeed import cuda_ext
-from graphfeed.proto.seeding import GOLDEN, MASK64, mix64_int
+from graphfeed.core.seeding import GOLDEN, MASK64, mix64_int
 from graphfeed.server.sampling import dispatch, reference, reference_ext
 from graphfeed.server.sampling.neighbor import sample_subgraph
-from graphfeed.server.sampling.types import SamplingSpec
+from graphfeed.core.spec import SamplingSpec
 
 OPS = cuda_ext.load_ops()
 needs_native = pytest.mark.skipif(OPS is None, reason=f"native ops unavailable: {cuda_ext.load_error()}")
@@ -520,7 +520,7 @@ def test_forced_reference_path_samples_like_the_reference():
         import torch, warnings
         warnings.simplefilter("error")
         from graphfeed.server.sampling import dispatch, reference
-        from graphfeed.server.sampling.types import SamplingSpec
+        from graphfeed.core.spec import SamplingSpec
         assert dispatch.IMPLEMENTATION == "reference", dispatch.IMPLEMENTATION
         indptr = torch.tensor([0, 1, 2, 3, 4]); indices = torch.tensor([3, 0, 1, 2]); eid = torch.arange(4)
         topo = type("T", (), {"indptr": indptr, "indices": indices, "eid": eid})

@@ -6,7 +6,8 @@ import sys
 
 import torch
 
-from graphfeed.proto import batch, control_pb2
+from graphfeed.core import batch
+from graphfeed.proto import control_pb2
 
 
 def test_generated_stubs_are_current():

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from graphfeed.proto.seeding import MASK64, mix64_int
+from graphfeed.core.seeding import MASK64, mix64_int
 from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.store import Topology, open_parts
 from graphfeed.server.sampling import dispatch, reference, rng
 from graphfeed.server.sampling.graph import LocalGraph
 from graphfeed.server.sampling.neighbor import sample_subgraph
-from graphfeed.server.sampling.types import SamplingSpec
+from graphfeed.core.spec import SamplingSpec
 
 
 # ------------------------------------------------------------------------ implementations

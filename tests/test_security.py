@@ -22,7 +22,7 @@ from graphfeed.client.security import ClientSecurity
 from graphfeed.client.security import resolve as resolve_client
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.proto import datapath
+from graphfeed.transport import rpc_group
 from graphfeed.server.daemon import healthcheck
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
@@ -123,9 +123,9 @@ def test_tls_token_happy_path_epoch_and_session_secret(pki, mtls_server, tmp_pat
         # (torch re-raises a remote PermissionError as RuntimeError naming it)
         for bad in (b"\0" * 32, b""):
             with pytest.raises((PermissionError, RuntimeError), match="PermissionError.*wrong session secret"):
-                rpc.rpc_sync(datapath.worker_name(0), datapath.PULL, args=(session_id, 1, 0, bad), timeout=20)
+                rpc.rpc_sync(rpc_group.worker_name(0), rpc_group.PULL, args=(session_id, 1, 0, bad), timeout=20)
         with pytest.raises((PermissionError, RuntimeError), match="PermissionError.*wrong session secret"):
-            rpc.rpc_sync(datapath.worker_name(0), datapath.PULL, args=(session_id, 1, 0), timeout=20)
+            rpc.rpc_sync(rpc_group.worker_name(0), rpc_group.PULL, args=(session_id, 1, 0), timeout=20)
         assert len(list(loader)) == len(loader)  # the right secret still works afterwards
     assert not _rejections(mtls_server)
     assert TOKEN not in mtls_server.logs()

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from graphfeed.proto import datapath
-from graphfeed.proto.batch import to_pyg
+from graphfeed.transport import rpc_group
+from graphfeed.core.batch import to_pyg
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.sampling.types import SamplingSpec
+from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.handle import GroupSpec, SessionWorkerHandle, WorkerError, WorkerGone
 from graphfeed.server.worker.process import EXIT_JOIN_FAILED
@@ -109,14 +109,14 @@ def test_worker_serves_the_local_loaders_batches(one_part):
             handle.call("open_session", session_id="s2", **{**SESSION, "split": "bogus"})
         assert err.value.kind == "invalid" and "unknown split" in str(err.value)
 
-        datapath.join_group(datapath.TRAINER, 0, 2, f"127.0.0.1:{port}", rpc_timeout=30, join_timeout=60,
+        rpc_group.join_group(rpc_group.TRAINER, 0, 2, f"127.0.0.1:{port}", rpc_timeout=30, join_timeout=60,
                             data_address="127.0.0.1")
         try:
             with pytest.raises(WorkerError, match="disagree") as err:
                 handle.call("start_epoch", session_id="s1", epoch=0, counts=[7])
             assert err.value.kind == "invalid"
             assert handle.call("start_epoch", session_id="s1", epoch=0, counts=[n_local]) == 4
-            futs = [rpc.rpc_async("part0", datapath.PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
+            futs = [rpc.rpc_async("part0", rpc_group.PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
             got = [to_pyg(f.wait()) for f in futs]
             want = list(LocalNeighborLoader(one_part, [5, 3], batch_size=64, shuffle=True, seed=3))
             for a, b in zip(got, want, strict=True):
@@ -124,9 +124,9 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                     assert torch.equal(a[key], b[key]), key
                 assert (a.batch_size, a.seq, a.epoch) == (b.batch_size, b.seq, 0)
             with pytest.raises(ValueError, match="already requested"):  # the remote type is kept
-                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 0, 1, SECRET))
+                rpc.rpc_sync("part0", rpc_group.PULL, args=("s1", 0, 1, SECRET))
             with pytest.raises(ValueError, match="epoch 5 is not being served"):
-                rpc.rpc_sync("part0", datapath.PULL, args=("s1", 5, 0, SECRET))
+                rpc.rpc_sync("part0", rpc_group.PULL, args=("s1", 5, 0, SECRET))
             with pytest.raises(Exception, match="not callable on a graphfeed session worker"):
                 rpc.rpc_sync("part0", os.getpid)
             [row] = handle.call("stats")

@@ -32,14 +32,14 @@ from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
-from . import logs, security
-from .config import ServerConfig
-from .control import SERVICE_NAME, ControlServicer
-from .exitcodes import ExitCode, StartupError
-from .metrics import MetricsEndpoint, WorkerFigures
-from .registry import WORKER_STOP_GRACE, Registry
-from .served import ServedPartition, load_partition
-from .worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
+from graphfeed.server.daemon import logs, security
+from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer
+from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
+from graphfeed.server.daemon.metrics import MetricsEndpoint, WorkerFigures
+from graphfeed.server.daemon.registry import WORKER_STOP_GRACE, Registry
+from graphfeed.server.daemon.served import ServedPartition, load_partition
+from graphfeed.server.daemon.worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
 
 READY_PREFIX = "graphfeed-serve listening"
 MAX_MESSAGE_BYTES = 256 << 20   # OpenSession may carry millions of node ids

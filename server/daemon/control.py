@@ -24,19 +24,18 @@ import torch
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.server.partition.format import DEFAULT_NODE_TYPE, SPLITS
-from graphfeed.server.sampling.types import SamplingSpec
+from graphfeed.server.partition.format import DEFAULT_NODE_TYPE
+from graphfeed.core.constants import MAX_BATCH_SIZE, MAX_WORLD_SIZE, SPLITS, worker_name
+from graphfeed.core.spec import SamplingSpec
 
-from .config import ServerConfig
-from .logs import EventLogger
-from .metrics import WorkerFigures
-from .registry import Group, Registry, RequestError, Session
-from .served import ServedPartition
-from .worker_api import GroupSpec, WorkerError, WorkerFactory, WorkerGone, WorkerUnavailable
+from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.logs import EventLogger
+from graphfeed.server.daemon.metrics import WorkerFigures
+from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
+from graphfeed.server.daemon.served import ServedPartition
+from graphfeed.server.daemon.worker_api import GroupSpec, WorkerError, WorkerFactory, WorkerGone, WorkerUnavailable
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
-MAX_BATCH_SIZE = 1 << 22
-MAX_WORLD_SIZE = 1 << 16
 MAX_EPOCH = 1 << 40
 MAX_LEASE_SECONDS = 3600.0
 MAX_ID_LENGTH = 256
@@ -197,16 +196,16 @@ class ControlServicer(pb_grpc.ControlServicer):
         except BaseException:
             self.registry.release_group(spec.group_id)
             raise
-        worker_name = f"part{spec.part_id}"
+        member = worker_name(spec.part_id)
         group = Group(group_id=spec.group_id, handle=handle, peer=context.peer(), lease_seconds=lease,
-                      deadline=self.registry.clock() + lease, worker_name=worker_name)
+                      deadline=self.registry.clock() + lease, worker_name=member)
         self.registry.add_group(group)
         self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
                       rendezvous=spec.rendezvous, lease_seconds=lease)
         if self.is_draining():  # the drain began while the worker was starting
             self.registry.remove_group(spec.group_id, event="group_close", cause="server is draining")
             self._refuse_if_draining()
-        return pb.OpenGroupReply(worker_name=worker_name, worker_pid=int(handle.pid or 0), lease_seconds=lease)
+        return pb.OpenGroupReply(worker_name=member, worker_pid=int(handle.pid or 0), lease_seconds=lease)
 
     @rpc
     async def Heartbeat(self, request, context):

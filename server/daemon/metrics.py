@@ -26,23 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from graphfeed.core.metric_names import CLIENT_METRIC_NAMES, CLIENT_METRICS, LATENCY_BUCKETS, MetricSpec
+
 PREFIX = "graphfeed_"
 
 SESSION_KINDS = ("train", "val", "test", "nodes", "other")
 STAGES = ("local_sample", "remote_sample", "feature_gather", "encode", "batch")
 REMOTE_CALLS = ("one_hop", "gather")
 WORKER_ERROR_KINDS = ("produce", "remote", "worker_gone", "metrics_timeout")
-
-# Seconds; shared by the workers (which count observations into these buckets) and the daemon.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    type: str                 # "counter" | "gauge" | "histogram"
-    help: str
-    labels: tuple[str, ...] = ()
-
 
 METRICS: dict[str, MetricSpec] = {
     # ---- the process -----------------------------------------------------------------------------
@@ -91,21 +82,7 @@ METRICS: dict[str, MetricSpec] = {
                                                         "scrape used (figures are cached; 0 when no worker)."),
 }
 
-CLIENT_METRICS: dict[str, MetricSpec] = {
-    "graphfeed_client_batches_total": MetricSpec("counter", "Batches the loader yielded to the trainer.",
-                                                 ("loader",)),
-    "graphfeed_client_wait_seconds_total": MetricSpec("counter", "Seconds the trainer waited for its next batch.",
-                                                      ("loader",)),
-    "graphfeed_client_wall_seconds_total": MetricSpec("counter", "Seconds of iteration (wait + training step).",
-                                                      ("loader",)),
-    "graphfeed_client_data_stall_ratio": MetricSpec("gauge", "wait seconds / wall seconds of the current epoch.",
-                                                    ("loader",)),
-    "graphfeed_client_batches_per_second": MetricSpec("gauge", "Batches per wall second of the current epoch.",
-                                                      ("loader",)),
-}
-
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
-CLIENT_METRIC_NAMES: tuple[str, ...] = tuple(CLIENT_METRICS)
 
 
 def series_names(specs: dict[str, MetricSpec] | None = None) -> set[str]:

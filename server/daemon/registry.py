@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
-from .logs import EventLogger
+from graphfeed.server.daemon.logs import EventLogger
 
 REAP_INTERVAL = 0.25      # seconds between reaper scans (a dict scan + waitpid per group)
 WORKER_STOP_GRACE = 5.0   # seconds a stopping worker gets before SIGKILL

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import grpc
 
-from .config import ServerConfig
-from .exitcodes import ExitCode, StartupError
-from .logs import EventLogger
+from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
+from graphfeed.server.daemon.logs import EventLogger
 
 AUTH_HEADER = "authorization"
 BEARER = "bearer "

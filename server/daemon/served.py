@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from graphfeed.server.partition.format import SPLITS, PartitionFormatError, PartitionMeta, read_meta
 from graphfeed.server.partition.store import Partition
 
-from .config import ServerConfig
-from .exitcodes import ExitCode, StartupError
+from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ from typing import Iterator, Sequence
 
 import torch
 
-from graphfeed.proto import batch as batch_codec
-from graphfeed.proto.epoch import (check_input_ids, check_loader_args, partition_order, plan_epoch,
+from graphfeed.core import batch as batch_codec
+from graphfeed.core.epoch import (check_input_ids, check_loader_args, partition_order, plan_epoch,
                                    rank_batches)
 
-from ..partition.store import open_parts, resolve_original_ids
-from ..sampling.graph import LocalGraph
-from ..sampling.types import SamplingSpec
-from .producer import fanouts, group_by_part, produce_batch, resolve_rank
+from graphfeed.server.partition.store import open_parts, resolve_original_ids
+from graphfeed.server.sampling.graph import LocalGraph
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.loader.producer import fanouts, group_by_part, produce_batch, resolve_rank
 
 
 class LocalNeighborLoader:
@@ -28,7 +28,7 @@ class LocalNeighborLoader:
     (all nodes).  Each ``iter()`` is one epoch; epochs count from 0 and advance by one per
     ``iter()`` unless :meth:`set_epoch` is called (as with ``DistributedSampler``).
     ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
-    ``len(loader)`` batches (see :mod:`graphfeed.proto.epoch` for ``drop_last``).
+    ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
     """
 
     def __init__(self, data: str | os.PathLike | LocalGraph, num_neighbors: Sequence[int], *,

@@ -10,11 +10,12 @@ from typing import Callable, ContextManager, Protocol, Sequence
 
 import torch
 
-from graphfeed.proto import batch as batch_codec
-from graphfeed.proto.epoch import BatchSpec
+from graphfeed.core import batch as batch_codec
+from graphfeed.core.epoch import BatchSpec
 
-from ..partition.book import RangePartitionBook
-from ..sampling.types import SampledSubgraph, SamplingSpec
+from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.types import SampledSubgraph
 
 
 class SamplingGraph(Protocol):

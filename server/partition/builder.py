@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, META_FILE, TOPOLOGIES, PartitionMeta,
+from graphfeed.server.partition.format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, META_FILE, TOPOLOGIES, PartitionMeta,
                      PartitionPaths, save_array, write_meta)
 
 METHODS = ("random", "metis")

@@ -30,11 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfeed.core.constants import SPLITS
+
 FORMAT_VERSION = 1
 META_FILE = "META.json"
 DEFAULT_NODE_TYPE = "_N"
 DEFAULT_EDGE_TYPE = ("_N", "to", "_N")
-SPLITS = ("train", "val", "test")
 TOPOLOGIES = ("csc", "csr")
 
 

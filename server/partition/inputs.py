@@ -30,8 +30,8 @@ from typing import Callable
 
 import numpy as np
 
-from .builder import GraphInput
-from .format import SPLITS
+from graphfeed.server.partition.builder import GraphInput
+from graphfeed.server.partition.format import SPLITS
 
 REQUIRED_FILES = ("edge_index", "x", "y", "train_idx")
 _HASH_CHUNK = 1 << 26  # bytes hashed per update: bounds the temporary copy of a non-contiguous array

@@ -8,8 +8,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from .book import RangePartitionBook
-from .format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, SPLITS, PartitionFormatError,
+from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.server.partition.format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, SPLITS, PartitionFormatError,
                      PartitionMeta, PartitionPaths, load_array, read_meta)
 
 

@@ -12,10 +12,11 @@ import warnings
 
 import torch
 
-from graphfeed.proto.seeding import MASK64
+from graphfeed.core.seeding import MASK64
 
-from . import reference, reference_ext
-from .types import OneHop, SampledSubgraph, SamplingSpec
+from graphfeed.server.sampling import reference, reference_ext
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
 _FORCED = os.environ.get("GRAPHFEED_SAMPLER", "").strip().lower()
 if _FORCED not in ("", "reference", "native"):
@@ -94,7 +95,7 @@ def sample_local(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec
             topo.indptr, topo.indices, topo.eid, seeds, int(node_offset), list(spec.num_neighbors),
             bool(spec.replace), _seed64(seed), spec.direction == "in")
         return SampledSubgraph(nodes, row, col, eids, seeds.numel(), nn.tolist(), ne.tolist())
-    from .neighbor import sample_subgraph  # neighbor imports this module
+    from graphfeed.server.sampling.neighbor import sample_subgraph  # neighbor imports this module
 
     def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
         return one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)

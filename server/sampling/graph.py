@@ -5,11 +5,12 @@ from typing import Sequence
 
 import torch
 
-from ..partition.book import RangePartitionBook
-from ..partition.store import Partition
-from . import dispatch
-from .neighbor import sample_subgraph, stitch
-from .types import OneHop, SampledSubgraph, SamplingSpec
+from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.server.partition.store import Partition
+from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.neighbor import sample_subgraph, stitch
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
 
 def sample_part(part: Partition, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:

@@ -11,9 +11,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import dispatch
-from .reference import segment_arange
-from .types import OneHop, SampledSubgraph, SamplingSpec
+from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.reference import segment_arange
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
 OneHopFn = Callable[[torch.Tensor, int, int], OneHop]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import rng
-from .types import OneHop
+from graphfeed.server.sampling import rng
+from graphfeed.server.sampling.types import OneHop
 
 
 def segment_arange(counts: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from . import rng
-from .reference import sample_positions, segment_arange
-from .types import OneHop
+from graphfeed.server.sampling import rng
+from graphfeed.server.sampling.reference import sample_positions, segment_arange
+from graphfeed.server.sampling.types import OneHop
 
 _INV_2_53 = 1.0 / float(1 << 53)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphfeed.proto import batch as batch_codec
+from graphfeed.core import batch as batch_codec
 
 
 @dataclass

@@ -11,21 +11,20 @@ from __future__ import annotations
 import torch
 import torch.distributed.rpc as rpc
 
-from ..partition.store import Partition
-from ..sampling import dispatch
-from ..sampling.graph import sample_part
-from ..sampling.neighbor import sample_subgraph, stitch
-from ..sampling.types import OneHop, SampledSubgraph, SamplingSpec
-from . import rpc_api
-from .telemetry import WorkerTelemetry
+from graphfeed.core.constants import worker_name
+
+from graphfeed.server.partition.store import Partition
+from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.graph import sample_part
+from graphfeed.server.sampling.neighbor import sample_subgraph, stitch
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph
+from graphfeed.server.worker import rpc_api
+from graphfeed.server.worker.telemetry import WorkerTelemetry
 
 
 class PeerError(RuntimeError):
     """A peer worker failed (or is unreachable) while serving a hop or a feature lookup."""
-
-
-def worker_name(part: int) -> str:
-    return f"part{part}"
 
 
 class DistributedGraph:

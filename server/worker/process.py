@@ -24,12 +24,12 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from graphfeed.proto import datapath
+from graphfeed.transport import rpc_group
 
-from ..partition.store import Partition
-from .distributed import DistributedGraph
-from .session import Session, SessionArgs
-from .telemetry import WorkerTelemetry
+from graphfeed.server.partition.store import Partition
+from graphfeed.server.worker.distributed import DistributedGraph
+from graphfeed.server.worker.session import Session, SessionArgs
+from graphfeed.server.worker.telemetry import WorkerTelemetry
 
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
@@ -59,7 +59,7 @@ class SessionWorker:
     def join(self) -> None:
         s = self.spec
         try:
-            datapath.join_group(datapath.worker_name(s.part_id), s.rank, s.world_size, s.rendezvous,
+            rpc_group.join_group(rpc_group.worker_name(s.part_id), s.rank, s.world_size, s.rendezvous,
                                 rpc_timeout=s.rpc_timeout, join_timeout=s.join_timeout,
                                 data_address=s.data_address)
         except BaseException as exc:  # noqa: BLE001 -- reported to the daemon, then the process exits
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         return EXIT_BAD_START
     _reply(conn, ("start", "ok", os.getpid()))
     worker = SessionWorker(spec, part)
-    from . import rpc_api
+    from graphfeed.server.worker import rpc_api
 
     rpc_api.bind(worker)
     rpc_api.install_guard()

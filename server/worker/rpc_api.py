@@ -40,7 +40,7 @@ def _bound():
 
 @rpc.functions.async_execution
 def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.futures.Future:
-    """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.proto.batch`).
+    """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.core.batch`).
 
     PermissionError when ``secret`` is not the session's secret.
     """

@@ -15,12 +15,12 @@ from typing import Sequence
 
 import torch
 
-from graphfeed.proto.epoch import BatchSpec, check_loader_args, partition_order, plan_epoch, rank_batches
+from graphfeed.core.epoch import BatchSpec, check_loader_args, partition_order, plan_epoch, rank_batches
 
-from ..loader.producer import produce_batch
-from ..sampling.types import SamplingSpec
-from .buffer import BatchBuffer
-from .telemetry import WorkerTelemetry
+from graphfeed.server.loader.producer import produce_batch
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.worker.buffer import BatchBuffer
+from graphfeed.server.worker.telemetry import WorkerTelemetry
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
-from graphfeed.server.daemon.metrics import LATENCY_BUCKETS
+from graphfeed.core.metric_names import LATENCY_BUCKETS
 
 
 class Histogram:

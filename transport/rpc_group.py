@@ -24,13 +24,10 @@ import warnings
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
+from graphfeed.core.constants import TRAINER, worker_name  # noqa: F401 -- the group's member names
+
 SCHEME = "graphfeed-tcp"
-TRAINER = "trainer"
 SIOCGIFADDR = 0x8915
-
-
-def worker_name(part: int) -> str:
-    return f"part{part}"
 
 
 def _rendezvous_handler(url: str, **kwargs):

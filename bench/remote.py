@@ -1,6 +1,6 @@
 """Throughput through the service (``graphfeed bench remote``): the in-process figure, remotely.
 
-The definitions are :mod:`graphfeed.server.bench`'s (one warm-up epoch, then the median and
+The definitions are :mod:`graphfeed.bench.sample`'s (one warm-up epoch, then the median and
 min/max over ``epochs`` shuffled epochs of the input nodes; ``seeds_per_s``,
 ``batches_per_s``, ``sampled_edges_per_s`` = sum of ``edge_index.size(1)`` / wall time),
 measured on the batches a trainer receives from
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from graphfeed.proto.epoch import MAX_BATCH_SIZE
+from graphfeed.core.constants import MAX_BATCH_SIZE
 
-from .bench import INPUTS, EpochStats, peak_rss_mb, summarize
+from graphfeed.bench.sample import INPUTS, EpochStats, peak_rss_mb, summarize
 
 START_TIMEOUT_S = 180.0    # a daemon: import torch, map its partition, bind, become SERVING
 STOP_TIMEOUT_S = 60.0      # after SIGTERM (the daemon's drain grace is 20 s by default)
@@ -351,7 +351,7 @@ def inprocess_features(cfg: RemoteBenchConfig) -> dict:
 
 def bench_remote(cfg: RemoteBenchConfig) -> dict:
     """Measure throughput through the servers; returns the JSON-ready result (see the module doc)."""
-    from .sampling import dispatch
+    from graphfeed.server.sampling import dispatch
 
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
@@ -391,7 +391,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
 
 
 def _check_parts(graph: str, n: int) -> None:
-    from .partition.format import read_meta
+    from graphfeed.server.partition.format import read_meta
 
     parts = read_meta(graph).num_parts
     if parts != n:

@@ -3,7 +3,7 @@
 Definitions (keep them stable: later issues report against them):
 
 * one **epoch** is one pass over the input nodes (``train`` by default), shuffled, cut into
-  batches by :func:`graphfeed.proto.epoch.plan_epoch` exactly as the loaders do (one rank);
+  batches by :func:`graphfeed.core.epoch.plan_epoch` exactly as the loaders do (one rank);
 * ``seeds_per_s`` = input nodes of the epoch / wall time of the epoch;
 * ``batches_per_s`` = batches of the epoch / wall time;
 * ``sampled_edges_per_s`` = sum over the epoch's batches of ``edge_index.size(1)`` / wall time;
@@ -28,14 +28,15 @@ from typing import Callable
 
 import torch
 
-from graphfeed.proto.epoch import MAX_BATCH_SIZE, partition_order, plan_epoch
+from graphfeed.core.constants import MAX_BATCH_SIZE
+from graphfeed.core.epoch import partition_order, plan_epoch
 
-from .loader.producer import produce_batch
-from .partition.format import SPLITS
-from .partition.store import open_parts
-from .sampling import dispatch
-from .sampling.graph import LocalGraph
-from .sampling.types import SamplingSpec
+from graphfeed.server.loader.producer import produce_batch
+from graphfeed.server.partition.format import SPLITS
+from graphfeed.server.partition.store import open_parts
+from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.graph import LocalGraph
+from graphfeed.core.spec import SamplingSpec
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s")
 INPUTS = SPLITS + ("all",)

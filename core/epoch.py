@@ -31,9 +31,8 @@ from typing import Sequence
 
 import torch
 
-from graphfeed.proto.seeding import batch_seed, stream_seed
-
-MAX_BATCH_SIZE = 1 << 22
+from graphfeed.core.constants import MAX_BATCH_SIZE
+from graphfeed.core.seeding import batch_seed, stream_seed
 
 
 @dataclass(frozen=True)

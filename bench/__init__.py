@@ -1,0 +1,1 @@
+"""graphfeed.bench: the figures of ``graphfeed bench sample`` and ``graphfeed bench remote``."""

@@ -1,0 +1,1 @@
+"""graphfeed.testing: helpers for running a local graphfeed cluster (tests, demo, benchmarks)."""
