@@ -25,14 +25,13 @@ Rules (see README "Epoch contract"):
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from graphfeed.core.constants import MAX_BATCH_SIZE
 from graphfeed.core.seeding import batch_seed, stream_seed
+from graphfeed.core.spec import LoaderSpec, check_loader_args
 
 
 @dataclass(frozen=True)
@@ -48,30 +47,6 @@ class BatchSpec:
     @property
     def size(self) -> int:
         return self.stop - self.start
-
-
-def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
-            or not 1 <= batch_size <= MAX_BATCH_SIZE:
-        raise ValueError(f"batch_size must be an integer in 1..{MAX_BATCH_SIZE}, got {batch_size!r}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not valid for world_size {world_size} (need 0 <= rank < world_size)")
-
-
-def check_input_ids(input_nodes) -> torch.Tensor:
-    """``input_nodes`` given as ids, as a flat int64 tensor; raises ``ValueError`` unless they are
-    integer ids without repeats (each input node is a seed once per epoch)."""
-    ids = torch.as_tensor(input_nodes).reshape(-1)
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        # a bool mask would otherwise be read as the ids 0 and 1
-        raise ValueError(f"input_nodes must hold integer node ids, got dtype {ids.dtype}; "
-                         f"for a mask pass mask.nonzero().view(-1)")
-    ids = ids.to(torch.int64)
-    uniq = torch.unique(ids)
-    if uniq.numel() != ids.numel():
-        raise ValueError(f"input_nodes holds {ids.numel() - uniq.numel()} repeated id(s); "
-                         f"pass each node once (e.g. torch.unique(ids))")
-    return ids
 
 
 def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
@@ -126,3 +101,44 @@ def partition_order(gids: torch.Tensor, *, seed: int, epoch: int, part: int, shu
         return gids
     g = torch.Generator().manual_seed(stream_seed(seed, epoch, part))
     return gids[torch.randperm(gids.numel(), generator=g)]
+
+
+class EpochPlan:
+    """One rank's epoch of one loader: plan -> rank -> order -> slice, in one place.
+
+    ``entries`` are the rank's batches in delivery order (``seq`` = position).  The local
+    loader, the session workers and the remote loader all build this from the same
+    :class:`LoaderSpec` and per-part input counts, so they agree on every batch.
+    """
+
+    def __init__(self, spec: LoaderSpec, counts: Sequence[int], epoch: int):
+        self.spec, self.epoch = spec, int(epoch)
+        plan = plan_epoch(counts, spec.batch_size, spec.world_size, seed=spec.seed, epoch=self.epoch,
+                          shuffle=spec.shuffle, drop_last=spec.drop_last)
+        self.entries = rank_batches(plan, spec.rank, spec.world_size)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def owned_by(self, part: int) -> list[tuple[int, BatchSpec]]:
+        """``(seq, entry)`` of the batches whose seeds part ``part`` owns, in order."""
+        return [(seq, e) for seq, e in enumerate(self.entries) if e.part == part]
+
+    def order(self, part: int, inputs: torch.Tensor) -> torch.Tensor:
+        """Part ``part``'s input nodes in this epoch's order (what its batches slice)."""
+        return partition_order(inputs, seed=self.spec.seed, epoch=self.epoch, part=part, shuffle=self.spec.shuffle)
+
+    @staticmethod
+    def seeds(order: torch.Tensor, entry: BatchSpec) -> torch.Tensor:
+        """The seeds of batch ``entry`` from its part's :meth:`order`."""
+        return order[entry.start:entry.stop]
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit values, else ``torch.distributed``'s, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    return int(0 if rank is None else rank), int(1 if world_size is None else world_size)
