@@ -8,6 +8,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from graphfeed.core.spec import NodeInput
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, SPLITS, PartitionFormatError,
                      PartitionMeta, PartitionPaths, load_array, read_meta)
@@ -105,6 +106,19 @@ class Partition:
         pos = torch.searchsorted(sorted_orig, orig_ids).clamp(max=sorted_orig.numel() - 1)
         mask = sorted_orig[pos] == orig_ids
         return mask, perm[pos[mask]] + self.start
+
+    def input_nodes(self, node_input: NodeInput) -> torch.Tensor:
+        """Global ids of the seeds ``node_input`` names that this part owns, in input order
+        (a split's stored order; ``ids``' given order; every node in id order)."""
+        if node_input.split is not None:
+            return self.split(node_input.split).clone()
+        if node_input.ids is None:
+            return torch.arange(self.start, self.stop)
+        ids = node_input.ids
+        n = self.book.num_nodes
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise ValueError(f"node ids out of range: original node ids are 0..{n - 1}")
+        return self.to_global(ids)[1]
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:
