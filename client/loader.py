@@ -18,7 +18,8 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.epoch import check_input_ids, check_loader_args, plan_epoch, rank_batches
+from graphfeed.core.epoch import plan_epoch, rank_batches
+from graphfeed.core.spec import check_input_ids, check_loader_args
 
 from graphfeed.client.errors import ServerError
 from graphfeed.client.metrics import LoaderStats

@@ -11,7 +11,8 @@ from typing import Iterator, Sequence
 import torch
 
 from graphfeed.core import batch as batch_codec
-from graphfeed.core.epoch import (check_input_ids, check_loader_args, partition_order, plan_epoch,
+from graphfeed.core.spec import check_input_ids, check_loader_args
+from graphfeed.core.epoch import (partition_order, plan_epoch,
                                    rank_batches)
 
 from graphfeed.server.partition.store import open_parts, resolve_original_ids
