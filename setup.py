@@ -11,7 +11,9 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-TOP_LEVEL = ("core", "proto", "transport", "client", "server", "cli", "bench", "testing", "cuda_ext")
+# Every top-level folder with an __init__.py is one graphfeed.* subpackage (core, proto, transport,
+# client, server, cli, bench, testing, cuda_ext).
+TOP_LEVEL = tuple(sorted(init.parent.name for init in ROOT.glob("*/__init__.py")))
 
 
 def namespace_packages():

@@ -4,6 +4,7 @@
 #
 #   bash scripts/dev.sh demo [ARGS]   # the main job: local 2-server cluster + 2-rank DDP training
 #   bash scripts/dev.sh test [ARGS]   # the test suite (what CI runs)
+#   bash scripts/dev.sh lint          # ruff and mypy (CI runs them before the tests)
 #   bash scripts/dev.sh setup         # only the set-up
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,11 +29,28 @@ setup() {
   echo "$want" > "$STAMP"
 }
 
+lint() {
+  "$VENV/bin/ruff" check .
+  # mypy resolves modules by path: give it the graphfeed.* namespace as a folder of links
+  # (core/ -> graphfeed/core, ...: every top-level folder with an __init__.py, as setup.py maps them).
+  local root=$PWD view
+  view=$(mktemp -d)
+  mkdir "$view/graphfeed"
+  for init in */__init__.py; do
+    ln -s "$root/${init%/__init__.py}" "$view/graphfeed/${init%/__init__.py}"
+  done
+  local rc=0
+  (cd "$view" && "$root/$VENV/bin/mypy" --config-file "$root/pyproject.toml" -p graphfeed) || rc=$?
+  rm -rf "$view"
+  return $rc
+}
+
 cmd=${1:-test}
 shift || true
 case $cmd in
   setup) setup ;;
   demo) setup; exec "$VENV/bin/graphfeed" demo "$@" ;;
   test) setup; exec "$VENV/bin/python" -m pytest -q -ra "$@" ;;
-  *) echo "usage: bash scripts/dev.sh demo|test|setup [ARGS]" >&2; exit 2 ;;
+  lint) setup; lint ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|lint|setup [ARGS]" >&2; exit 2 ;;
 esac
