@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 import torch
 
-from graphfeed.core.epoch import MAX_BATCH_SIZE, partition_order, plan_epoch, rank_batches
+from graphfeed.core.constants import MAX_BATCH_SIZE
+from graphfeed.core.epoch import partition_order, plan_epoch, rank_batches
 
 COUNTS = [[1], [7], [100], [0, 5], [5, 0, 3], [64, 64], [65, 1, 130], [1000, 3, 17, 250], [9, 9, 9, 9, 9]]
 BATCH_SIZES = [1, 2, 7, 32, 64, 1000]
@@ -140,7 +141,7 @@ def test_unsplittable_plan_is_an_error_not_an_empty_batch():
 
 @pytest.mark.parametrize("w, r", [(0, 0), (2, 2), (2, -1)])
 def test_bad_rank_or_world_is_a_clear_error(w, r):
-    from graphfeed.core.epoch import check_loader_args
+    from graphfeed.core.spec import check_loader_args
 
     with pytest.raises(ValueError, match="not valid for world_size"):
         check_loader_args(8, w, r)
