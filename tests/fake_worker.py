@@ -5,10 +5,12 @@ process without torch RPC.  Run as a script it is ``graphfeed serve`` with this 
 
     python tests/fake_worker.py --partition DIR --part 0 --port 0
 
-Behaviour of ``call``: ``open_session`` returns the number of input nodes of the split
-this part owns (or of the node ids given), ``start_epoch`` returns 3, ``stats`` one row
-per open session; a session whose ``kind`` is ``"invalid"`` is refused with
-``WorkerError(kind="invalid")``; ``kind == "hang"`` never answers (times out as WorkerGone).
+Commands go through the real dispatcher (:func:`graphfeed.server.worker.commands.execute`),
+so errors are classified as in a real worker.  ``OpenSession`` answers the number of input
+nodes of the split this part owns (or of the node ids given), ``StartEpoch`` 3 batches,
+``Stats`` one row per open session.  By the session's ``kind``: ``"invalid"`` is refused
+with :class:`BadRequest`; ``"crash"`` raises a plain ``ValueError`` inside the worker (an
+internal failure); ``"hang"`` never answers (times out as :class:`WorkerGone`).
 """
 from __future__ import annotations
 
@@ -17,16 +19,55 @@ import sys
 import threading
 import time
 
-from graphfeed.server.daemon import worker_api
 from graphfeed.server.partition.store import Partition
+from graphfeed.server.worker.commands import (BadRequest, CloseSession, Command, EpochStarted, Metrics,
+                                              MetricsSnapshot, NotFound, OpenSession, SessionClosed, SessionOpened,
+                                              SessionRows, StartEpoch, Stats, Stop, Stopped, WorkerError, WorkerGone,
+                                              execute)
 
 FAKE_EPOCH_BATCHES = 3
 
 
-class FakeWorkerError(worker_api.WorkerError):
-    def __init__(self, message: str, kind: str):
-        super().__init__(message)
-        self.kind = kind
+class FakeSessionWorker:
+    """The worker side: one method per command, as :class:`graphfeed.server.worker.process.SessionWorker`."""
+
+    def __init__(self, spec):
+        self.part = Partition(spec.partition_root, spec.part_id)
+        self.sessions: dict[str, dict] = {}
+
+    def open_session(self, cmd: OpenSession) -> SessionOpened:
+        if cmd.spec.kind == "invalid":
+            raise BadRequest("the worker refused this session")
+        if cmd.spec.kind == "crash":
+            raise ValueError("a tensor had the wrong shape")  # e.g. from torch: not the request's fault
+        n = int(self.part.input_nodes(cmd.spec.input).numel())
+        self.sessions[cmd.session_id] = dict(kind=cmd.spec.kind, epoch=-1)
+        return SessionOpened(n)
+
+    def start_epoch(self, cmd: StartEpoch) -> EpochStarted:
+        self._session(cmd.session_id)["epoch"] = cmd.epoch
+        return EpochStarted(FAKE_EPOCH_BATCHES)
+
+    def close_session(self, cmd: CloseSession) -> SessionClosed:
+        self._session(cmd.session_id)
+        del self.sessions[cmd.session_id]
+        return SessionClosed()
+
+    def stats(self, cmd: Stats) -> SessionRows:
+        return SessionRows(tuple(dict(session_id=sid, kind=s["kind"], epoch=s["epoch"], batches_produced=0)
+                                 for sid, s in self.sessions.items()))
+
+    def metrics(self, cmd: Metrics) -> MetricsSnapshot:
+        return MetricsSnapshot({})
+
+    def stop(self, cmd: Stop) -> Stopped:
+        return Stopped()
+
+    def _session(self, session_id: str) -> dict:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise NotFound(f"unknown session {session_id!r}") from None
 
 
 class FakeWorkerHandle:
@@ -34,8 +75,7 @@ class FakeWorkerHandle:
         self.spec = spec
         self._proc = subprocess.Popen(["sleep", "600"])
         self.pid = self._proc.pid
-        self._part = Partition(spec.partition_root, spec.part_id)
-        self._sessions: dict[str, dict] = {}
+        self._worker = FakeSessionWorker(spec)
         self._lock = threading.Lock()
 
     @classmethod
@@ -48,32 +88,17 @@ class FakeWorkerHandle:
     def exitcode(self) -> int | None:
         return self._proc.poll()
 
-    def call(self, command: str, timeout: float = 30.0, **kw):
+    def call(self, command: Command, timeout: float = 30.0):
         if not self.alive():
-            raise worker_api.WorkerGone(f"worker pid {self.pid} exited with code {self.exitcode()}")
+            raise WorkerGone(f"worker pid {self.pid} exited with code {self.exitcode()}")
+        if isinstance(command, OpenSession) and command.spec.kind == "hang":
+            time.sleep(timeout)
+            raise WorkerGone(f"worker pid {self.pid} did not answer within {timeout} s")
         with self._lock:
-            if command == "open_session":
-                if kw["kind"] == "invalid":
-                    raise FakeWorkerError("the worker refused this session", "invalid")
-                if kw["kind"] == "hang":
-                    time.sleep(timeout)
-                    raise worker_api.WorkerGone(f"worker pid {self.pid} did not answer within {timeout} s")
-                if kw["split"] is not None:
-                    n = int(self._part.split(kw["split"]).numel())
-                else:
-                    n = int(self._part.to_global(kw["node_ids"])[0].sum())
-                self._sessions[kw["session_id"]] = dict(kind=kw["kind"], epoch=-1)
-                return n
-            if command == "start_epoch":
-                self._sessions[kw["session_id"]]["epoch"] = kw["epoch"]
-                return FAKE_EPOCH_BATCHES
-            if command == "close_session":
-                self._sessions.pop(kw["session_id"], None)
-                return None
-            if command == "stats":
-                return [dict(session_id=sid, kind=s["kind"], epoch=s["epoch"], batches_produced=0)
-                        for sid, s in self._sessions.items()]
-        raise FakeWorkerError(f"unknown command {command!r}", "invalid")
+            answer = execute(self._worker, command)
+        if isinstance(answer, WorkerError):
+            raise answer
+        return answer
 
     def stop(self, grace: float = 5.0) -> int | None:
         self._proc.terminate()

@@ -29,9 +29,10 @@ from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.partition.format import read_meta
 from graphfeed.server.partition.store import Partition
+from graphfeed.testing.cluster import (CONTROL_SERVICE, NOT_SERVING, SERVING, health_status, running_cluster,
+                                      start_server, wait_for_health)
 
-from helpers_cluster import (CONTROL_SERVICE, NOT_SERVING, SERVING, hermetic_env, health_status, running_cluster,
-                             start_server, wait_for_health)
+from helpers_cluster import hermetic_env
 from helpers_graphs import synthetic_parts
 
 TESTS = Path(__file__).resolve().parent
@@ -366,7 +367,7 @@ def test_open_group_invalid(stub, fake_server, overrides, expect):
     (dict(split=None), "no input nodes"),
     (dict(rank=2, world_size=2), "rank = 2"),
     (dict(rank=-1, world_size=2), "rank = -1"),
-    (dict(kind="invalid"), "the worker refused"),   # a ValueError inside the worker
+    (dict(kind="invalid"), "the worker refused"),   # the worker raised BadRequest
 ])
 def test_open_session_invalid(stub, fake_server, overrides, expect):
     gid, _ = open_group(stub)
@@ -379,6 +380,31 @@ def test_open_session_invalid(stub, fake_server, overrides, expect):
         assert all(s.group_id != gid for s in stats.sessions), "a refused session must not exist"
     finally:
         stub.CloseGroup(pb.CloseGroupRequest(group_id=gid), timeout=RPC_TIMEOUT)
+
+
+def test_worker_internal_error_is_internal_not_invalid(stub, fake_server):
+    """A plain ValueError inside a worker command (not a BadRequest) is the server's failure: INTERNAL, logged."""
+    gid, _ = open_group(stub)
+    try:
+        code, details = _status(stub.OpenSession, session_request(gid, kind="crash"))
+        assert code == grpc.StatusCode.INTERNAL, (code, details)
+        assert "OpenSession failed inside the worker: ValueError: a tensor had the wrong shape" in details, details
+        wait_until(lambda: '"event": "worker_error"' in fake_server.logs(), 5, "the worker_error log line")
+        assert stub.OpenSession(session_request(gid), timeout=RPC_TIMEOUT).local_input_nodes > 0, \
+            "an internal error must not take the group down"
+        assert health_status(fake_server.address) == SERVING
+    finally:
+        stub.CloseGroup(pb.CloseGroupRequest(group_id=gid), timeout=RPC_TIMEOUT)
+
+
+def test_worker_error_codes():
+    from graphfeed.server.daemon.control import worker_error_code
+    from graphfeed.server.worker.commands import BadRequest, NotFound, NotReady, WorkerError
+
+    assert worker_error_code(BadRequest("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert worker_error_code(NotFound("x")) == grpc.StatusCode.NOT_FOUND
+    assert worker_error_code(NotReady("x")) == grpc.StatusCode.FAILED_PRECONDITION
+    assert worker_error_code(WorkerError("x")) == grpc.StatusCode.INTERNAL
 
 
 def test_unknown_ids_are_not_found(stub, fake_server):

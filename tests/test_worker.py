@@ -13,13 +13,16 @@ import torch
 from graphfeed.transport import rpc_group
 from graphfeed.core.batch import to_pyg
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 from graphfeed.server.worker.buffer import BatchBuffer
-from graphfeed.server.worker.handle import GroupSpec, SessionWorkerHandle, WorkerError, WorkerGone
+from graphfeed.server.worker.commands import (BadRequest, CloseSession, EpochStarted, GroupSpec, NotFound,
+                                              OpenSession, SessionClosed, StartEpoch, Stats, Stop, WorkerError,
+                                              WorkerGone, execute)
+from graphfeed.server.worker.handle import SessionWorkerHandle
 from graphfeed.server.worker.process import EXIT_JOIN_FAILED
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers_graphs import synthetic_parts  # noqa: E402
+from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
 
 
 def _batch(nbytes: int) -> dict[str, torch.Tensor]:
@@ -88,9 +91,8 @@ def _spec(root, port, **kw) -> GroupSpec:
                      partition_root=str(root), **kw)
 
 
-SESSION = dict(spec=SamplingSpec((5, 3)), split="train", node_ids=None, batch_size=64, shuffle=True,
-               drop_last=False, seed=3, rank=0, world_size=1, kind="train", session_secret=b"k" * 32)
-SECRET = SESSION["session_secret"]
+LOADER = LoaderSpec(SamplingSpec((5, 3)), NodeInput(split="train"), batch_size=64, shuffle=True, seed=3)
+SECRET = b"k" * 32
 
 
 def test_worker_serves_the_local_loaders_batches(one_part):
@@ -100,22 +102,21 @@ def test_worker_serves_the_local_loaders_batches(one_part):
     handle = SessionWorkerHandle.start(_spec(one_part, port, join_timeout=60, buffer_batches=2))
     try:
         assert handle.alive() and handle.exitcode() is None
-        n_local = handle.call("open_session", session_id="s1", **SESSION)
+        n_local = handle.call(OpenSession("s1", SECRET, LOADER)).local_input_nodes
         assert n_local == 240  # 8% of 3000 nodes are training nodes, all on the one part
-        with pytest.raises(WorkerError) as err:
-            handle.call("close_session", session_id="nope")
-        assert err.value.kind == "not_found"
-        with pytest.raises(WorkerError) as err:
-            handle.call("open_session", session_id="s2", **{**SESSION, "split": "bogus"})
-        assert err.value.kind == "invalid" and "unknown split" in str(err.value)
+        with pytest.raises(NotFound):
+            handle.call(CloseSession("nope"))
+        with pytest.raises(BadRequest, match="node ids out of range"):
+            handle.call(OpenSession("s2", SECRET, LoaderSpec(SamplingSpec((5,)), NodeInput(ids=[1, 5000]))))
+        with pytest.raises(BadRequest, match="already open"):
+            handle.call(OpenSession("s1", SECRET, LOADER))
 
         rpc_group.join_group(rpc_group.TRAINER, 0, 2, f"127.0.0.1:{port}", rpc_timeout=30, join_timeout=60,
                             data_address="127.0.0.1")
         try:
-            with pytest.raises(WorkerError, match="disagree") as err:
-                handle.call("start_epoch", session_id="s1", epoch=0, counts=[7])
-            assert err.value.kind == "invalid"
-            assert handle.call("start_epoch", session_id="s1", epoch=0, counts=[n_local]) == 4
+            with pytest.raises(BadRequest, match="disagree"):
+                handle.call(StartEpoch("s1", 0, (7,)))
+            assert handle.call(StartEpoch("s1", 0, (n_local,))) == EpochStarted(4)
             futs = [rpc.rpc_async("part0", rpc_group.PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
             got = [to_pyg(f.wait()) for f in futs]
             want = list(LocalNeighborLoader(one_part, [5, 3], batch_size=64, shuffle=True, seed=3))
@@ -129,8 +130,9 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                 rpc.rpc_sync("part0", rpc_group.PULL, args=("s1", 5, 0, SECRET))
             with pytest.raises(Exception, match="not callable on a graphfeed session worker"):
                 rpc.rpc_sync("part0", os.getpid)
-            [row] = handle.call("stats")
+            [row] = handle.call(Stats()).rows
             assert (row["batches_served"], row["buffered_batches"], row["epoch"]) == (4, 0, 0)
+            assert handle.call(CloseSession("s1")) == SessionClosed()
         finally:
             rpc.shutdown(graceful=False)
     finally:
@@ -138,12 +140,46 @@ def test_worker_serves_the_local_loaders_batches(one_part):
     assert code == 0
 
 
+# ---- the command dispatcher: errors are classified where they happen -------------------------------
+
+class _Worker:
+    """A worker whose ``stats`` raises what it is given (the dispatcher's view of a SessionWorker)."""
+
+    def __init__(self, error: Exception | None = None, reply=None):
+        self.error, self.reply = error, reply
+
+    def stats(self, cmd):
+        if self.error is not None:
+            raise self.error
+        return self.reply
+
+
+def test_dispatcher_keeps_bad_requests_and_makes_other_errors_internal():
+    refused = execute(_Worker(BadRequest("batch 9 does not exist")), Stats())
+    assert type(refused) is BadRequest and str(refused) == "batch 9 does not exist"
+    # a ValueError that is not the request's fault (torch, a bug) must not read as INVALID_ARGUMENT
+    failed = execute(_Worker(ValueError("shape mismatch")), Stats())
+    assert type(failed) is WorkerError
+    assert str(failed) == "Stats failed inside the worker: ValueError: shape mismatch"
+    wrong = execute(_Worker(reply={"rows": []}), Stats())
+    assert type(wrong) is WorkerError and "answered dict, not SessionRows" in str(wrong)
+    unknown = execute(_Worker(), Stop())  # no stop method: an internal failure, not a crash
+    assert type(unknown) is WorkerError and "AttributeError" in str(unknown)
+
+
+def test_dispatcher_sends_only_protocol_error_classes():
+    from graphfeed.server.worker.process import SessionNotFound
+
+    err = execute(_Worker(SessionNotFound("unknown session 's9'")), Stats())
+    assert type(err) is NotFound and str(err) == "unknown session 's9'"
+
+
 def test_worker_exits_when_the_daemon_goes_away(one_part):
     handle = SessionWorkerHandle.start(_spec(one_part, _port(), join_timeout=60))
     handle._conn.close()  # what the kernel does when the daemon dies
     assert handle.proc.wait(30) == 0
     with pytest.raises(WorkerGone):
-        handle.call("stats", timeout=5)
+        handle.call(Stats(), timeout=5)
 
 
 def test_worker_without_trainer_gives_up_joining(one_part):
@@ -153,7 +189,7 @@ def test_worker_without_trainer_gives_up_joining(one_part):
     finally:
         handle.stop(grace=1)
     with pytest.raises(WorkerGone, match=f"worker pid {handle.pid} was stopped \\(exit code {EXIT_JOIN_FAILED}\\)"):
-        handle.call("stats", timeout=5)
+        handle.call(Stats(), timeout=5)
 
 
 def test_worker_killed_is_reported_as_gone(one_part):
@@ -161,6 +197,6 @@ def test_worker_killed_is_reported_as_gone(one_part):
     os.kill(handle.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(WorkerGone, match="SIGKILL|died"):
-        handle.call("stats", timeout=20)
+        handle.call(Stats(), timeout=20)
     assert time.monotonic() - t0 < 10
     assert handle.stop(grace=1) == -signal.SIGKILL

@@ -34,12 +34,13 @@ from graphfeed.proto import control_pb2_grpc as pb_grpc
 
 from graphfeed.server.daemon import logs, security
 from graphfeed.server.daemon.config import ServerConfig
-from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer
+from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer, WorkerFactory
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 from graphfeed.server.daemon.metrics import MetricsEndpoint, WorkerFigures
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE, Registry
 from graphfeed.server.daemon.served import ServedPartition, load_partition
-from graphfeed.server.daemon.worker_api import WORKER_IMPORT_ERROR, WorkerFactory, default_factory
+from graphfeed.server.worker.commands import GroupSpec
+from graphfeed.server.worker.handle import SessionWorkerHandle
 
 READY_PREFIX = "graphfeed-serve listening"
 MAX_MESSAGE_BYTES = 256 << 20   # OpenSession may carry millions of node ids
@@ -67,6 +68,11 @@ def check_bindable(host: str, port: int) -> None:
             hint = " (another process listens there; pick another --port or stop it)" \
                 if exc.errno == errno.EADDRINUSE else ""
             raise StartupError(ExitCode.BIND, f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
+
+
+def default_factory(spec: GroupSpec) -> SessionWorkerHandle:
+    """Start a real session worker process (tests pass ``Daemon(worker_factory=...)`` instead)."""
+    return SessionWorkerHandle.start(spec)
 
 
 class Daemon:
@@ -218,8 +224,6 @@ class Daemon:
             except OSError as exc:
                 raise StartupError(ExitCode.CONFIG, f"cannot write --port-file {self.port_file}: "
                                                     f"{exc.strerror or exc}") from None
-        if WORKER_IMPORT_ERROR and self.worker_factory is default_factory:
-            self.log.warning("workers_unavailable", cause=WORKER_IMPORT_ERROR)
         self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
                       graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid(),
                       tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token),

@@ -16,24 +16,24 @@ import secrets
 import time
 import uuid
 from importlib import metadata
-from typing import Callable
+from typing import Any, Callable
 
 import grpc
-import numpy as np
-import torch
 
+from graphfeed.core.constants import SPLITS, worker_name
+from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
+from graphfeed.proto.convert import loader_spec_from_proto
 from graphfeed.server.partition.format import DEFAULT_NODE_TYPE
-from graphfeed.core.constants import MAX_BATCH_SIZE, MAX_WORLD_SIZE, SPLITS, worker_name
-from graphfeed.core.spec import SamplingSpec
 
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.daemon.worker_api import GroupSpec, WorkerError, WorkerFactory, WorkerGone, WorkerUnavailable
+from graphfeed.server.worker.commands import (BadRequest, CloseSession, Command, GroupSpec, NotFound, NotReady,
+                                              OpenSession, StartEpoch, Stats, WorkerError, WorkerGone)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
 MAX_EPOCH = 1 << 40
@@ -43,14 +43,23 @@ SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry 
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
 CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
 
-# WorkerError.kind -> status code (anything else is INTERNAL)
-WORKER_ERROR_CODES = {
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
+# The worker's error classes -> status code; any other WorkerError is an internal failure (INTERNAL).
+WORKER_ERROR_CODES: tuple[tuple[type[WorkerError], grpc.StatusCode], ...] = (
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (NotReady, grpc.StatusCode.FAILED_PRECONDITION),
+)
 STATS_FIELDS = set(pb.SessionStats.DESCRIPTOR.fields_by_name)
+
+WorkerFactory = Callable[[GroupSpec], Any]   # GroupSpec -> a started worker handle (see server.worker.handle)
+
+
+def worker_error_code(exc: WorkerError) -> grpc.StatusCode:
+    """The status a refused or failed worker command answers with (INTERNAL unless the worker said why)."""
+    for cls, code in WORKER_ERROR_CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 def server_version() -> str:
@@ -109,28 +118,27 @@ class ControlServicer(pb_grpc.ControlServicer):
                                "server is draining (shutting down): no new groups or sessions; "
                                "use another server or retry after it restarts")
 
-    async def _call(self, group: Group, command: str, timeout: float | None = None, *, reap: bool = True,
-                    **kwargs):
-        """Run a worker command off the loop; map worker failures to statuses.
+    async def _call(self, group: Group, command: Command, timeout: float | None = None, *, reap: bool = True):
+        """Run a worker command off the loop and return its reply; map worker failures to statuses.
 
         A worker that is gone (or, with ``reap``, does not answer in time) gets its group reaped.
         """
         timeout = self.config.call_timeout if timeout is None else timeout
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(group.handle.call, command, timeout=timeout, **kwargs), timeout + CALL_SLACK)
+                asyncio.to_thread(group.handle.call, command, timeout=timeout), timeout + CALL_SLACK)
         except asyncio.TimeoutError:
             if not reap:  # e.g. stats while a long command holds the worker's pipe: not a failure
                 raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"group {group.group_id!r}: worker busy, no {command} answer "
+                                   f"group {group.group_id!r}: worker busy, no {command.name} answer "
                                    f"within {timeout:g} s") from None
-            return self._worker_gone(group, command, f"no answer within {timeout + CALL_SLACK:g} s")
+            return self._worker_gone(group, command.name, f"no answer within {timeout + CALL_SLACK:g} s")
         except WorkerGone as exc:
-            return self._worker_gone(group, command, str(exc))
+            return self._worker_gone(group, command.name, str(exc))
         except WorkerError as exc:
-            code = WORKER_ERROR_CODES.get(getattr(exc, "kind", ""), grpc.StatusCode.INTERNAL)
+            code = worker_error_code(exc)
             if code is grpc.StatusCode.INTERNAL:
-                self.log.error("worker_error", group=group.group_id, command=command, cause=str(exc))
+                self.log.error("worker_error", group=group.group_id, command=command.name, cause=str(exc))
             raise RequestError(code, str(exc)) from None
 
     def _worker_gone(self, group: Group, command: str, why: str):
@@ -189,7 +197,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.registry.reserve_group(spec.group_id)
         try:
             handle = await asyncio.to_thread(self.worker_factory, spec)
-        except (WorkerError, WorkerUnavailable, OSError) as exc:
+        except (WorkerError, OSError) as exc:
             self.registry.release_group(spec.group_id)
             self.log.error("group_open_failed", group=spec.group_id, peer=context.peer(), cause=str(exc))
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"cannot start a session worker: {exc}") from None
@@ -221,72 +229,58 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     # ---- sessions --------------------------------------------------------------------------------
 
-    def _session_args(self, request) -> dict:
-        """Validate an OpenSession request into the worker's ``open_session`` keyword arguments."""
+    def _loader_spec(self, request) -> LoaderSpec:
+        """Validate an OpenSession request into the loader it asks for (INVALID_ARGUMENT naming the field),
+        including the checks that need this partition: topology, split and id range."""
         try:
-            spec = SamplingSpec(num_neighbors=tuple(request.spec.num_neighbors), replace=request.spec.replace,
-                                direction=request.spec.direction or "in")
+            spec = loader_spec_from_proto(request)
         except ValueError as exc:
-            raise _invalid(f"spec: {exc}") from None
-        if spec.topology not in self.served.meta.topologies:
-            raise _invalid(f"spec.direction = {spec.direction!r} needs the {spec.topology.upper()} topology, which "
-                           f"this partition lacks (it has {', '.join(self.served.meta.topologies)}); re-partition "
+            raise _invalid(str(exc)) from None
+        meta, sampling = self.served.meta, spec.sampling
+        if sampling.topology not in meta.topologies:
+            raise _invalid(f"spec.direction = {sampling.direction!r} needs the {sampling.topology.upper()} topology, "
+                           f"which this partition lacks (it has {', '.join(meta.topologies)}); re-partition "
                            f"with `--topology both` or use direction "
-                           f"{'in' if spec.direction == 'out' else 'out'}")
-        if not 1 <= request.batch_size <= MAX_BATCH_SIZE:
-            raise _invalid(f"batch_size = {request.batch_size} is out of range: give 1..{MAX_BATCH_SIZE}")
-        world_size = request.world_size or 1  # 0 = unset (not DDP): one rank
-        if not 1 <= world_size <= MAX_WORLD_SIZE or not 0 <= request.rank < world_size:
-            raise _invalid(f"rank = {request.rank}, world_size = {request.world_size} are invalid: "
-                           f"need 0 <= rank < world_size <= {MAX_WORLD_SIZE}")
-        if len(request.kind) > MAX_ID_LENGTH:
-            raise _invalid(f"kind is longer than {MAX_ID_LENGTH} characters")
-        split, node_ids = self._session_input(request)
-        return dict(spec=spec, split=split, node_ids=node_ids, batch_size=request.batch_size,
-                    shuffle=request.shuffle, drop_last=request.drop_last, seed=request.seed, rank=request.rank,
-                    world_size=world_size, kind=request.kind)
+                           f"{'in' if sampling.direction == 'out' else 'out'}")
+        self._check_input(spec)
+        return spec
 
-    def _session_input(self, request) -> tuple[str | None, torch.Tensor | None]:
-        which = request.WhichOneof("input")
-        if which == "split":
+    def _check_input(self, spec: LoaderSpec) -> None:
+        """The split exists in this partition; the ids are original node ids of the graph."""
+        node_input = spec.input
+        if node_input.split is not None:
             known = [s for s in SPLITS if s in self.served.meta.split_sizes]
-            if request.split not in known:
-                raise _invalid(f"unknown split {request.split!r}: use one of {', '.join(known)} or pass node_ids")
-            return request.split, None
-        if which != "node_ids":
-            raise _invalid("no input nodes: set split (train/val/test) or node_ids")
-        ids = np.asarray(request.node_ids.ids, dtype=np.int64)
-        if ids.size == 0:
-            raise _invalid("node_ids is empty: give at least one original node id")
-        n = self.served.num_nodes
-        lo, hi = int(ids.min()), int(ids.max())
+            if node_input.split not in known:
+                raise _invalid(f"unknown split {node_input.split!r}: use one of {', '.join(known)} or pass node_ids")
+            return
+        ids, n = node_input.ids, self.served.num_nodes
+        lo, hi = int(ids.min()), int(ids.max())   # never empty: the conversion refuses empty node_ids
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi
             raise _invalid(f"node_ids has id {bad}, outside the graph: original node ids are 0..{n - 1}")
-        return None, torch.from_numpy(ids)
 
     @rpc
     async def OpenSession(self, request, context):
         self._refuse_if_draining()
         group = self.registry.group(request.group_id)
-        kwargs = self._session_args(request)
+        spec = self._loader_spec(request)
         group.renew(self.registry.clock())
         self.registry.reserve_session(group)
         session_id = uuid.uuid4().hex
         secret = secrets.token_bytes(SESSION_SECRET_BYTES)
         try:
-            local = int(await self._call(group, "open_session", session_id=session_id, session_secret=secret,
-                                         **kwargs))
+            opened = await self._call(group, OpenSession(session_id, secret, spec))
         finally:
             self.registry.release_session(group)
         if self.registry.groups.get(group.group_id) is not group:  # closed or reaped meanwhile
             raise RequestError(grpc.StatusCode.NOT_FOUND, f"group {group.group_id!r} was closed while the session "
                                                           f"was opening; open a new group")
-        self.registry.add_session(Session(session_id=session_id, group_id=group.group_id, kind=request.kind,
+        local = int(opened.local_input_nodes)
+        self.registry.add_session(Session(session_id=session_id, group_id=group.group_id, kind=spec.kind,
                                           local_input_nodes=local))
         self.log.info("session_open", session=session_id, group=group.group_id, peer=context.peer(),
-                      kind=request.kind, input=kwargs["split"] or f"{kwargs['node_ids'].numel()} node ids",
-                      batch_size=request.batch_size, local_input_nodes=local)
+                      kind=spec.kind, input=spec.input.describe(), batch_size=spec.batch_size,
+                      local_input_nodes=local)
         return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local, session_secret=secret)
 
     @rpc
@@ -295,8 +289,9 @@ class ControlServicer(pb_grpc.ControlServicer):
         if not 0 <= request.epoch <= MAX_EPOCH:
             raise _invalid(f"epoch = {request.epoch} is out of range: give 0..{MAX_EPOCH}")
         group.renew(self.registry.clock())
-        n = int(await self._call(group, "start_epoch", session_id=session.session_id, epoch=request.epoch,
-                                    counts=list(request.part_input_counts)))
+        started = await self._call(group, StartEpoch(session.session_id, request.epoch,
+                                                     tuple(request.part_input_counts)))
+        n = int(started.num_batches)
         session.epoch = request.epoch
         self.log.debug("epoch_start", session=session.session_id, group=group.group_id, epoch=request.epoch,
                        num_batches=n)
@@ -307,7 +302,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         session, group = self.registry.session(request.session_id)
         self.registry.remove_session(session.session_id)
         try:
-            await self._call(group, "close_session", session_id=session.session_id)
+            await self._call(group, CloseSession(session.session_id))
         finally:
             self.log.info("session_close", session=session.session_id, group=group.group_id, peer=context.peer())
         return pb.CloseSessionReply()
@@ -316,12 +311,12 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     async def _group_stats(self, group: Group) -> list[pb.SessionStats]:
         try:
-            rows = await self._call(group, "stats", timeout=min(STATS_TIMEOUT, self.config.call_timeout),
-                                    reap=False)
+            reply = await self._call(group, Stats(), timeout=min(STATS_TIMEOUT, self.config.call_timeout),
+                                     reap=False)
         except RequestError:
             return []
         out = []
-        for row in rows or []:
+        for row in reply.rows:
             fields = {k: v for k, v in dict(row).items() if k in STATS_FIELDS}
             fields.setdefault("group_id", group.group_id)
             out.append(pb.SessionStats(**fields))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from graphfeed.core.metric_names import CLIENT_METRIC_NAMES, CLIENT_METRICS, LATENCY_BUCKETS, MetricSpec
+from graphfeed.server.worker.commands import Metrics
 
 PREFIX = "graphfeed_"
 
@@ -174,12 +175,12 @@ class WorkerFigures:
 
     async def _call_metrics(self, group, timeout: float) -> dict | None:
         try:
-            snap = await asyncio.wait_for(asyncio.to_thread(group.handle.call, "metrics", timeout=timeout),
-                                          timeout + 1.0)
+            reply = await asyncio.wait_for(asyncio.to_thread(group.handle.call, Metrics(), timeout=timeout),
+                                           timeout + 1.0)
         except (asyncio.TimeoutError, Exception):  # noqa: BLE001 -- a worker without figures is no failure here
             self.fetch_failures += 1
             return None
-        return snap if isinstance(snap, dict) else None
+        return reply.figures
 
     async def retire(self, group) -> None:
         """Fold a stopping group's last figures into the totals (a final fetch if its worker still runs)."""

@@ -1,10 +1,12 @@
-"""The daemon's handle on a session worker process (see the service interface in DESIGN.md).
+"""The daemon's handle on a session worker process (the protocol is :mod:`.commands`).
 
 ``SessionWorkerHandle.start(spec)`` spawns ``python -m graphfeed.server.worker.process``
-with one end of a private socket pair; :meth:`SessionWorkerHandle.call` sends a command and
-waits (bounded) for its answer.  Messages are pickled with the standard pickler (tensors
-travel by value, no shared-memory handles).  The worker dies with the daemon: it exits when
-the pipe closes and asks the kernel for SIGKILL when its parent dies.
+with one end of a private socket pair; :meth:`SessionWorkerHandle.call` sends a command of
+:mod:`.commands` and waits (bounded) for its typed reply.  Messages are pickled with the
+standard pickler (tensors travel by value, no shared-memory handles): the daemon sends
+``(msg_id, command)``, the worker answers ``(msg_id, reply or WorkerError)``.  The worker
+dies with the daemon: it exits when the pipe closes and asks the kernel for SIGKILL when
+its parent dies.
 """
 from __future__ import annotations
 
@@ -17,41 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from graphfeed.server.worker.commands import (START_ID, Command, GroupSpec, Started, Stop, WorkerError,
+                                              WorkerGone)
+
 START_TIMEOUT = 120.0   # seconds for the worker to import torch and map its partition
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    group_id: str
-    rendezvous: str          # "host:port" of the trainer's store
-    world_size: int
-    rank: int                # 1 + part_id
-    part_id: int
-    partition_root: str      # the partition folder (META.json inside)
-    data_address: str = "127.0.0.1"   # interface TensorPipe binds to
-    rpc_timeout: float = 60.0
-    num_producers: int = 2           # batches produced concurrently per worker
-    buffer_batches: int = 8          # per session, produced-but-not-pulled
-    buffer_bytes: int = 256 << 20    # per session
-    join_timeout: float = 60.0       # give up joining the RPC group after this
-
-
-class WorkerError(Exception):
-    """The worker refused or failed a command.  ``kind``: invalid | not_found | precondition | internal."""
-
-    def __init__(self, message: str, kind: str = "internal"):
-        super().__init__(message)
-        self.kind = kind
-
-
-class WorkerGone(WorkerError):
-    """The worker process died or did not answer in time."""
-
-    def __init__(self, message: str):
-        super().__init__(message, "gone")
 
 
 def worker_environment() -> dict[str, str]:
@@ -92,7 +65,7 @@ class SessionWorkerHandle:
         handle = cls(proc, Connection(ours.detach()), spec)
         try:
             handle._conn.send_bytes(pickle.dumps(spec))
-            handle._expect("start", start_timeout)
+            handle._expect(START_ID, Started, start_timeout, "start")
         except WorkerError:
             handle._kill()
             raise
@@ -104,36 +77,42 @@ class SessionWorkerHandle:
     def exitcode(self) -> int | None:
         return self.proc.poll()
 
-    def call(self, command: str, timeout: float = 30.0, **kwargs):
-        """Send ``command`` and return its result (thread-safe; calls are answered in order)."""
+    def call(self, command: Command, timeout: float = 30.0):
+        """Send ``command`` and return its reply, of type ``command.reply`` (thread-safe; calls are
+        answered in order).  Raises the worker's :class:`WorkerError`, or :class:`WorkerGone`."""
+        if not isinstance(command, Command):
+            raise TypeError(f"a worker command is one of graphfeed.server.worker.commands, got {command!r}")
         with self._lock:
             if self._broken:
                 raise WorkerGone(self._broken)
             msg_id = next(self._ids)
             try:
-                self._conn.send_bytes(pickle.dumps((msg_id, command, kwargs)))
+                self._conn.send_bytes(pickle.dumps((msg_id, command)))
             except (OSError, ValueError) as exc:
-                raise self._gone(f"cannot send {command!r}: {exc}") from None
-            return self._expect(msg_id, timeout, command)
+                raise self._gone(f"cannot send {command.name}: {exc}") from None
+            return self._expect(msg_id, command.reply, timeout, command.name)
 
-    def _expect(self, msg_id, timeout: float, command: str = "start"):
+    def _expect(self, msg_id, reply_type: type, timeout: float, what: str):
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             try:
                 ready = remaining > 0 and self._conn.poll(remaining)
                 if not ready:
-                    raise self._gone(f"worker pid {self.pid} did not answer {command!r} within {timeout:g} s")
-                got_id, status, value = pickle.loads(self._conn.recv_bytes())
+                    raise self._gone(f"worker pid {self.pid} did not answer {what} within {timeout:g} s")
+                got_id, answer = pickle.loads(self._conn.recv_bytes())
             except (EOFError, OSError) as exc:
-                raise self._gone(f"worker pid {self.pid} died during {command!r} ({self._exit_text()}; {exc})") \
+                raise self._gone(f"worker pid {self.pid} died during {what} ({self._exit_text()}; {exc})") \
                     from None
             if got_id != msg_id:
                 continue  # the late answer of a call that timed out
-            if status == "ok":
-                return value
-            kind, message = value
-            raise WorkerError(message, kind)
+            if isinstance(answer, WorkerError):
+                raise answer
+            if not isinstance(answer, reply_type):
+                raise WorkerError(f"worker pid {self.pid} answered {what} with {type(answer).__name__}, "
+                                  f"expected {reply_type.__name__}; the daemon and the worker come from "
+                                  f"different graphfeed versions")
+            return answer
 
     def _gone(self, message: str) -> WorkerGone:
         self._broken = message  # a timed-out pipe is out of step: later calls fail fast
@@ -150,7 +129,7 @@ class SessionWorkerHandle:
         """Ask the worker to leave its group and exit; SIGKILL after ``grace`` s.  Returns the exit code."""
         if self.alive() and not self._broken:
             try:
-                self.call("stop", timeout=grace)
+                self.call(Stop(), timeout=grace)
             except WorkerError:
                 pass
         try:

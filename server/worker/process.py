@@ -3,11 +3,11 @@
 Started by :class:`graphfeed.server.worker.handle.SessionWorkerHandle`.  It reads its
 :class:`GroupSpec` from the private pipe (fd ``N``), maps its partition, joins the
 trainer's torch RPC group in a background thread (bounded by ``join_timeout``) and serves
-the daemon's commands on the pipe in the main thread.  Batches go to the trainer over
-torch RPC (:mod:`.rpc_api`).
+the daemon's commands (:mod:`.commands`) on the pipe in the main thread.  Batches go to
+the trainer over torch RPC (:mod:`.rpc_api`).
 
-It exits when told to ``stop``, when the pipe closes (the daemon died: no orphans), or
-when joining the group fails (exit code :data:`EXIT_JOIN_FAILED`).
+It exits when told to :class:`Stop`, when the pipe closes (the daemon died: no orphans),
+or when joining the group fails (exit code :data:`EXIT_JOIN_FAILED`).
 """
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ from graphfeed.transport import rpc_group
 
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.worker.distributed import DistributedGraph
-from graphfeed.server.worker.session import Session, SessionArgs
+from graphfeed.server.worker.commands import (START_ID, BadRequest, CloseSession, EpochStarted, GroupSpec, Metrics,
+                                              MetricsSnapshot, NotFound, NotReady, OpenSession, SessionClosed,
+                                              SessionOpened, SessionRows, Started, StartEpoch, Stats, Stop, Stopped,
+                                              WorkerError, execute)
+from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 
 EXIT_JOIN_FAILED = 3
@@ -36,14 +40,14 @@ EXIT_BAD_START = 4
 PR_SET_PDEATHSIG = 1
 
 
-class SessionNotFound(LookupError):
-    pass
+class SessionNotFound(NotFound, LookupError):
+    """No such session here.  Also a LookupError: the type a trainer's pull of a closed session sees."""
 
 
 class SessionWorker:
     """The worker's state: its partition, the group, and the trainer's sessions."""
 
-    def __init__(self, spec, part: Partition):
+    def __init__(self, spec: GroupSpec, part: Partition):
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
         self.graph = DistributedGraph(part, spec.rpc_timeout, self.telemetry)
@@ -71,38 +75,28 @@ class SessionWorker:
 
     def wait_joined(self) -> None:
         if not self.joined.wait(self.spec.join_timeout):
-            raise TimeoutError(f"the trainer's RPC group did not form within {self.spec.join_timeout:g} s")
+            raise NotReady(f"the trainer's RPC group did not form within {self.spec.join_timeout:g} s; "
+                           f"the trainer must join the group (rendezvous {self.spec.rendezvous}) before StartEpoch")
 
-    # ---- commands ---------------------------------------------------------------------------------
+    # ---- commands (see commands.HANDLERS) -------------------------------------------------------------
 
-    def open_session(self, session_id: str, spec, split=None, node_ids=None, batch_size=1, shuffle=False,
-                     drop_last=False, seed=0, rank=0, world_size=1, kind="", *, session_secret: bytes) -> int:
-        if session_id in self.sessions:
-            raise ValueError(f"session {session_id} is already open")
-        if not isinstance(session_secret, bytes) or len(session_secret) < 16:
-            raise ValueError("session_secret must be at least 16 random bytes")
-        inputs = self._inputs(split, node_ids)
-        args = SessionArgs(session_id, spec, inputs, int(batch_size), bool(shuffle), bool(drop_last), int(seed),
-                           int(rank), int(world_size), str(kind))
+    def open_session(self, cmd: OpenSession) -> SessionOpened:
+        if cmd.session_id in self.sessions:
+            raise BadRequest(f"session {cmd.session_id} is already open")
+        if not isinstance(cmd.secret, bytes) or len(cmd.secret) < 16:
+            raise BadRequest("the session secret must be at least 16 random bytes")
+        try:
+            inputs = self.part.input_nodes(cmd.spec.input)
+        except ValueError as exc:  # ids out of range, unknown split: the request's fault
+            raise BadRequest(str(exc)) from None
         s = self.spec
-        session = Session(args, self.graph, s.part_id, self.part.meta.num_parts, num_producers=s.num_producers,
-                          buffer_batches=s.buffer_batches, buffer_bytes=s.buffer_bytes, telemetry=self.telemetry)
+        session = Session(cmd.session_id, cmd.spec, inputs, self.graph, s.part_id, self.part.meta.num_parts,
+                          num_producers=s.num_producers, buffer_batches=s.buffer_batches,
+                          buffer_bytes=s.buffer_bytes, telemetry=self.telemetry)
         with self.lock:
-            self.sessions[session_id] = session
-            self.secrets[session_id] = session_secret
-        return session.local_input_nodes
-
-    def _inputs(self, split, node_ids) -> torch.Tensor:
-        if split is not None:
-            return self.part.split(split).clone()
-        if node_ids is None:
-            return torch.arange(self.part.start, self.part.stop)
-        ids = torch.as_tensor(node_ids, dtype=torch.int64).reshape(-1)
-        n = self.part.book.num_nodes
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-            raise ValueError(f"node ids out of range: original node ids are 0..{n - 1}")
-        _, gids = self.part.to_global(ids)
-        return gids
+            self.sessions[cmd.session_id] = session
+            self.secrets[cmd.session_id] = cmd.secret
+        return SessionOpened(session.local_input_nodes)
 
     def session(self, session_id: str) -> Session:
         try:
@@ -111,38 +105,47 @@ class SessionWorker:
             raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id} "
                                   f"(closed, or never opened here)") from None
 
-    def start_epoch(self, session_id: str, epoch: int, counts=None) -> int:
-        session = self.session(session_id)
+    def start_epoch(self, cmd: StartEpoch) -> EpochStarted:
+        session = self.session(cmd.session_id)
         self.wait_joined()
-        return session.start_epoch(int(epoch), counts)
+        return EpochStarted(session.start_epoch(int(cmd.epoch), cmd.counts))
 
-    def close_session(self, session_id: str) -> None:
+    def close_session(self, cmd: CloseSession) -> SessionClosed:
         with self.lock:
-            session = self.sessions.pop(session_id, None)
-            self.secrets.pop(session_id, None)
+            session = self.sessions.pop(cmd.session_id, None)
+            self.secrets.pop(cmd.session_id, None)
         if session is None:
-            raise SessionNotFound(f"unknown session {session_id!r} on part {self.spec.part_id}")
+            raise SessionNotFound(f"unknown session {cmd.session_id!r} on part {self.spec.part_id}")
         session.close()
         row = session.stats()
         totals = self.closed_totals.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS, 0))
         for key in CUMULATIVE_FIELDS:
             totals[key] += row[key]
+        return SessionClosed()
 
-    def stats(self) -> list[dict]:
+    def stats(self, cmd: Stats) -> SessionRows:
+        return SessionRows(tuple(self._rows()))
+
+    def _rows(self) -> list[dict]:
         rows = [s.stats() for s in list(self.sessions.values())]
         for r in rows:
             r["group_id"] = self.spec.group_id
         return rows
 
-    def metrics(self) -> dict:
+    def metrics(self, cmd: Metrics) -> MetricsSnapshot:
         """Cumulative figures since this worker started (see :mod:`.telemetry`), plus ``kinds``:
         per session kind, the served/produced counters (closed sessions included) and the buffer gauges."""
         kinds = {kind: dict(t, buffered_batches=0, buffered_bytes=0) for kind, t in self.closed_totals.items()}
-        for row in self.stats():
+        for row in self._rows():
             k = kinds.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS + GAUGE_FIELDS, 0))
             for key in CUMULATIVE_FIELDS + GAUGE_FIELDS:
                 k[key] += row[key]
-        return dict(self.telemetry.snapshot(), kinds=kinds)
+        return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds))
+
+    def stop(self, cmd: Stop) -> Stopped:
+        """Close every session and leave the group (the command loop ends after answering)."""
+        self.shutdown()
+        return Stopped()
 
     def pull(self, session_id: str, epoch: int, seq: int) -> torch.futures.Future:
         return self.session(session_id).pull(epoch, seq)
@@ -170,44 +173,31 @@ class SessionWorker:
             rpc.shutdown(graceful=False)
 
 
-COMMANDS = ("open_session", "start_epoch", "close_session", "stats", "metrics")
 CUMULATIVE_FIELDS = ("batches_produced", "batches_served", "bytes_served")
 GAUGE_FIELDS = ("buffered_batches", "buffered_bytes")
 
 
-def _error_kind(exc: BaseException) -> str:
-    if isinstance(exc, LookupError):
-        return "not_found"
-    if isinstance(exc, ValueError):
-        return "invalid"
-    if isinstance(exc, TimeoutError):
-        return "precondition"
-    return "internal"
-
-
 def serve_commands(conn: Connection, worker: SessionWorker) -> None:
-    """Answer ``(msg_id, command, kwargs)`` messages until ``stop`` or the pipe closes."""
+    """Answer ``(msg_id, command)`` messages with ``(msg_id, reply or WorkerError)`` until
+    :class:`Stop` or the pipe closes."""
     while True:
         try:
-            msg_id, command, kwargs = pickle.loads(conn.recv_bytes())
+            msg_id, command = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the daemon is gone
-        if command == "stop":
-            worker.shutdown()
-            _reply(conn, (msg_id, "ok", None))
+        _reply(conn, msg_id, execute(worker, command))
+        if isinstance(command, Stop):
             return
-        try:
-            if command not in COMMANDS:
-                raise ValueError(f"unknown worker command {command!r}")
-            reply = (msg_id, "ok", getattr(worker, command)(**kwargs))
-        except Exception as exc:  # noqa: BLE001 -- every error goes back to the caller
-            reply = (msg_id, "error", (_error_kind(exc), f"{exc}" or type(exc).__name__))
-        _reply(conn, reply)
 
 
-def _reply(conn: Connection, reply) -> None:
+def _reply(conn: Connection, msg_id, answer) -> None:
     try:
-        conn.send_bytes(pickle.dumps(reply))
+        data = pickle.dumps((msg_id, answer))
+    except Exception as exc:  # noqa: BLE001 -- a reply that cannot be pickled is a bug: say so, do not hang
+        data = pickle.dumps((msg_id, WorkerError(f"the worker's answer {type(answer).__name__} cannot be "
+                                                 f"sent: {type(exc).__name__}: {exc}")))
+    try:
+        conn.send_bytes(data)
     except (OSError, EOFError):
         pass
 
@@ -231,10 +221,10 @@ def main(argv=None) -> int:
         spec = pickle.loads(conn.recv_bytes())
         part = Partition(spec.partition_root, spec.part_id)
         part.topology(part.meta.topologies[0])  # map (and check) the files now, not on the first batch
-    except Exception as exc:  # noqa: BLE001
-        _reply(conn, ("start", "error", ("internal", f"session worker cannot start: {exc}")))
+    except Exception as exc:  # noqa: BLE001 -- any start failure goes back to the daemon as its reason
+        _reply(conn, START_ID, WorkerError(f"session worker cannot start: {exc}"))
         return EXIT_BAD_START
-    _reply(conn, ("start", "ok", os.getpid()))
+    _reply(conn, START_ID, Started(os.getpid()))
     worker = SessionWorker(spec, part)
     from graphfeed.server.worker import rpc_api
 

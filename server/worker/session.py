@@ -1,40 +1,26 @@
 """One loader of the trainer inside a session worker: its input nodes, epochs and producers.
 
-The worker computes the epoch exactly as :class:`graphfeed.server.loader.local.LocalNeighborLoader`
-does -- :func:`plan_epoch` over every part's input count, :func:`rank_batches` for the
-session's rank, :func:`partition_order` for this part's input list -- and produces the
-entries whose seeds this part owns, in order, with :func:`produce_batch`.  ``seq`` is the
-entry's position in the rank's list (what the trainer pulls).
+The session is the loader's :class:`~graphfeed.core.spec.LoaderSpec` plus this part's input
+nodes (resolved by :meth:`graphfeed.server.partition.store.Partition.input_nodes`).  Each
+epoch is an :class:`~graphfeed.core.epoch.EpochPlan` -- the same plan the local and the
+remote loaders compute -- and the session produces the entries whose seeds this part owns,
+in order, with :func:`produce_batch`.  ``seq`` is the entry's position in the rank's list
+(what the trainer pulls).
 """
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from graphfeed.core.epoch import BatchSpec, check_loader_args, partition_order, plan_epoch, rank_batches
-
-from graphfeed.server.loader.producer import produce_batch
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.core.epoch import BatchSpec, EpochPlan
+from graphfeed.core.spec import LoaderSpec
+from graphfeed.server.sampling.producer import produce_batch
 from graphfeed.server.worker.buffer import BatchBuffer
+from graphfeed.server.worker.commands import BadRequest
 from graphfeed.server.worker.telemetry import WorkerTelemetry
-
-
-@dataclass(frozen=True)
-class SessionArgs:
-    session_id: str
-    spec: SamplingSpec
-    inputs: torch.Tensor          # global ids of this part's input nodes, in input order
-    batch_size: int
-    shuffle: bool
-    drop_last: bool
-    seed: int
-    rank: int
-    world_size: int
-    kind: str = ""
 
 
 class EpochSuperseded(RuntimeError):
@@ -60,10 +46,13 @@ class EpochRun:
 
 
 class Session:
-    def __init__(self, args: SessionArgs, graph, part_id: int, num_parts: int, *, num_producers: int,
-                 buffer_batches: int, buffer_bytes: int, telemetry: WorkerTelemetry | None = None):
-        check_loader_args(args.batch_size, args.world_size, args.rank)
-        self.args, self.graph, self.part_id, self.num_parts = args, graph, part_id, num_parts
+    """``spec`` is the loader; ``inputs`` the global ids of this part's input nodes, in input order."""
+
+    def __init__(self, session_id: str, spec: LoaderSpec, inputs: torch.Tensor, graph, part_id: int,
+                 num_parts: int, *, num_producers: int, buffer_batches: int, buffer_bytes: int,
+                 telemetry: WorkerTelemetry | None = None):
+        self.session_id, self.spec, self.inputs = session_id, spec, inputs
+        self.graph, self.part_id, self.num_parts = graph, part_id, num_parts
         self.telemetry = telemetry if telemetry is not None else WorkerTelemetry()
         self.num_producers = max(1, int(num_producers))
         self.buffer_batches, self.buffer_bytes = buffer_batches, buffer_bytes
@@ -73,24 +62,29 @@ class Session:
 
     @property
     def local_input_nodes(self) -> int:
-        return int(self.args.inputs.numel())
+        return int(self.inputs.numel())
 
     def start_epoch(self, epoch: int, counts: Sequence[int] | None) -> int:
-        """Plan ``epoch`` and start producing this part's batches; returns how many there are."""
+        """Plan ``epoch`` and start producing this part's batches; returns how many there are.
+
+        :class:`BadRequest` when ``counts`` disagree with this part or the loader's arguments
+        leave no valid plan for them (e.g. fewer input nodes than ranks).
+        """
         counts = self._check_counts(counts)
-        a = self.args
-        plan = plan_epoch(counts, a.batch_size, a.world_size, seed=a.seed, epoch=epoch, shuffle=a.shuffle,
-                          drop_last=a.drop_last)
-        mine = [(seq, e) for seq, e in enumerate(rank_batches(plan, a.rank, a.world_size)) if e.part == self.part_id]
-        order = partition_order(a.inputs, seed=a.seed, epoch=epoch, part=self.part_id, shuffle=a.shuffle)
-        run = EpochRun(epoch, mine, order, BatchBuffer(self.buffer_batches, self.buffer_bytes))
+        try:
+            plan = EpochPlan(self.spec, counts, epoch)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None  # the plan's own message names the fix
+        mine = plan.owned_by(self.part_id)
+        run = EpochRun(plan.epoch, mine, plan.order(self.part_id, self.inputs),
+                       BatchBuffer(self.buffer_batches, self.buffer_bytes))
         with self._lock:
             old, self.run = self.run, run
         if old is not None:
-            self._retire(old, EpochSuperseded(f"epoch {old.epoch} of session {a.session_id} was replaced by "
+            self._retire(old, EpochSuperseded(f"epoch {old.epoch} of session {self.session_id} was replaced by "
                                               f"epoch {epoch}"))
         for i in range(min(self.num_producers, len(mine))):
-            t = threading.Thread(target=self._produce, args=(run,), name=f"producer-{a.session_id[:8]}-{i}",
+            t = threading.Thread(target=self._produce, args=(run,), name=f"producer-{self.session_id[:8]}-{i}",
                                  daemon=True)
             run.threads.append(t)
             t.start()
@@ -101,18 +95,17 @@ class Session:
         if counts is None or len(counts) == 0:
             if self.num_parts == 1:
                 return [own]
-            raise ValueError(f"start_epoch needs part_input_counts (every part's local_input_nodes, "
+            raise BadRequest(f"start_epoch needs part_input_counts (every part's local_input_nodes, "
                              f"{self.num_parts} values) to plan the epoch")
         counts = [int(c) for c in counts]
         if len(counts) != self.num_parts:
-            raise ValueError(f"part_input_counts has {len(counts)} values, the graph has {self.num_parts} parts")
+            raise BadRequest(f"part_input_counts has {len(counts)} values, the graph has {self.num_parts} parts")
         if counts[self.part_id] != own or min(counts) < 0:
-            raise ValueError(f"part_input_counts {counts} disagree with this part: part {self.part_id} has {own} "
-                             f"input nodes for session {self.args.session_id}")
+            raise BadRequest(f"part_input_counts {counts} disagree with this part: part {self.part_id} has {own} "
+                             f"input nodes for session {self.session_id}")
         return counts
 
     def _produce(self, run: EpochRun) -> None:
-        a = self.args
         while run.buffer.reserve():
             item = run.claim()
             if item is None:
@@ -121,9 +114,10 @@ class Session:
             seq, entry = item
             tel = self.telemetry
             try:
-                seeds = run.order[entry.start:entry.stop]
+                seeds = EpochPlan.seeds(run.order, entry)
                 with tel.stage("batch"):
-                    batch = produce_batch(self.graph, seeds, a.spec, entry, run.epoch, seq, stage=tel.stage)
+                    batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
+                                          stage=tel.stage)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
@@ -135,18 +129,18 @@ class Session:
         run = self.run
         if run is None or epoch != run.epoch:
             now = "no epoch started" if run is None else f"the current epoch is {run.epoch}"
-            raise ValueError(f"session {self.args.session_id}: epoch {epoch} is not being served ({now}); "
+            raise ValueError(f"session {self.session_id}: epoch {epoch} is not being served ({now}); "
                              f"call StartEpoch first")
         if seq not in run.seqs:
-            raise ValueError(f"session {self.args.session_id}: batch {seq} of epoch {epoch} is not produced by "
-                             f"part {self.part_id} for rank {self.args.rank}")
+            raise ValueError(f"session {self.session_id}: batch {seq} of epoch {epoch} is not produced by "
+                             f"part {self.part_id} for rank {self.spec.rank}")
         return run.buffer.take(seq)
 
     def close(self) -> None:
         with self._lock:
             old, self.run = self.run, None
         if old is not None:
-            self._retire(old, EpochSuperseded(f"session {self.args.session_id} was closed"))
+            self._retire(old, EpochSuperseded(f"session {self.session_id} was closed"))
 
     def _retire(self, run: EpochRun, error: BaseException) -> None:
         run.buffer.close(error)
@@ -159,7 +153,7 @@ class Session:
         run = self.run
         s = run.buffer.stats if run is not None else None
         return {
-            "session_id": self.args.session_id, "kind": self.args.kind,
+            "session_id": self.session_id, "kind": self.spec.kind,
             "epoch": run.epoch if run is not None else -1,
             "batches_produced": self.totals["produced"] + (s.produced if s else 0),
             "batches_served": self.totals["served"] + (s.served if s else 0),

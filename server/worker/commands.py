@@ -1,0 +1,206 @@
+"""The daemon <-> session worker protocol: what starts a worker, its commands, replies and errors.
+
+The daemon starts a worker with a :class:`GroupSpec` and then sends it one :class:`Command`
+at a time over a private pipe (:mod:`.handle`); the worker answers each with the command's
+:attr:`~Command.reply` type or with a :class:`WorkerError` (:mod:`.process`).  Every record
+here is frozen and travels pickled.
+
+Commands and their replies:
+
+==============================================  ======================================
+:class:`OpenSession` (session id, secret, spec)  :class:`SessionOpened` (local input nodes)
+:class:`StartEpoch` (session id, epoch, counts)  :class:`EpochStarted` (number of batches)
+:class:`CloseSession` (session id)               :class:`SessionClosed`
+:class:`Stats`                                   :class:`SessionRows` (one row per session)
+:class:`Metrics`                                 :class:`MetricsSnapshot` (cumulative figures)
+:class:`Stop`                                    :class:`Stopped`
+==============================================  ======================================
+
+Errors are classified where they happen: the worker raises :class:`BadRequest` when the
+request is wrong, :class:`NotFound` for an unknown session, :class:`NotReady` while the
+trainer's group has not formed.  Any other exception inside a worker reaches the daemon
+as a plain :class:`WorkerError` (an internal failure, never the caller's fault).
+:class:`WorkerGone` is raised by the handle when the worker died or stopped answering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from graphfeed.core.spec import LoaderSpec
+
+START_ID = "start"   # the message id of the worker's first answer: Started, to its GroupSpec
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a session worker is started with (the first message on its pipe)."""
+
+    group_id: str
+    rendezvous: str          # "host:port" of the trainer's store
+    world_size: int
+    rank: int                # 1 + part_id
+    part_id: int
+    partition_root: str      # the partition folder (META.json inside)
+    data_address: str = "127.0.0.1"   # interface TensorPipe binds to
+    rpc_timeout: float = 60.0
+    num_producers: int = 2           # batches produced concurrently per worker
+    buffer_batches: int = 8          # per session, produced-but-not-pulled
+    buffer_bytes: int = 256 << 20    # per session
+    join_timeout: float = 60.0       # give up joining the RPC group after this
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+class WorkerError(Exception):
+    """A worker command failed.  Raised as itself, it is an internal failure (a bug, a torch error);
+    the subclasses say what the caller did wrong or what is missing."""
+
+
+class BadRequest(WorkerError):
+    """The command asks for something invalid (the daemon answers INVALID_ARGUMENT)."""
+
+
+class NotFound(WorkerError):
+    """The command names a session the worker does not have (NOT_FOUND)."""
+
+
+class NotReady(WorkerError):
+    """The worker cannot do this yet, e.g. the trainer's RPC group has not formed (FAILED_PRECONDITION)."""
+
+
+class WorkerGone(WorkerError):
+    """The worker process died, was stopped, or did not answer in time (raised by the handle)."""
+
+
+# ---- replies --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Started:
+    """The worker mapped its partition and serves commands."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class SessionOpened:
+    local_input_nodes: int    # this part's input nodes for the session (StartEpoch's counts[part])
+
+
+@dataclass(frozen=True)
+class EpochStarted:
+    num_batches: int          # the batches this part produces for the epoch
+
+
+@dataclass(frozen=True)
+class SessionClosed:
+    pass
+
+
+@dataclass(frozen=True)
+class SessionRows:
+    rows: tuple[dict, ...]    # one row per open session (fields of SessionStats)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    figures: dict[str, Any]   # cumulative figures since the worker started (see .telemetry)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    pass
+
+
+# ---- commands -------------------------------------------------------------------------------------
+
+class Command:
+    """Base of the commands; ``reply`` is the type a successful answer has."""
+
+    reply: ClassVar[type]
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class OpenSession(Command):
+    """Open a loader's session; the worker resolves ``spec.input`` on its part."""
+
+    reply: ClassVar[type] = SessionOpened
+    session_id: str
+    secret: bytes = field(repr=False)   # what every pull of the session must carry
+    spec: LoaderSpec
+
+
+@dataclass(frozen=True)
+class StartEpoch(Command):
+    """Plan ``epoch`` from every part's input count and start producing this part's batches."""
+
+    reply: ClassVar[type] = EpochStarted
+    session_id: str
+    epoch: int
+    counts: tuple[int, ...] = ()   # every part's local_input_nodes; () only for a one-part graph
+
+
+@dataclass(frozen=True)
+class CloseSession(Command):
+    reply: ClassVar[type] = SessionClosed
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Stats(Command):
+    reply: ClassVar[type] = SessionRows
+
+
+@dataclass(frozen=True)
+class Metrics(Command):
+    reply: ClassVar[type] = MetricsSnapshot
+
+
+@dataclass(frozen=True)
+class Stop(Command):
+    """Leave the group and exit (the worker answers, then ends its command loop)."""
+
+    reply: ClassVar[type] = Stopped
+
+
+# The one dispatch table: command type -> the worker's method that answers it (``method(command) -> reply``).
+HANDLERS: dict[type[Command], str] = {
+    OpenSession: "open_session",
+    StartEpoch: "start_epoch",
+    CloseSession: "close_session",
+    Stats: "stats",
+    Metrics: "metrics",
+    Stop: "stop",
+}
+
+
+def execute(worker, command: Command):
+    """``command``'s reply from ``worker``, or the :class:`WorkerError` to send back instead.
+
+    A :class:`WorkerError` raised by the worker keeps its class; any other exception becomes a
+    plain (internal) :class:`WorkerError` naming the command and the exception type.
+    """
+    try:
+        method = HANDLERS.get(type(command))
+        if method is None:
+            raise WorkerError(f"unknown worker command {type(command).__name__}: the daemon and the worker "
+                              f"come from different graphfeed versions; reinstall one version")
+        reply = getattr(worker, method)(command)
+        if not isinstance(reply, command.reply):
+            raise WorkerError(f"{command.name} answered {type(reply).__name__}, not {command.reply.__name__}")
+        return reply
+    except WorkerError as exc:
+        return _protocol_error(exc)
+    except Exception as exc:  # noqa: BLE001 -- every failure goes back to the daemon, as internal
+        return WorkerError(f"{command.name} failed inside the worker: {type(exc).__name__}: {exc}")
+
+
+def _protocol_error(exc: WorkerError) -> WorkerError:
+    """A copy of ``exc`` as the nearest error class of this module: what crosses the pipe needs no
+    worker-only module to unpickle, and carries no traceback or chained exception."""
+    cls = next(c for c in type(exc).__mro__ if c.__module__ == __name__)
+    return cls(str(exc))
