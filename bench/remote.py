@@ -37,13 +37,13 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from graphfeed.core.constants import MAX_BATCH_SIZE
+from graphfeed.core.spec import LoaderSpec
 
-from graphfeed.bench.sample import INPUTS, EpochStats, peak_rss_mb, summarize
+from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_spec
 
 START_TIMEOUT_S = 180.0    # a daemon: import torch, map its partition, bind, become SERVING
 STOP_TIMEOUT_S = 60.0      # after SIGTERM (the daemon's drain grace is 20 s by default)
@@ -71,6 +71,7 @@ class RemoteBenchConfig:
     direction: str = "in"
     compare: bool = False
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
+    loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
 
     def __post_init__(self):
         if isinstance(self.servers, int) and not isinstance(self.servers, bool):
@@ -87,16 +88,11 @@ class RemoteBenchConfig:
         if self.graph is not None and not os.path.isdir(self.graph):
             raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
                                     f"create one with `graphfeed partition ... --output {self.graph}`")
-        if not self.num_neighbors or any(k < -1 or k == 0 for k in self.num_neighbors):
-            raise ValueError(f"--num-neighbors must be fanouts >= 1 or -1 (all), got {list(self.num_neighbors)}")
-        if isinstance(self.batch_size, bool) or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
-            raise ValueError(f"--batch-size must be an integer in 1..{MAX_BATCH_SIZE}, got {self.batch_size!r}")
+        loader = workload_spec(self)
+        object.__setattr__(self, "loader", loader)
+        object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.prefetch < 1:
             raise ValueError(f"--prefetch must be at least 1 (pulls in flight per server), got {self.prefetch}")
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.input not in INPUTS:
-            raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {self.input!r}")
 
 
 # ---- servers on loopback ----------------------------------------------------------------------------
@@ -300,10 +296,7 @@ def run_epoch(loader, server_pids: Sequence[int] = ()) -> tuple[EpochStats, floa
 
 
 def _loader(client, cfg: RemoteBenchConfig):
-    input_nodes = None if cfg.input == "all" else cfg.input
-    return client.neighbor_loader(input_nodes, list(cfg.num_neighbors), batch_size=cfg.batch_size, shuffle=True,
-                                  prefetch=cfg.prefetch, seed=cfg.seed, replace=cfg.replace,
-                                  direction=cfg.direction)
+    return client.open_loader(cfg.loader, prefetch=cfg.prefetch)
 
 
 def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalServers | None = None) -> dict:

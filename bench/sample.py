@@ -28,15 +28,15 @@ from typing import Callable
 
 import torch
 
-from graphfeed.core.constants import MAX_BATCH_SIZE
-from graphfeed.core.epoch import partition_order, plan_epoch
-
-from graphfeed.server.loader.producer import produce_batch
+from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE
+from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
+from graphfeed.server.loader.local import part_inputs
 from graphfeed.server.partition.format import SPLITS
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import LocalGraph
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s")
 INPUTS = SPLITS + ("all",)
@@ -56,24 +56,43 @@ class SampleBenchConfig:
     seed: int = 0
     replace: bool = False
     direction: str = "in"
-    spec: SamplingSpec = field(init=False, repr=False)
+    loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (workload_spec)
 
     def __post_init__(self):
-        object.__setattr__(self, "spec", SamplingSpec(self.num_neighbors, replace=self.replace,
-                                                      direction=self.direction))
-        object.__setattr__(self, "num_neighbors", self.spec.num_neighbors)
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
-                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
-            raise ValueError(f"--batch-size must be an integer in 1..{MAX_BATCH_SIZE}, got {self.batch_size!r}")
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be at least 1, got {self.epochs}")
+        loader = workload_spec(self)
+        object.__setattr__(self, "loader", loader)
+        object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
-        if self.input not in INPUTS:
-            raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {self.input!r}")
         if not os.path.isdir(self.graph):
             raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
                                     f"create one with `graphfeed partition ... --output {self.graph}`")
+
+
+def workload_spec(cfg) -> LoaderSpec:
+    """The loader every epoch of a benchmark runs, from the workload fields ``bench sample`` and
+    ``bench remote`` share (``num_neighbors``, ``batch_size``, ``epochs``, ``input``, ``seed``,
+    ``replace``, ``direction``): one rank, shuffled, partial batches kept; ``input="all"`` is
+    every node.  ValueError naming the command-line flag for a bad field.
+    """
+    if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) \
+            or not 1 <= cfg.batch_size <= MAX_BATCH_SIZE:
+        raise ValueError(f"--batch-size must be an integer in 1..{MAX_BATCH_SIZE}, got {cfg.batch_size!r}")
+    if cfg.epochs < 1:
+        raise ValueError(f"--epochs must be at least 1, got {cfg.epochs}")
+    if cfg.input not in INPUTS:
+        raise ValueError(f"--input must be one of {', '.join(INPUTS)}, got {cfg.input!r}")
+    if cfg.direction not in DIRECTIONS:
+        raise ValueError(f"--direction must be one of {', '.join(DIRECTIONS)}, got {cfg.direction!r}")
+    try:
+        sampling = SamplingSpec(cfg.num_neighbors, replace=cfg.replace, direction=cfg.direction)
+    except ValueError as exc:
+        raise ValueError(f"--num-neighbors {','.join(map(str, cfg.num_neighbors))}: {exc}") from None
+    node_input = NodeInput() if cfg.input == "all" else NodeInput(split=cfg.input)
+    try:
+        return LoaderSpec(sampling, node_input, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
+    except ValueError as exc:
+        raise ValueError(f"--seed {cfg.seed}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -90,27 +109,18 @@ class EpochStats:
                 "sampled_edges_per_s": self.edges / s}
 
 
-def input_nodes(graph: LocalGraph, name: str) -> list[torch.Tensor]:
-    """Global ids of the benchmark's input nodes, per partition."""
-    if name == "all":
-        return [torch.arange(p.start, p.stop) for p in graph.parts]
-    return [p.split(name).clone() for p in graph.parts]
-
-
 def run_epoch(graph: LocalGraph, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
               clock: Callable[[], float] = time.perf_counter) -> EpochStats:
-    """One shuffled pass over ``inputs`` (batches as the loaders plan them, one rank)."""
+    """One pass of ``cfg.loader`` over ``inputs`` (each part's input nodes), batches as the loaders plan them."""
     t0, cpu0 = clock(), time.process_time()
-    plan = plan_epoch([t.numel() for t in inputs], cfg.batch_size, 1, seed=cfg.seed, epoch=epoch,
-                      shuffle=True, drop_last=False)
-    orders = [partition_order(t, seed=cfg.seed, epoch=epoch, part=p, shuffle=True) for p, t in enumerate(inputs)]
+    plan = EpochPlan(cfg.loader, [t.numel() for t in inputs], epoch)
+    sampling = cfg.loader.sampling
     seeds = edges = 0
-    for seq, entry in enumerate(plan):
-        batch_seeds = orders[entry.part][entry.start:entry.stop]
+    for seq, entry, batch_seeds in planned_batches(plan, inputs):
         if cfg.features:
-            edges += produce_batch(graph, batch_seeds, cfg.spec, entry, epoch, seq)["edge_index"].size(1)
+            edges += produce_batch(graph, batch_seeds, sampling, entry, epoch, seq)["edge_index"].size(1)
         else:
-            edges += graph.sample(batch_seeds, cfg.spec, entry.seed).row.numel()
+            edges += graph.sample(batch_seeds, sampling, entry.seed).row.numel()
         seeds += batch_seeds.numel()
     return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
 
@@ -124,7 +134,10 @@ def summarize(epochs: list[EpochStats]) -> dict:
     rates = [e.rates() | {"epoch_s": e.seconds} for e in epochs]
     keys = RATES + ("epoch_s",)
     digits = {"epoch_s": 4}
-    pick = lambda f: {k: round(f(r[k] for r in rates), digits.get(k, 1)) for k in keys}  # noqa: E731
+
+    def pick(f) -> dict:
+        return {k: round(f(r[k] for r in rates), digits.get(k, 1)) for k in keys}
+
     out = pick(statistics.median)
     out["min"], out["max"] = pick(min), pick(max)
     out["seeds_per_epoch"] = epochs[0].seeds
@@ -139,7 +152,7 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     graph = LocalGraph(open_parts(cfg.graph)[1])
-    inputs = input_nodes(graph, cfg.input)
+    inputs = part_inputs(graph.parts, cfg.loader.input)
     run_epoch(graph, inputs, cfg, epoch=0)                       # warm-up, not reported
     measured = [run_epoch(graph, inputs, cfg, epoch=e) for e in range(1, cfg.epochs + 1)]
     result = summarize(measured)

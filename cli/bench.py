@@ -64,6 +64,13 @@ def _add_remote(sub) -> None:
                         "and report ratio_vs_inprocess = remote seeds/s / in-process seeds/s")
 
 
+def _workload(args) -> dict:
+    """The workload arguments (:func:`_add_workload`) as the keyword fields both bench configs
+    share; each config turns them into its one :class:`LoaderSpec` (``cfg.loader``)."""
+    return dict(num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size, epochs=args.epochs,
+                input=args.input, seed=args.seed, replace=args.replace, direction=args.direction)
+
+
 def _servers(text: str):
     text = text.strip()
     if text.isdigit():
@@ -78,10 +85,8 @@ def _servers(text: str):
 def _run_remote(args) -> int:
     from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 
-    cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph,
-                            num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size,
-                            prefetch=args.prefetch, epochs=args.epochs, input=args.input, seed=args.seed,
-                            replace=args.replace, direction=args.direction, compare=args.compare)
+    cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph, prefetch=args.prefetch,
+                            compare=args.compare, **_workload(args))
     try:
         result = bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line
@@ -100,9 +105,6 @@ def run(args) -> int:
                          "`graphfeed bench remote --servers N --graph DIR ...`")
     from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 
-    cfg = SampleBenchConfig(graph=args.graph, num_neighbors=_fanouts(args.num_neighbors),
-                            batch_size=args.batch_size, features=args.features, threads=args.threads,
-                            epochs=args.epochs, input=args.input, seed=args.seed, replace=args.replace,
-                            direction=args.direction)
+    cfg = SampleBenchConfig(graph=args.graph, features=args.features, threads=args.threads, **_workload(args))
     print(json.dumps(bench_sample(cfg)), flush=True)
     return 0

@@ -8,6 +8,8 @@ from graphfeed.client.errors import ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
+from graphfeed.core.epoch import resolve_rank
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec, fanouts
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -64,14 +66,27 @@ class Client:
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None) -> RemoteNeighborLoader:
-        """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring."""
+        """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
+
+        Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
+        original node ids or ``None`` (every node); ``rank``/``world_size`` default to
+        ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
+        name, else ``"nodes"``).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
+        """
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        loader = RemoteNeighborLoader(self, num_neighbors, input_nodes=input_nodes, batch_size=batch_size,
-                                      shuffle=shuffle, drop_last=drop_last, prefetch=prefetch, seed=seed,
-                                      replace=replace, direction=direction, rank=rank, world_size=world_size,
-                                      kind=kind)
+        rank, world_size = resolve_rank(rank, world_size)
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
+        spec = LoaderSpec(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
+                          drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind or "")
+        return self.open_loader(spec, prefetch=prefetch)
+
+    def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4) -> RemoteNeighborLoader:
+        """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
+        in flight per server."""
+        self._check_usable()
+        loader = RemoteNeighborLoader(self, spec, prefetch=prefetch)
         self._loaders.append(loader)
         return loader
 

@@ -8,18 +8,19 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
-from graphfeed.core.constants import SPLITS
-from graphfeed.core.epoch import plan_epoch, rank_batches
-from graphfeed.core.spec import check_input_ids, check_loader_args
+from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.spec import LoaderSpec, NodeInput
+from graphfeed.proto.convert import open_session_request
 
 from graphfeed.client.errors import ServerError
 from graphfeed.client.metrics import LoaderStats
@@ -27,44 +28,32 @@ from graphfeed.client.metrics import LoaderStats
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else ``torch.distributed``'s, else ``(0, 1)``."""
-    import torch.distributed as dist
-
-    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    return int(0 if rank is None else rank), int(1 if world_size is None else world_size)
-
-
 class RemoteNeighborLoader:
     """Iterate PyG ``Data`` mini-batches sampled by the cluster's servers.
 
-    Made by :meth:`graphfeed.client.Client.neighbor_loader`; arguments as PyG's
-    ``NeighborLoader``.  ``input_nodes``: a split name, a tensor of original node ids, or
-    ``None`` (all nodes; batches then equal the local loader's with
-    ``input_nodes=torch.arange(num_nodes)``).  Each ``iter()`` is one epoch (0, 1, ...;
-    :meth:`set_epoch` overrides).  Raises :class:`ServerError` naming the server when a
-    server fails or dies mid-epoch (within ``rpc_timeout``, usually at once).
+    Made by :meth:`graphfeed.client.Client.neighbor_loader` (arguments as PyG's
+    ``NeighborLoader``) or :meth:`graphfeed.client.Client.open_loader` (a :class:`LoaderSpec`),
+    kept as ``self.spec``.  Input "every node" (``input_nodes=None``) travels as the ids
+    ``0..num_nodes-1``, so batches then equal the local loader's with
+    ``input_nodes=torch.arange(num_nodes)``.  ``prefetch``: pulls in flight per server.
+    Each ``iter()`` is one epoch (0, 1, ...; :meth:`set_epoch` overrides).  Raises
+    :class:`ServerError` naming the server when a server fails or dies mid-epoch (within
+    ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client, num_neighbors: Sequence[int], *, input_nodes="train", batch_size: int = 1,
-                 shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
-                 replace: bool = False, direction: str = "in", rank: int | None = None,
-                 world_size: int | None = None, kind: str | None = None):
-        self.client = client
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        check_loader_args(batch_size, self.world_size, self.rank)
+    def __init__(self, client, spec: LoaderSpec, *, prefetch: int = 4):
+        if not isinstance(spec, LoaderSpec):
+            raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
+                            f"use Client.neighbor_loader(...) for PyG-style arguments")
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
-        if isinstance(num_neighbors, (int, str)) or not hasattr(num_neighbors, "__iter__"):
-            raise ValueError(f"num_neighbors must be a list of per-hop fanouts, e.g. [15, 10], got {num_neighbors!r}")
-        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
-        self.prefetch, self.seed = prefetch, int(seed)
+        self.client = client
+        self.spec = every_node_as_ids(spec, client.num_nodes)
+        self.prefetch = prefetch
         self._epoch = 0
         self._closed = False
-        req = self._session_request(num_neighbors, input_nodes, replace, direction, kind)
-        self._stats = LoaderStats(req.kind, len(client.servers))
+        req = self._session_request()
+        self._stats = LoaderStats(self.spec.kind, len(client.servers))
         self.sessions: list[str] = []
         self._secrets: list[bytes] = []   # per server: the session secret every pull carries
         self.counts: list[int] = []
@@ -79,32 +68,16 @@ class RemoteNeighborLoader:
             raise
         self._len_cache: tuple[int, int] | None = None
 
-    def _session_request(self, num_neighbors, input_nodes, replace, direction, kind) -> pb.OpenSessionRequest:
-        spec = pb.SamplingSpec(num_neighbors=[int(k) for k in num_neighbors], replace=bool(replace),
-                               direction=direction)
-        req = pb.OpenSessionRequest(group_id=self.client.group.group_id, spec=spec, batch_size=self.batch_size,
-                                    shuffle=bool(self.shuffle), drop_last=bool(self.drop_last), seed=self.seed,
-                                    rank=self.rank, world_size=self.world_size)
-        if isinstance(input_nodes, str):
-            if input_nodes not in SPLITS:
-                raise ValueError(f"unknown split {input_nodes!r}: use one of {', '.join(SPLITS)} or a tensor of ids")
-            req.split = input_nodes
-            req.kind = kind or input_nodes
-        else:
-            ids = torch.arange(self.client.num_nodes) if input_nodes is None else check_input_ids(input_nodes)
-            req.node_ids.ids.extend(ids.tolist())
-            req.kind = kind or "nodes"
-        return req
+    def _session_request(self) -> pb.OpenSessionRequest:
+        return open_session_request(self.spec, self.client.group.group_id)
 
     # ---- epochs ---------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
 
-    def _plan(self, epoch: int):
-        plan = plan_epoch(self.counts, self.batch_size, self.world_size, seed=self.seed, epoch=epoch,
-                          shuffle=self.shuffle, drop_last=self.drop_last)
-        return rank_batches(plan, self.rank, self.world_size)
+    def _plan(self, epoch: int) -> EpochPlan:
+        return EpochPlan(self.spec, self.counts, epoch)
 
     def __len__(self) -> int:
         if self._len_cache is None or self._len_cache[0] != self._epoch:
@@ -117,16 +90,17 @@ class RemoteNeighborLoader:
         self.client._check_usable()
         epoch = self._epoch
         self._epoch += 1
-        entries = self._plan(epoch)
+        plan = self._plan(epoch)
         self._stats.start_epoch(epoch)
-        self._start_epoch(epoch, entries)
-        return self._batches(epoch, entries)
+        self._start_epoch(plan)
+        return self._batches(epoch, plan.entries)
 
-    def _start_epoch(self, epoch: int, entries) -> None:
+    def _start_epoch(self, plan: EpochPlan) -> None:
+        epoch = plan.epoch
         for s, session_id in zip(self.client.servers, self.sessions):
             req = pb.StartEpochRequest(session_id=session_id, epoch=epoch, part_input_counts=self.counts)
             reply = s.call("StartEpoch", req, timeout=self.client.timeout)
-            expected = sum(1 for e in entries if e.part == s.part)
+            expected = len(plan.owned_by(s.part))
             if reply.num_batches != expected:
                 raise ServerError(s.name, f"plans {reply.num_batches} batches for epoch {epoch}, the client "
                                           f"expects {expected}: client and server disagree on the epoch contract")
@@ -202,6 +176,14 @@ class RemoteNeighborLoader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def every_node_as_ids(spec: LoaderSpec, num_nodes: int) -> LoaderSpec:
+    """``spec`` with input "every node" spelled out as the ids ``0..num_nodes-1``, which is how it
+    travels to the servers (see :func:`graphfeed.proto.convert.open_session_request`)."""
+    if spec.input.split is not None or spec.input.ids is not None:
+        return spec
+    return dataclasses.replace(spec, input=NodeInput(ids=torch.arange(num_nodes)))
 
 
 def _first_line(exc: BaseException) -> str:

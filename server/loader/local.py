@@ -11,14 +11,11 @@ from typing import Iterator, Sequence
 import torch
 
 from graphfeed.core import batch as batch_codec
-from graphfeed.core.spec import check_input_ids, check_loader_args
-from graphfeed.core.epoch import (partition_order, plan_epoch,
-                                   rank_batches)
-
-from graphfeed.server.partition.store import open_parts, resolve_original_ids
+from graphfeed.core.epoch import EpochPlan, resolve_rank
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec, fanouts
+from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import LocalGraph
-from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.loader.producer import fanouts, group_by_part, produce_batch, resolve_rank
+from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 
 class LocalNeighborLoader:
@@ -30,6 +27,8 @@ class LocalNeighborLoader:
     ``iter()`` unless :meth:`set_epoch` is called (as with ``DistributedSampler``).
     ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
     ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
+
+    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).
     """
 
     def __init__(self, data: str | os.PathLike | LocalGraph, num_neighbors: Sequence[int], *,
@@ -38,30 +37,18 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None):
         self.graph = data if isinstance(data, LocalGraph) else LocalGraph(open_parts(data)[1])
-        self.spec = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        check_loader_args(batch_size, self.world_size, self.rank)
-        self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, shuffle, drop_last, seed
-        self.inputs = self._resolve_inputs(input_nodes)
+        rank, world_size = resolve_rank(rank, world_size)
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
+        self.spec = LoaderSpec(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
+                               drop_last=drop_last, seed=seed, rank=rank, world_size=world_size)
+        self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self._epoch = 0
-
-    def _resolve_inputs(self, input_nodes) -> list[torch.Tensor]:
-        parts = self.graph.parts
-        if input_nodes is None:
-            return [torch.arange(p.start, p.stop) for p in parts]
-        if isinstance(input_nodes, str):
-            return [p.split(input_nodes).clone() for p in parts]
-        gids = resolve_original_ids(parts, check_input_ids(input_nodes))
-        return group_by_part(self.graph.book, gids)
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
 
-    def _plan(self, epoch: int):
-        counts = [t.numel() for t in self.inputs]
-        plan = plan_epoch(counts, self.batch_size, self.world_size, seed=self.seed, epoch=epoch,
-                          shuffle=self.shuffle, drop_last=self.drop_last)
-        return rank_batches(plan, self.rank, self.world_size)
+    def _plan(self, epoch: int) -> EpochPlan:
+        return EpochPlan(self.spec, [t.numel() for t in self.inputs], epoch)
 
     def __len__(self) -> int:
         return len(self._plan(self._epoch))
@@ -69,8 +56,22 @@ class LocalNeighborLoader:
     def __iter__(self) -> Iterator:
         epoch = self._epoch
         self._epoch += 1
-        orders = [partition_order(t, seed=self.seed, epoch=epoch, part=p, shuffle=self.shuffle)
-                  for p, t in enumerate(self.inputs)]
-        for seq, entry in enumerate(self._plan(epoch)):
-            seeds = orders[entry.part][entry.start:entry.stop]
-            yield batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec, entry, epoch, seq))
+        plan = self._plan(epoch)
+        for seq, entry, seeds in planned_batches(plan, self.inputs):
+            yield batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, epoch, seq))
+
+
+def part_inputs(parts: Sequence[Partition], node_input: NodeInput) -> list[torch.Tensor]:
+    """Each part's seeds for ``node_input`` (global ids, :meth:`Partition.input_nodes`).
+
+    Ids that no part holds raise :func:`resolve_original_ids`'s ValueError, which names them.
+    """
+    try:
+        inputs = [part.input_nodes(node_input) for part in parts]
+    except ValueError:
+        if node_input.ids is not None:
+            resolve_original_ids(list(parts), node_input.ids)  # raises, naming the ids not in the graph
+        raise
+    if node_input.ids is not None and sum(t.numel() for t in inputs) != node_input.ids.numel():
+        resolve_original_ids(list(parts), node_input.ids)      # raises, naming the ids not in the graph
+    return inputs
