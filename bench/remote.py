@@ -27,28 +27,19 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 from graphfeed.core.spec import LoaderSpec
 
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_spec
-
-START_TIMEOUT_S = 180.0    # a daemon: import torch, map its partition, bind, become SERVING
-STOP_TIMEOUT_S = 60.0      # after SIGTERM (the daemon's drain grace is 20 s by default)
-READY_LINE = re.compile(r"^graphfeed-serve listening port=(\d+)")
-CONTROL_SERVICE = "graphfeed.control.v1.Control"
+from graphfeed.testing.cluster import LocalCluster
 
 
 @dataclass(frozen=True)
@@ -95,139 +86,11 @@ class RemoteBenchConfig:
             raise ValueError(f"--prefetch must be at least 1 (pulls in flight per server), got {self.prefetch}")
 
 
-# ---- servers on loopback ----------------------------------------------------------------------------
+# ---- servers on loopback (graphfeed.testing.cluster starts and stops them) -------------------------
 
-@dataclass
-class LocalServer:
-    proc: subprocess.Popen
-    part: int
-    log_path: Path
-    port: int = 0
-    reader: threading.Thread | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-class LocalServers:
-    """``graphfeed serve`` for every part of ``graph`` on 127.0.0.1, port 0; a context manager.
-
-    Entering starts them all and waits (bounded) until each is SERVING; leaving sends
-    SIGTERM to all, waits (bounded) and raises RuntimeError unless every one exited 0.
-    """
-
-    def __init__(self, graph: str, num_parts: int, log_dir: str | None = None):
-        self.graph, self.num_parts = graph, num_parts
-        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="graphfeed-bench-remote-"))
-        self.servers: list[LocalServer] = []
-
-    def __enter__(self) -> "LocalServers":
-        try:
-            for k in range(self.num_parts):
-                self.servers.append(self._spawn(k))
-            for s in self.servers:
-                self._wait_ready(s)
-        except BaseException:
-            self.stop()   # the others too (exit codes not checked: the start already failed)
-            raise
-        return self
-
-    def __exit__(self, exc_type, *_):
-        codes = self.stop()
-        bad = [(s, c) for s, c in zip(self.servers, codes) if c != 0]
-        if bad and exc_type is None:
-            s, c = bad[0]
-            raise RuntimeError(f"server part {s.part} (pid {s.proc.pid}) exited with code {c}, expected 0; "
-                               f"log {s.log_path}:\n{s.log_tail()}")
-
-    @property
-    def addresses(self) -> list[str]:
-        return [s.address for s in self.servers]
-
-    def _spawn(self, part: int) -> LocalServer:
-        log_path = self.log_dir / f"serve-part{part}.log"
-        argv = [sys.executable, "-m", "graphfeed.cli", "serve", "--partition", os.fspath(self.graph),
-                "--part", str(part), "--host", "127.0.0.1", "--port", "0"]
-        with open(log_path, "wb") as err:
-            # own session: a Ctrl-C of the bench reaches the daemons only through stop()
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                    text=True, start_new_session=True)
-        return LocalServer(proc, part, log_path)
-
-    def _wait_ready(self, s: LocalServer) -> None:
-        lines: queue.Queue = queue.Queue()
-
-        def read() -> None:
-            for line in s.proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        s.reader = threading.Thread(target=read, daemon=True, name=f"serve-part{s.part}-stdout")
-        s.reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not s.port:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise RuntimeError(f"server part {s.part} was not ready within {START_TIMEOUT_S:.0f} s; "
-                                   f"log {s.log_path}:\n{s.log_tail()}") from None
-            if line is None:
-                code = s.proc.wait(10)
-                raise RuntimeError(f"server part {s.part} exited with code {code} before it was ready; "
-                                   f"log {s.log_path}:\n{s.log_tail()}")
-            m = READY_LINE.match(line)
-            if m:
-                s.port = int(m.group(1))
-        wait_serving(s.address, max(1.0, deadline - time.monotonic()))
-
-    def stop(self) -> list[int | None]:
-        """SIGTERM every live server (they drain in parallel), wait bounded; SIGKILL stragglers."""
-        for s in self.servers:
-            if s.proc.poll() is None:
-                s.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        codes = []
-        for s in self.servers:
-            try:
-                codes.append(s.proc.wait(max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                s.proc.kill()
-                s.proc.wait(10)
-                codes.append(None)  # did not stop in time: reported as a failure
-        for s in self.servers:
-            if s.reader is not None:
-                s.reader.join(5)    # it ends at EOF, now that the process is gone
-            s.proc.stdout.close()
-        return codes
-
-    def peak_rss_mb(self) -> list[float]:
-        """Per server: the summed peak RSS of the daemon and every process below it (MiB)."""
-        return [round(tree_peak_rss_mb(s.proc.pid), 1) for s in self.servers]
-
-
-def wait_serving(address: str, timeout: float) -> None:
-    """Block until ``address`` reports SERVING for the control service (health Watch, bounded)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            for reply in stub.Watch(health_pb2.HealthCheckRequest(service=CONTROL_SERVICE), wait_for_ready=True,
-                                    timeout=timeout):
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-        except grpc.RpcError as exc:
-            raise RuntimeError(f"{address}: not SERVING within {timeout:.0f} s ({exc.code().name}: "
-                               f"{exc.details()})") from None
-    raise RuntimeError(f"{address}: the health stream ended before the server was SERVING")
+def servers_peak_rss_mb(cluster: LocalCluster) -> list[float]:
+    """Per server: the summed peak RSS of the daemon and every process below it (MiB)."""
+    return [round(tree_peak_rss_mb(s.pid), 1) for s in cluster.servers]
 
 
 def tree_peak_rss_mb(pid: int) -> float:
@@ -299,15 +162,15 @@ def _loader(client, cfg: RemoteBenchConfig):
     return client.open_loader(cfg.loader, prefetch=cfg.prefetch)
 
 
-def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalServers | None = None) -> dict:
+def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalCluster | None = None) -> dict:
     """Connect to ``addresses``, run the warm-up and measured epochs; returns the summary fields."""
     import graphfeed.client as gf
 
-    pids = [s.proc.pid for s in servers.servers] if servers is not None else []
+    pids = [s.pid for s in servers.servers] if servers is not None else []
     with gf.connect(list(addresses)) as client, _loader(client, cfg) as loader:
         run_epoch(loader, pids)                                    # warm-up, not reported
         runs = [run_epoch(loader, pids) for _ in range(cfg.epochs)]
-        server_rss = servers.peak_rss_mb() if servers is not None else None  # before the workers exit
+        server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
     result = summarize([stats for stats, _ in runs])
     result["cpu_s_per_epoch_trainer"] = round(statistics.median(own for _, own in runs), 3)
@@ -349,7 +212,8 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph, cfg.servers)
-            local = stack.enter_context(LocalServers(cfg.graph, cfg.servers))
+            local = stack.enter_context(LocalCluster(cfg.graph, cfg.servers,
+                                                     log_dir=tempfile.mkdtemp(prefix="graphfeed-bench-remote-")))
             result = measure(local.addresses, cfg, local)
         else:
             result = measure(cfg.servers, cfg)

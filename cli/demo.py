@@ -9,12 +9,14 @@ Every child process is stopped on exit, Ctrl-C included; every wait is bounded.
 from __future__ import annotations
 
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from graphfeed.testing.cluster import LocalCluster, stop_processes
 
 HEALTH_TIMEOUT_S = 120.0
 STOP_GRACE_S = 30.0
@@ -40,24 +42,27 @@ def run(args) -> int:
     _graphfeed("generate", "--preset", args.preset, "--out", str(graph_dir), "--skip-existing")
     _step(f"partition (METIS, 2 parts): {parts_dir}")
     _graphfeed("partition", str(graph_dir), "--num-parts", "2", "--method", "metis", "--output", str(parts_dir))
-    children: list[subprocess.Popen] = []
+    # The servers stay in this process group: a terminal's Ctrl-C reaches them as it reaches the demo.
+    servers = LocalCluster(parts_dir, 2, log_dir=_fresh_dir(work / "servers"), own_session=False,
+                           start_timeout=HEALTH_TIMEOUT_S, stop_timeout=STOP_GRACE_S)
+    ranks: list[subprocess.Popen] = []
     try:
-        servers = [_start_server(parts_dir, k, work, children) for k in range(2)]
-        _step(f"servers up: {', '.join(servers)}")
-        code = _train(args, servers, children)
+        servers.start()
+        _step(f"servers up: {', '.join(servers.addresses)}")
+        code = _train(args, servers.addresses, ranks)
         _step("stopping servers (SIGTERM, drain)")
-        codes = _stop_all(children)
-        bad = [c for c in codes if c not in (0, None)]
+        bad = [c for c in servers.stop() if c != 0]
         if bad:
-            print(f"demo: a server exited with code {bad[0]}", file=sys.stderr)
+            what = "did not stop in time" if bad[0] is None else f"exited with code {bad[0]}"
+            print(f"demo: a server {what}", file=sys.stderr)
             return 1
         return code
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping every child process", file=sys.stderr)
-        _stop_all(children)
+        _stop_all(servers, ranks)
         return 130
     finally:
-        _stop_all(children)
+        _stop_all(servers, ranks)
 
 
 def _step(msg: str) -> None:
@@ -70,44 +75,11 @@ def _graphfeed(*argv: str) -> None:
         raise RuntimeError(f"`graphfeed {' '.join(argv)}` failed with exit code {res.returncode}")
 
 
-def _start_server(parts_dir: Path, part: int, work: Path, children: list) -> str:
-    port_file = work / f"server{part}.port"
-    port_file.unlink(missing_ok=True)
-    log = open(work / f"server{part}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "graphfeed.cli", "serve", "--partition", str(parts_dir),
-                             "--part", str(part), "--host", "127.0.0.1", "--port", "0",
-                             "--port-file", str(port_file)], stdout=log, stderr=subprocess.STDOUT)
-    children.append(proc)
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while not port_file.exists() or not port_file.read_text().strip():
-        if proc.poll() is not None:
-            raise RuntimeError(f"server {part} exited with code {proc.returncode}; see {log.name}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"server {part} did not bind within {HEALTH_TIMEOUT_S:.0f} s; see {log.name}")
-        time.sleep(0.1)
-    address = f"127.0.0.1:{int(port_file.read_text().strip())}"
-    _wait_serving(address, deadline, proc, log.name)
-    return address
-
-
-def _wait_serving(address: str, deadline: float, proc, log_name: str) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server {address} exited with code {proc.returncode}; see {log_name}")
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server {address} not SERVING after {HEALTH_TIMEOUT_S:.0f} s; see {log_name}")
-            time.sleep(0.2)
+def _fresh_dir(path: Path) -> Path:
+    """``path``, emptied of an earlier run's server logs and port files."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def _free_port() -> int:
@@ -116,10 +88,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(args, servers: list[str], children: list) -> int:
+def _train(args, servers: list[str], ranks: list) -> int:
     _step(f"training: {args.ranks} DDP ranks (gloo), 3-layer GraphSAGE, {args.epochs} epochs")
     master_port = _free_port()
-    ranks = []
     for rank in range(args.ranks):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), OMP_NUM_THREADS="1",
@@ -129,7 +100,6 @@ def _train(args, servers: list[str], children: list) -> int:
                "--batch-size", str(args.batch_size), "--lr", str(args.lr),
                "--hidden", str(args.hidden), "--dropout", str(args.dropout)] + (["--progress"] if rank == 0 else [])
         proc = subprocess.Popen(cmd, env=env, stdout=None if rank == 0 else subprocess.DEVNULL)
-        children.append(proc)
         ranks.append(proc)
     deadline = time.monotonic() + args.timeout
     for proc in ranks:
@@ -145,18 +115,6 @@ def _train(args, servers: list[str], children: list) -> int:
     return 0
 
 
-def _stop_all(children: list) -> list:
-    """SIGTERM every live child, wait up to the grace, then SIGKILL; returns exit codes."""
-    for proc in children:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for proc in children:
-        try:
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    codes = [p.returncode for p in children]
-    children.clear()
-    return codes
+def _stop_all(servers: LocalCluster, ranks: list) -> None:
+    """Stop the trainer ranks and the servers together (SIGTERM, bounded wait, SIGKILL); codes not judged."""
+    stop_processes([*ranks, *(s.proc for s in servers.servers)], STOP_GRACE_S)

@@ -10,7 +10,18 @@ from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
 
+from helpers_cluster import daemon_setting_names
+
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_daemon_settings():
+    """No ``GRAPHFEED_<KEY>`` daemon setting of the caller's environment reaches the daemons tests start."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in daemon_setting_names():
+            patch.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -17,9 +15,7 @@ import pytest
 from graphfeed.cli.main import main as cli_main
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 from graphfeed.server.partition.store import open_parts
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import running_cluster  # noqa: E402
+from graphfeed.testing.cluster import running_cluster
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s", "epoch_s")
 

@@ -19,9 +19,7 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import SERVING, health_status, running_cluster, start_server  # noqa: E402
+from graphfeed.testing.cluster import SERVING, health_status, running_cluster, start_server
 
 FANOUTS = [5, 3]
 KILL_BOUND = 30.0    # seconds: a dead server must surface in the trainer within this

@@ -22,10 +22,10 @@ import graphfeed.client as gf
 from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
+from graphfeed.testing.cluster import running_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gnn import SAGE, accuracy, train  # noqa: E402
-from helpers_cluster import running_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -26,11 +25,11 @@ from graphfeed.transport import rpc_group
 from graphfeed.server.daemon import healthcheck
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
+from graphfeed.testing.cluster import SERVE_COMMAND, ServerProcess, start_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers_graphs import synthetic_parts  # noqa: E402
-from helpers_cluster import (SERVE_COMMAND, START_TIMEOUT, ServerProcess, _read_stdout,  # noqa: E402
-                             _wait_ready_line, hermetic_env)
+from helpers_cluster import hermetic_env  # noqa: E402 -- after the sys.path line
 from helpers_pki import make_pki  # noqa: E402
 
 TOKEN = "gf-test-token-0123456789abcdef"
@@ -48,31 +47,13 @@ def parts_dir(tmp_path_factory) -> Path:
                            classes=4, parts=1, name="security-2000")
 
 
-def _serve(parts_dir, log_dir: Path, args=(), env=None) -> ServerProcess:
-    """Start a daemon (port 0) and wait for its ready line: it is printed once health is SERVING."""
-    import queue
-    import threading
-
-    log_path = log_dir / f"serve-{time.monotonic_ns()}.log"
-    argv = [*SERVE_COMMAND, "--partition", str(parts_dir), "--part", "0", "--host", "127.0.0.1", "--port", "0",
-            *args]
-    with open(log_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=hermetic_env(env),
-                                start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_read_stdout, args=(proc, lines), daemon=True)
-    reader.start()
-    server = ServerProcess(proc=proc, part=0, host="127.0.0.1", port=0, log_path=log_path, _reader=reader)
-    server.port = _wait_ready_line(server, lines, START_TIMEOUT)
-    return server
-
-
 @pytest.fixture(scope="module")
 def mtls_server(pki, parts_dir, tmp_path_factory):
-    """mTLS (client certificates from the test CA) + token (from GRAPHFEED_TOKEN)."""
-    server = _serve(parts_dir, tmp_path_factory.mktemp("logs"),
-                    args=["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                          "--tls-client-ca", str(pki.ca)], env={"GRAPHFEED_TOKEN": TOKEN})
+    """mTLS (client certificates from the test CA) + token (from GRAPHFEED_TOKEN); health probed over mTLS."""
+    server = start_server(parts_dir, 0, log_dir=tmp_path_factory.mktemp("logs"),
+                          args=["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
+                                "--tls-client-ca", str(pki.ca)], env={"GRAPHFEED_TOKEN": TOKEN},
+                          tls=_good(pki).credentials())
     yield server
     server.stop(expect=0)
 
@@ -180,8 +161,10 @@ def test_plaintext_and_foreign_client_certificates_fail_the_handshake(pki, mtls_
 
 
 def test_expired_server_certificate_is_refused_by_the_client(pki, parts_dir, tmp_path):
-    server = _serve(parts_dir, tmp_path, args=["--tls-cert", str(pki.expired_server_cert),
-                                               "--tls-key", str(pki.expired_server_key)])
+    # no client completes a handshake with an expired certificate: ready = the port file (written once SERVING)
+    server = start_server(parts_dir, 0, log_dir=tmp_path, args=["--tls-cert", str(pki.expired_server_cert),
+                                                                "--tls-key", str(pki.expired_server_key)],
+                          check_health=False)
     try:
         sec = ClientSecurity(token=None, tls_ca=str(pki.ca))
         assert _code(sec, server.address) is grpc.StatusCode.UNAVAILABLE
