@@ -2,7 +2,9 @@
 
 Set-up: pick a rendezvous port on the advertised host, ``OpenGroup`` on every server (in
 parallel: each starts a worker process), then join as rank 0 ``"trainer"`` -- the join
-returns when every worker is in, or fails after ``timeout`` seconds.  A heartbeat thread
+returns when every worker is in, or fails after ``timeout`` seconds.  Once joined, the
+group opens its :class:`~graphfeed.transport.channel.BatchChannel` (:attr:`DataGroup.channel`),
+the one way its loaders pull batches; closing the group closes it.  A heartbeat thread
 per server renews the group's lease; a failed heartbeat is remembered so a waiting pull
 can say which server went away.
 
@@ -19,6 +21,8 @@ from typing import Sequence
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
+from graphfeed.transport.channel import BatchChannel
+from graphfeed.transport.torch_rpc import TorchRpcChannel
 
 from graphfeed.client.cluster import ServerConn
 from graphfeed.client.errors import NotFound, ServerError
@@ -56,6 +60,7 @@ class DataGroup:
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
         self.joined = False
+        self.channel: BatchChannel | None = None   # opened once the group formed
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -68,6 +73,7 @@ class DataGroup:
         try:
             self._open_all()
             self._join()
+            self.channel = self._open_channel()
         except BaseException:
             self.close()
             raise
@@ -113,6 +119,10 @@ class DataGroup:
                               f"cause: {_first_line(exc)}") from None
         self.joined = True
 
+    def _open_channel(self) -> BatchChannel:
+        """The batch channel of this group: torch RPC over the group just joined."""
+        return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+
     # ---- liveness -------------------------------------------------------------------------------
 
     def _heartbeat(self, s: ServerConn) -> None:
@@ -149,6 +159,8 @@ class DataGroup:
 
     def close(self) -> None:
         self._stop.set()
+        if self.channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
+            self.channel.close()
         if self.joined:
             import torch.distributed.rpc as rpc
 

@@ -9,7 +9,6 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections import deque
 from typing import Iterator
 
@@ -17,7 +16,7 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.proto import control_pb2 as pb
-from graphfeed.transport import rpc_group
+from graphfeed.transport.pending import Pending
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.proto.convert import open_session_request
@@ -116,8 +115,8 @@ class RemoteNeighborLoader:
                 window.append((issued, p, self._pull(p, epoch, issued)))
                 inflight[p] += 1
                 issued += 1
-            got_seq, p, fut = window.popleft()
-            batch = self._wait(fut, p, epoch, got_seq)
+            got_seq, p, pending = window.popleft()
+            batch = self._wait(pending, p, epoch, got_seq)
             inflight[p] -= 1
             data = batch_codec.to_pyg(batch)
             self._stats.delivered(p)
@@ -130,25 +129,20 @@ class RemoteNeighborLoader:
         batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`)."""
         return self._stats.snapshot()
 
-    def _pull(self, part: int, epoch: int, seq: int):
-        import torch.distributed.rpc as rpc
+    def _pull(self, part: int, epoch: int, seq: int) -> Pending:
+        """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel."""
+        return self.client.group.channel.request(part, self.sessions[part], self._secrets[part], epoch, seq)
 
-        args = (self.sessions[part], epoch, seq, self._secrets[part])
-        return rpc.rpc_async(rpc_group.worker_name(part), rpc_group.PULL, args=args, timeout=self.client.rpc_timeout)
-
-    def _wait(self, fut, part: int, epoch: int, seq: int) -> dict:
-        done = threading.Event()
-        fut.add_done_callback(lambda _: done.set())
+    def _wait(self, pending: Pending, part: int, epoch: int, seq: int) -> dict:
+        """The batch of ``pending``; checks the group's heartbeats every WAIT_SLICE s while waiting, and
+        fails the client naming the server when a server went away or the pull failed."""
         group = self.client.group
-        while not done.wait(WAIT_SLICE):
-            if group.failures:  # a heartbeat failed meanwhile: do not wait for the RPC timeout
+        while not pending.wait_done(WAIT_SLICE):
+            if group.failures:  # a heartbeat failed meanwhile: do not wait for the channel's timeout
                 self.client._fail(self._failure_text(part, epoch, seq, "is still pending", group.failures))
         try:
-            batch = fut.wait()
-            if isinstance(batch, BaseException):  # an error delivered as a value (older workers)
-                raise batch
-            return batch
-        except Exception as exc:  # noqa: BLE001 -- RPC errors arrive as RuntimeError with the remote message
+            return pending.result()
+        except Exception as exc:  # noqa: BLE001 -- a failed pull: the worker's error, a timeout, a lost peer
             dead = group.probe()
             self.client._fail(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead), exc)
 

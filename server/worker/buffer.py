@@ -5,9 +5,10 @@ Bounded in batches *and* bytes: a producer reserves a slot before it starts a ba
 Producers claim sequence numbers in order after reserving, so the lowest missing batch
 is always being produced and a trainer pulling in order can never deadlock the buffer.
 
-A pull is a :class:`torch.futures.Future` completed when its batch is put (or at once
-if it is already there): no polling, no thread parked per request.  Errors go into the
-futures, never into a log only.
+A pull is a :class:`graphfeed.transport.pending.Pending` completed when its batch is put
+(or at once if it is already there): no polling, no thread parked per request.  Errors go
+into the pending pulls, never into a log only.  The transport adapts it at its edge (torch
+RPC: ``graphfeed.server.worker.rpc_api.pull``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from graphfeed.core import batch as batch_codec
+from graphfeed.transport.pending import Pending
 
 
 @dataclass
@@ -42,7 +44,7 @@ class BatchBuffer:
         self._cond = threading.Condition()
         self._ready: dict[int, dict[str, torch.Tensor]] = {}
         self._sizes: dict[int, int] = {}
-        self._waiting: dict[int, torch.futures.Future] = {}
+        self._waiting: dict[int, Pending] = {}
         self._taken: set[int] = set()
         self._reserved = 0
         self._error: BaseException | None = None
@@ -76,15 +78,15 @@ class BatchBuffer:
             if self._error is not None:
                 self._reserved -= 1
                 return
-            fut = self._waiting.pop(seq, None)
-            if fut is None:
+            pending = self._waiting.pop(seq, None)
+            if pending is None:
                 self._ready[seq] = batch
                 self._sizes[seq] = size
                 self.stats.buffered_batches += 1
                 self.stats.buffered_bytes += size
                 return
             self._served(seq, size)
-        fut.set_result(batch)  # outside the lock: the RPC layer serializes and sends in this call
+        pending.set_result(batch)  # outside the lock: the transport serializes and sends in this call
 
     def _served(self, seq: int, size: int) -> None:
         self._taken.add(seq)
@@ -95,9 +97,9 @@ class BatchBuffer:
 
     # ---- trainer side ---------------------------------------------------------------------------
 
-    def take(self, seq: int) -> torch.futures.Future:
-        """A future for batch ``seq``; ValueError if it was already taken or is already awaited."""
-        fut: torch.futures.Future = torch.futures.Future()
+    def take(self, seq: int) -> Pending:
+        """Batch ``seq``, pending until it is put; ValueError if it was already taken or is already awaited."""
+        pending = Pending()
         with self._cond:
             if seq in self._taken or seq in self._waiting:
                 raise ValueError(f"batch {seq} was already requested; each batch of an epoch is served once")
@@ -110,13 +112,13 @@ class BatchBuffer:
                 self._served(seq, size)
                 error = None
             else:
-                self._waiting[seq] = fut
-                return fut
+                self._waiting[seq] = pending
+                return pending
         if error is not None:
-            fut.set_exception(error)
+            pending.set_exception(error)
         else:
-            fut.set_result(batch)
-        return fut
+            pending.set_result(batch)
+        return pending
 
     # ---- teardown / failure ---------------------------------------------------------------------
 
@@ -130,8 +132,8 @@ class BatchBuffer:
             self._sizes.clear()
             self.stats.buffered_batches = self.stats.buffered_bytes = 0
             self._cond.notify_all()
-        for fut in waiting.values():
-            fut.set_exception(error)
+        for pending in waiting.values():
+            pending.set_exception(error)
 
     @property
     def closed(self) -> bool:

@@ -24,6 +24,8 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
+from graphfeed.transport.pending import Pending
+
 _worker = None   # the process's SessionWorker (set once by bind())
 
 
@@ -42,32 +44,35 @@ def _bound():
 def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.futures.Future:
     """Batch ``seq`` of ``epoch`` of a session (wire dict of :mod:`graphfeed.core.batch`).
 
-    PermissionError when ``secret`` is not the session's secret.
+    The torch RPC half of :class:`graphfeed.transport.torch_rpc.TorchRpcChannel`: the
+    worker's pending batch (:class:`graphfeed.transport.pending.Pending`) becomes the
+    ``torch.futures.Future`` that async execution answers with.  PermissionError when
+    ``secret`` is not the session's secret.
     """
     worker = _bound()
     try:
         worker.authorize(session_id, secret)
-    except PermissionError as exc:  # through a future, so the caller gets the PermissionError itself
-        refused: torch.futures.Future = torch.futures.Future()
-        refused.set_exception(exc)
-        return _as_remote_errors(refused)
+    except PermissionError as exc:  # through the future, so the caller gets the PermissionError itself
+        return _as_remote_errors(Pending.failed(exc))
     return _as_remote_errors(worker.pull(session_id, int(epoch), int(seq)))
 
 
-def _as_remote_errors(fut: torch.futures.Future) -> torch.futures.Future:
-    """torch sends a future's exception to the caller as a plain value; wrap it the way torch wraps
-    exceptions of synchronous functions, so the caller's ``wait()`` raises it."""
+def _as_remote_errors(pending: Pending) -> torch.futures.Future:
+    """A torch future completed with ``pending``'s batch, in the thread that completes ``pending``.
+
+    torch sends a future's exception to the caller as a plain value; an error is wrapped the
+    way torch wraps exceptions of synchronous functions, so the caller's ``wait()`` raises it."""
     out: torch.futures.Future = torch.futures.Future()
 
-    def done(f: torch.futures.Future) -> None:
+    def done(p: Pending) -> None:
         try:
-            value = f.wait()
+            value = p.result()
         except Exception as exc:  # noqa: BLE001 -- forwarded to the caller
             where = rpc.get_worker_info().name if rpc.is_available() else "worker"
             value = rpc_internal.RemoteException(f"On {where}: {type(exc).__name__}: {exc}", type(exc))
         out.set_result(value)
 
-    fut.add_done_callback(done)
+    pending.add_done_callback(done)
     return out
 
 
