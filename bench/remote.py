@@ -36,9 +36,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from graphfeed.core.spec import LoaderSpec
-
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_spec
+from graphfeed.core.spec import LoaderSpec
 from graphfeed.testing.cluster import LocalCluster
 
 

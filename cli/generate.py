@@ -32,7 +32,8 @@ def add_arguments(parser) -> None:
                         help="graph size: " + ", ".join(f"{k}={v[0]:,} nodes" for k, v in PRESETS.items()))
     parser.add_argument("--out", required=True, help="folder to write (created; must be new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a folder that already holds a generated graph")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a folder that already holds a generated graph")
     parser.add_argument("--skip-existing", action="store_true",
                         help="leave a folder that already holds this preset and seed alone (exit 0)")
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphfeed.server.partition.format import (DEFAULT_NODE_TYPE, SPLITS, PartitionMeta, PartitionPaths,
-                                               load_array, read_meta)
+from graphfeed.server.partition.format import (
+    DEFAULT_NODE_TYPE,
+    SPLITS,
+    PartitionMeta,
+    PartitionPaths,
+    load_array,
+    read_meta,
+)
 
 HELP = "describe a partition folder"
 
@@ -46,7 +52,7 @@ def format_table(meta: PartitionMeta, stats: list[PartStats]) -> str:
     rows.append(["all", "", f"{sum(s.nodes for s in stats):,}", f"{sum(s.edges[topo] for s in stats):,}"]
                 + [f"{sum(s.splits[x] for s in stats):,}" for x in splits])
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731 -- a one-line local formatter
     return "\n".join([line(header)] + [line(r) for r in rows])
 
 
@@ -54,7 +60,8 @@ def describe(root) -> str:
     meta = read_meta(root)
     stats = part_stats(root, meta)
     total = meta.num_edges and sum(meta.num_edges.values())
-    feats = ", ".join(f"{name} {spec['dtype']}{spec['shape']}" for name, spec in meta.features[DEFAULT_NODE_TYPE].items())
+    feats = ", ".join(f"{name} {spec['dtype']}{spec['shape']}"
+                      for name, spec in meta.features[DEFAULT_NODE_TYPE].items())
     efeats = ", ".join(f"{spec['dtype']}{spec['shape']}" for spec in meta.edge_features.values()) or "none"
     cut_pct = 100.0 * meta.edge_cut / total if total else 0.0
     lines = [

@@ -13,10 +13,10 @@ import os
 # Children (servers, workers, demo trainers) inherit it.  Set it to 0 to opt out.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-import argparse  # noqa: E402
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import sys  # noqa: E402
+import argparse  # noqa: E402 -- after THP_MEM_ALLOC_ENABLE is set (before torch can load)
+import importlib  # noqa: E402 -- after THP_MEM_ALLOC_ENABLE is set (before torch can load)
+import importlib.util  # noqa: E402 -- after THP_MEM_ALLOC_ENABLE is set (before torch can load)
+import sys  # noqa: E402 -- after THP_MEM_ALLOC_ENABLE is set (before torch can load)
 
 # command -> (module, one-line help)
 COMMANDS = {
@@ -43,7 +43,8 @@ def _available():
 
 
 def build_parser(argv) -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="graphfeed", description="graphfeed: sampling service for distributed GNN training")
+    parser = argparse.ArgumentParser(prog="graphfeed",
+                                     description="graphfeed: sampling service for distributed GNN training")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = _available()
     wanted = next((a for a in argv if not a.startswith("-")), None)

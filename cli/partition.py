@@ -27,7 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--topology", choices=sorted(TOPOLOGY_CHOICES), default="csc",
                         help="csc: in-edges (default, PyG's direction); csr: out-edges; both")
     parser.add_argument("--seed", type=int, default=0, help="seed for random assignment / METIS (default 0)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an output folder holding another partitioning")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an output folder holding another partitioning")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="let a torch.save input unpickle arbitrary objects (only for files you trust)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output on stderr")

@@ -79,7 +79,7 @@ def run(args) -> int:
         return serve(config, port_file=args.port_file)
     except StartupError as exc:
         return _fail(exc.code, str(exc))
-    except Exception as exc:  # a bug: keep the traceback for the report, then the one-line reason
+    except Exception as exc:  # noqa: BLE001 -- a bug: keep the traceback for the report, then the one-line reason
         import traceback
 
         traceback.print_exc()

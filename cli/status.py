@@ -164,7 +164,7 @@ def _failed(r: ServerRow) -> bool:
 
 
 def _cells(r: ServerRow) -> list[str]:
-    num = lambda v: "-" if v is None else str(v)  # noqa: E731
+    num = lambda v: "-" if v is None else str(v)  # noqa: E731 -- a one-line local formatter
     return [r.server, r.health, r.part, r.state, num(r.groups), num(r.sessions), num(r.batches), _size(r.bytes),
             num(r.buf_batches), _size(r.buf_bytes), _duration(r.uptime)]
 

@@ -7,10 +7,9 @@ from typing import Sequence
 
 import grpc
 
+from graphfeed.client.errors import ClusterError, from_rpc_error
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-
-from graphfeed.client.errors import ClusterError, from_rpc_error
 
 
 def parse_cluster(cluster) -> list[str]:

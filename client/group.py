@@ -19,13 +19,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+from graphfeed.client.cluster import ServerConn
+from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
 from graphfeed.transport.channel import BatchChannel
 from graphfeed.transport.torch_rpc import TorchRpcChannel
-
-from graphfeed.client.cluster import ServerConn
-from graphfeed.client.errors import NotFound, ServerError
 
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
@@ -110,7 +109,7 @@ class DataGroup:
         try:
             rpc_group.join_group(rpc_group.TRAINER, 0, len(self.servers) + 1, self.rendezvous,
                                 rpc_timeout=self.rpc_timeout, join_timeout=self.timeout, data_address=self.host)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 -- any join failure becomes a ServerError naming the servers
             dead = self.probe()
             who = "; ".join(f"{k}: {v}" for k, v in dead.items()) or "every server still answers on its control port"
             raise ServerError(", ".join(dead) or "cluster",
@@ -135,7 +134,7 @@ class DataGroup:
                 misses = 0
             except NotFound:
                 self.failures[s.name] = "the server no longer knows this trainer's group (it was reaped or restarted)"
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
                 misses += 1
                 if misses >= HEARTBEAT_MISSES:  # one slow answer on a loaded host is not a dead server
                     self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
@@ -148,7 +147,7 @@ class DataGroup:
                 return None
             except NotFound:
                 return "the server no longer knows this trainer's group (reaped or restarted)"
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 -- any failure means the server is not answering
                 return f"its control port does not answer ({_first_line(exc)})"
 
         with ThreadPoolExecutor(len(self.servers)) as pool:

@@ -14,15 +14,14 @@ from typing import Iterator
 
 import torch
 
-from graphfeed.core import batch as batch_codec
-from graphfeed.proto import control_pb2 as pb
-from graphfeed.transport.pending import Pending
-from graphfeed.core.epoch import EpochPlan
-from graphfeed.core.spec import LoaderSpec, NodeInput
-from graphfeed.proto.convert import open_session_request
-
 from graphfeed.client.errors import ServerError
 from graphfeed.client.metrics import LoaderStats
+from graphfeed.core import batch as batch_codec
+from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.spec import LoaderSpec, NodeInput
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto.convert import open_session_request
+from graphfeed.transport.pending import Pending
 
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
 
@@ -109,7 +108,7 @@ class RemoteNeighborLoader:
         inflight = [0] * len(servers)
         window: deque = deque()
         issued = 0
-        for seq in range(len(entries)):
+        for _ in range(len(entries)):
             while issued < len(entries) and inflight[entries[issued].part] < self.prefetch:
                 p = entries[issued].part
                 window.append((issued, p, self._pull(p, epoch, issued)))

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 
-from graphfeed.core.metric_names import CLIENT_METRIC_NAMES, CLIENT_METRICS
+from graphfeed.core.metric_names import CLIENT_METRICS
 
 _LOADERS: "weakref.WeakSet[LoaderStats]" = weakref.WeakSet()
 

@@ -70,7 +70,8 @@ def setup_kwargs(root: Path) -> dict:
     kwargs = dict(name=EXT_NAME, extra_link_args=["-fopenmp", "-g0"], optional=True)
     if cuda:
         ext = cx.CUDAExtension(sources=cpu_sources(root) + cuda_sources(root),
-                               extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--expt-relaxed-constexpr", "-DGRAPHFEED_WITH_CUDA=1"]}, **kwargs)
+                               extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--expt-relaxed-constexpr",
+                                                                         "-DGRAPHFEED_WITH_CUDA=1"]}, **kwargs)
     else:
         ext = cx.CppExtension(sources=cpu_sources(root), extra_compile_args={"cxx": cxx}, **kwargs)
 

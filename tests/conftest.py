@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_cluster import daemon_setting_names
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
-
-from helpers_cluster import daemon_setting_names
 
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
 

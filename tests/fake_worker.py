@@ -20,10 +20,26 @@ import threading
 import time
 
 from graphfeed.server.partition.store import Partition
-from graphfeed.server.worker.commands import (BadRequest, CloseSession, Command, EpochStarted, Metrics,
-                                              MetricsSnapshot, NotFound, OpenSession, SessionClosed, SessionOpened,
-                                              SessionRows, StartEpoch, Stats, Stop, Stopped, WorkerError, WorkerGone,
-                                              execute)
+from graphfeed.server.worker.commands import (
+    BadRequest,
+    CloseSession,
+    Command,
+    EpochStarted,
+    Metrics,
+    MetricsSnapshot,
+    NotFound,
+    OpenSession,
+    SessionClosed,
+    SessionOpened,
+    SessionRows,
+    StartEpoch,
+    Stats,
+    Stop,
+    Stopped,
+    WorkerError,
+    WorkerGone,
+    execute,
+)
 
 FAKE_EPOCH_BATCHES = 3
 

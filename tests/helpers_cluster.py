@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from graphfeed.server.daemon.config import KEYS, env_name
+
 # re-exported for test modules that import the launcher from here
 from graphfeed.testing.cluster import SERVE_COMMAND, running_cluster  # noqa: F401 -- re-exported
 

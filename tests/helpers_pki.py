@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 x509 = pytest.importorskip("cryptography.x509", reason="TLS tests need the `cryptography` package (dev extra)")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402 -- only once importorskip found cryptography
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402 -- only once importorskip found cryptography
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402 -- only once importorskip found cryptography
 
 
 @dataclass(frozen=True)

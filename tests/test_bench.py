@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from graphfeed.cli.main import main as cli_main
 from graphfeed.bench.sample import SampleBenchConfig, bench_sample
+from graphfeed.cli.main import main as cli_main
 from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.store import open_parts

@@ -12,8 +12,8 @@ import shutil
 import psutil
 import pytest
 
-from graphfeed.cli.main import main as cli_main
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
+from graphfeed.cli.main import main as cli_main
 from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import running_cluster
 

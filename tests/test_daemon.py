@@ -20,8 +20,9 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from helpers_cluster import hermetic_env
+from helpers_graphs import synthetic_parts
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -29,11 +30,15 @@ from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.partition.format import read_meta
 from graphfeed.server.partition.store import Partition
-from graphfeed.testing.cluster import (CONTROL_SERVICE, NOT_SERVING, SERVING, health_status, running_cluster,
-                                      start_server, wait_for_health)
-
-from helpers_cluster import hermetic_env
-from helpers_graphs import synthetic_parts
+from graphfeed.testing.cluster import (
+    CONTROL_SERVICE,
+    NOT_SERVING,
+    SERVING,
+    health_status,
+    running_cluster,
+    start_server,
+    wait_for_health,
+)
 
 TESTS = Path(__file__).resolve().parent
 FAKE_SERVE = (sys.executable, str(TESTS / "fake_worker.py"))
@@ -145,7 +150,7 @@ def test_config_defaults_and_precedence(tmp_path):
     assert load_config(path, environ={}).effective_data_address == "127.0.0.1"
     cfg = load_config(None, environ={"GRAPHFEED_CONFIG": str(path), "GRAPHFEED_METRICS_PORT": "9100"})
     assert (cfg.partition, cfg.part, cfg.metrics_port) == ("/p", 1, 9100)
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         cfg.port = 1  # frozen
 
 
@@ -435,7 +440,8 @@ def test_session_lifecycle_stats_and_logs(stub, fake_server, partition_dir):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_sessions_per_group=2" in details
     code, details = _status(stub.StartEpoch, pb.StartEpochRequest(session_id=s1.session_id, epoch=-1))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "epoch = -1" in details
-    assert stub.StartEpoch(pb.StartEpochRequest(session_id=s1.session_id, epoch=4), timeout=RPC_TIMEOUT).num_batches == 3
+    started = stub.StartEpoch(pb.StartEpochRequest(session_id=s1.session_id, epoch=4), timeout=RPC_TIMEOUT)
+    assert started.num_batches == 3
     stats = stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT)
     mine = {s.session_id: s for s in stats.sessions if s.group_id == gid}
     assert set(mine) == {s1.session_id, s2.session_id} and mine[s1.session_id].epoch == 4

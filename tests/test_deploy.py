@@ -20,8 +20,8 @@ from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_graphs import synthetic_parts  # noqa: E402
-from helpers_cluster import SERVE_COMMAND, hermetic_env, running_cluster  # noqa: E402
+from helpers_cluster import SERVE_COMMAND, hermetic_env, running_cluster  # noqa: E402 -- after the sys.path entry for the tests folder
+from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 UNIT = DEPLOY / "systemd" / "graphfeed-server@.service"

@@ -97,7 +97,7 @@ def test_epoch_moves_counters_by_the_batches_delivered(cluster):
         during = [scrape(s) for s in cluster]  # the session is still open: figures come from live workers
     after = [scrape(s) for s in cluster]       # the group closed: figures of stopped workers are kept
     assert n == len(loader) and sum(per_server) == n and all(k > 0 for k in per_server)
-    for k, server in enumerate(cluster):
+    for k in range(len(cluster)):
         for now in (during[k], after[k]):
             served = value(now, "graphfeed_batches_served_total", kind="train") - \
                 value(before[k], "graphfeed_batches_served_total", kind="train")

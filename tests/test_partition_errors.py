@@ -68,7 +68,8 @@ BAD_INPUTS = {
     "val idx as mask": (dict(val_idx=np.ones(N, dtype=bool)), ["val_idx.npy", "bool mask", "flatnonzero"]),
     "duplicate train ids": (dict(train_idx=np.array([1, 2, 2])), ["train_idx.npy", "more than once"]),
     "empty train": (dict(train_idx=np.array([], dtype=np.int64)), ["train_idx.npy is empty"]),
-    "edge_attr rows": (dict(edge_attr=np.zeros((E - 1, 2), dtype=np.float32)), ["edge_attr.npy has 199 rows", "200 edges"]),
+    "edge_attr rows": (dict(edge_attr=np.zeros((E - 1, 2), dtype=np.float32)),
+                       ["edge_attr.npy has 199 rows", "200 edges"]),
 }
 
 

@@ -21,16 +21,16 @@ from graphfeed.client.security import ClientSecurity
 from graphfeed.client.security import resolve as resolve_client
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.transport import rpc_group
 from graphfeed.server.daemon import healthcheck
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.testing.cluster import SERVE_COMMAND, ServerProcess, start_server
+from graphfeed.transport import rpc_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_graphs import synthetic_parts  # noqa: E402
 from helpers_cluster import hermetic_env  # noqa: E402 -- after the sys.path line
-from helpers_pki import make_pki  # noqa: E402
+from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
+from helpers_pki import make_pki  # noqa: E402 -- after the sys.path entry for the tests folder
 
 TOKEN = "gf-test-token-0123456789abcdef"
 CALL_TIMEOUT = 10.0

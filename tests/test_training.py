@@ -19,7 +19,7 @@ from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gnn import SAGE, accuracy, train  # noqa: E402
+from gnn import SAGE, accuracy, train  # noqa: E402 -- after the sys.path entry for the tests folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -10,16 +10,28 @@ import time
 import pytest
 import torch
 
-from graphfeed.transport import rpc_group
 from graphfeed.core.batch import to_pyg
-from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
+from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.worker.buffer import BatchBuffer
-from graphfeed.server.worker.commands import (BadRequest, CloseSession, EpochStarted, GroupSpec, NotFound,
-                                              OpenSession, SessionClosed, StartEpoch, Stats, Stop, WorkerError,
-                                              WorkerGone, execute)
+from graphfeed.server.worker.commands import (
+    BadRequest,
+    CloseSession,
+    EpochStarted,
+    GroupSpec,
+    NotFound,
+    OpenSession,
+    SessionClosed,
+    StartEpoch,
+    Stats,
+    Stop,
+    WorkerError,
+    WorkerGone,
+    execute,
+)
 from graphfeed.server.worker.handle import SessionWorkerHandle
 from graphfeed.server.worker.process import EXIT_JOIN_FAILED
+from graphfeed.transport import rpc_group
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder

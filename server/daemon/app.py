@@ -31,7 +31,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-
 from graphfeed.server.daemon import logs, security
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer, WorkerFactory

@@ -25,15 +25,25 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto
-from graphfeed.server.partition.format import DEFAULT_NODE_TYPE
-
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.worker.commands import (BadRequest, CloseSession, Command, GroupSpec, NotFound, NotReady,
-                                              OpenSession, StartEpoch, Stats, WorkerError, WorkerGone)
+from graphfeed.server.partition.format import DEFAULT_NODE_TYPE
+from graphfeed.server.worker.commands import (
+    BadRequest,
+    CloseSession,
+    Command,
+    GroupSpec,
+    NotFound,
+    NotReady,
+    OpenSession,
+    StartEpoch,
+    Stats,
+    WorkerError,
+    WorkerGone,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
 MAX_EPOCH = 1 << 40

@@ -22,11 +22,10 @@ import asyncio
 import platform
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from graphfeed.core.metric_names import CLIENT_METRIC_NAMES, CLIENT_METRICS, LATENCY_BUCKETS, MetricSpec
+from graphfeed.core.metric_names import LATENCY_BUCKETS, MetricSpec
 from graphfeed.server.worker.commands import Metrics
 
 PREFIX = "graphfeed_"

@@ -145,7 +145,7 @@ class Registry:
             code = await asyncio.to_thread(group.handle.stop, grace)
             self.log.debug("worker_stop", group=group.group_id, worker_pid=getattr(group.handle, "pid", None),
                            exitcode=code)
-        except Exception as exc:  # never let a failed stop escape into the loop
+        except Exception as exc:  # noqa: BLE001 -- never let a failed stop escape into the loop
             self.log.error("worker_stop_failed", group=group.group_id, cause=repr(exc))
         finally:
             self._stopping_handles.remove(group.handle)
@@ -155,7 +155,7 @@ class Registry:
             return
         try:
             await self.before_stop(group)
-        except Exception as exc:  # the worker must be stopped regardless
+        except Exception as exc:  # noqa: BLE001 -- the worker must be stopped regardless
             self.log.error("before_stop_failed", group=group.group_id, cause=repr(exc))
 
     def _update_empty(self) -> None:
@@ -227,7 +227,7 @@ class Registry:
         while True:
             try:
                 self.reap_expired()
-            except Exception as exc:  # a broken handle must not stop the reaper
+            except Exception as exc:  # noqa: BLE001 -- a broken handle must not stop the reaper
                 self.log.error("reaper_error", cause=repr(exc))
             await asyncio.sleep(interval)
 

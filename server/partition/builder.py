@@ -10,8 +10,16 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from graphfeed.server.partition.format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, META_FILE, TOPOLOGIES, PartitionMeta,
-                     PartitionPaths, save_array, write_meta)
+from graphfeed.server.partition.format import (
+    DEFAULT_EDGE_TYPE,
+    DEFAULT_NODE_TYPE,
+    META_FILE,
+    TOPOLOGIES,
+    PartitionMeta,
+    PartitionPaths,
+    save_array,
+    write_meta,
+)
 
 METHODS = ("random", "metis")
 # progress(iterable, description) -> iterable (e.g. a tqdm bar); log(message) for steps without a loop.
@@ -268,8 +276,8 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
     into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
-    which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not exist, be empty, or (with
-    ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
+    which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not
+    exist, be empty, or (with ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
     """
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")

@@ -30,8 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from graphfeed.core.constants import SPLITS
-
 FORMAT_VERSION = 1
 META_FILE = "META.json"
 DEFAULT_NODE_TYPE = "_N"
@@ -155,7 +153,8 @@ def save_array(path: Path, array: np.ndarray) -> None:
 def load_array(path: Path) -> np.ndarray:
     """Memory-map an array copy-on-write: pages are read on demand, never written back."""
     if not path.is_file():
-        raise PartitionFormatError(f"{path} is missing: the partition folder is incomplete; re-run `graphfeed partition`")
+        raise PartitionFormatError(f"{path} is missing: the partition folder is incomplete; "
+                                   f"re-run `graphfeed partition`")
     try:
         return np.load(path, mmap_mode="c")
     except (ValueError, OSError) as exc:

@@ -90,7 +90,7 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     folder = Path(folder)
     arrays = {name: _load_npy(folder, name, name in REQUIRED_FILES)
               for name in ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr")}
-    where = lambda name: str(folder / f"{name}.npy")  # noqa: E731
+    where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     return build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
                              name=_graph_name(folder), where=where)
@@ -169,7 +169,7 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     if not isinstance(obj, dict) and not hasattr(obj, "edge_index"):
         raise InputError(f"{file} holds a {type(obj).__name__}, expected a PyG Data (or a dict of tensors) "
                          f"with x, y, edge_index and train_mask/train_idx")
-    where = lambda name: f"{file}: attribute {name}"  # noqa: E731
+    where = lambda name: f"{file}: attribute {name}"  # noqa: E731 -- a one-line local formatter
     fields = {}
     for name in ("edge_index", "x", "y"):
         fields[name] = _to_numpy(_field(obj, name), where(name))

@@ -5,13 +5,20 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 
-import numpy as np
 import torch
 
 from graphfeed.core.spec import NodeInput
 from graphfeed.server.partition.book import RangePartitionBook
-from graphfeed.server.partition.format import (DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, SPLITS, PartitionFormatError,
-                     PartitionMeta, PartitionPaths, load_array, read_meta)
+from graphfeed.server.partition.format import (
+    DEFAULT_EDGE_TYPE,
+    DEFAULT_NODE_TYPE,
+    SPLITS,
+    PartitionFormatError,
+    PartitionMeta,
+    PartitionPaths,
+    load_array,
+    read_meta,
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,9 @@ class Partition:
     def _topologies(self) -> dict[str, Topology]:
         out = {}
         for kind in self.meta.topologies:
-            f = lambda name: _tensor(self.paths.edge_file(self.part_id, kind, name, self.etype))  # noqa: E731
-            topo = Topology(f("indptr"), f("indices"), f("eid"))
+            indptr, indices, eid = (_tensor(self.paths.edge_file(self.part_id, kind, name, self.etype))
+                                    for name in ("indptr", "indices", "eid"))
+            topo = Topology(indptr, indices, eid)
             if topo.num_nodes != self.num_nodes:
                 raise PartitionFormatError(
                     f"{self.paths.edge_dir(self.part_id, self.etype)}: {kind} indptr covers {topo.num_nodes} nodes, "

@@ -21,8 +21,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from graphfeed.server.worker.commands import (START_ID, Command, GroupSpec, Started, Stop, WorkerError,
-                                              WorkerGone)
+from graphfeed.server.worker.commands import START_ID, Command, GroupSpec, Started, Stop, WorkerError, WorkerGone
 
 START_TIMEOUT = 120.0   # seconds for the worker to import torch and map its partition
 
