@@ -35,7 +35,7 @@ from graphfeed.server.loader.local import part_inputs
 from graphfeed.server.partition.format import SPLITS
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling import dispatch
-from graphfeed.server.sampling.graph import LocalGraph
+from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s")
@@ -109,7 +109,7 @@ class EpochStats:
                 "sampled_edges_per_s": self.edges / s}
 
 
-def run_epoch(graph: LocalGraph, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
+def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
               clock: Callable[[], float] = time.perf_counter) -> EpochStats:
     """One pass of ``cfg.loader`` over ``inputs`` (each part's input nodes), batches as the loaders plan them."""
     t0, cpu0 = clock(), time.process_time()
@@ -151,7 +151,7 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
     """Measure the in-process sampler on ``cfg.graph``; returns the JSON-ready result."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    graph = LocalGraph(open_parts(cfg.graph)[1])
+    graph = PartitionedGraph.in_process(open_parts(cfg.graph)[1])
     inputs = part_inputs(graph.parts, cfg.loader.input)
     run_epoch(graph, inputs, cfg, epoch=0)                       # warm-up, not reported
     measured = [run_epoch(graph, inputs, cfg, epoch=e) for e in range(1, cfg.epochs + 1)]

@@ -17,9 +17,10 @@ import torch
 
 from graphfeed import cuda_ext
 from graphfeed.core.seeding import GOLDEN, MASK64, mix64_int
-from graphfeed.server.sampling import dispatch, reference, reference_ext
-from graphfeed.server.sampling.neighbor import sample_subgraph
 from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling import dispatch, reference, reference_ext
+from graphfeed.server.sampling.graph import sample_topology
+from graphfeed.server.sampling.neighbor import sample_subgraph
 
 OPS = cuda_ext.load_ops()
 needs_native = pytest.mark.skipif(OPS is None, reason=f"native ops unavailable: {cuda_ext.load_error()}")
@@ -371,11 +372,11 @@ def test_sample_subgraph_node_offset_and_errors():
 
 
 @needs_native
-def test_dispatch_sample_local_matches_reference(monkeypatch):
+def test_sample_topology_matches_reference(monkeypatch):
     topo = type("T", (), {"indptr": TOPO["in"][0], "indices": TOPO["in"][1], "eid": TOPO["in"][2]})
     spec = SamplingSpec([10, 5])
     seeds = torch.arange(0, 3000, 7)
-    got = dispatch.sample_local(topo, 0, seeds, spec, 2 ** 63 + 1)
+    got = sample_topology(topo, 0, seeds, spec, 2 ** 63 + 1)
     exp = reference_subgraph(TOPO["in"], seeds, spec, 2 ** 63 + 1, monkeypatch)
     assert_same((got.nodes, got.row, got.col, got.eids), (exp.nodes, exp.row, exp.col, exp.eids))
     assert got.num_sampled_nodes == exp.num_sampled_nodes and got.batch_size == exp.batch_size
@@ -520,11 +521,12 @@ def test_forced_reference_path_samples_like_the_reference():
         import torch, warnings
         warnings.simplefilter("error")
         from graphfeed.server.sampling import dispatch, reference
+        from graphfeed.server.sampling.graph import sample_topology
         from graphfeed.core.spec import SamplingSpec
         assert dispatch.IMPLEMENTATION == "reference", dispatch.IMPLEMENTATION
         indptr = torch.tensor([0, 1, 2, 3, 4]); indices = torch.tensor([3, 0, 1, 2]); eid = torch.arange(4)
         topo = type("T", (), {"indptr": indptr, "indices": indices, "eid": eid})
-        sub = dispatch.sample_local(topo, 0, torch.tensor([0]), SamplingSpec([1, 1]), 3)
+        sub = sample_topology(topo, 0, torch.tensor([0]), SamplingSpec([1, 1]), 3)
         print(sub.nodes.tolist(), sub.row.tolist(), sub.col.tolist())
         """, GRAPHFEED_SAMPLER="reference")
     assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,7 @@
 """Invariants of the reference neighbor sampler (the oracle of the native kernels).
 
 Graphs are partitioned into temporary folders here (not through conftest fixtures) and
-sampled through :class:`LocalGraph`; every check is made in original ids against the
+sampled through :class:`PartitionedGraph`; every check is made in original ids against the
 input ``edge_index``, so the partition renumbering is exercised too.
 """
 from __future__ import annotations
@@ -15,14 +15,13 @@ import pytest
 import torch
 
 from graphfeed.core.seeding import MASK64, mix64_int
+from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.store import Topology, open_parts
 from graphfeed.server.sampling import dispatch, reference, rng
-from graphfeed.server.sampling.graph import LocalGraph
+from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.neighbor import sample_subgraph
-from graphfeed.core.spec import SamplingSpec
-
 
 # ------------------------------------------------------------------------ implementations
 
@@ -52,7 +51,7 @@ class Case:
     def __init__(self, root, edge_index, num_nodes: int):
         self.edge_index = np.asarray(edge_index, dtype=np.int64).reshape(2, -1)
         self.num_nodes = num_nodes
-        self.graph = LocalGraph(open_parts(root)[1])
+        self.graph = PartitionedGraph.in_process(open_parts(root)[1])
         orig = torch.cat([p.orig_id for p in self.graph.parts])
         self.gid_of_orig = torch.empty(num_nodes, dtype=torch.int64)
         self.gid_of_orig[orig] = torch.arange(num_nodes)

@@ -14,7 +14,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import EpochPlan, resolve_rank
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec, fanouts
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
-from graphfeed.server.sampling.graph import LocalGraph
+from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 
@@ -31,12 +31,12 @@ class LocalNeighborLoader:
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).
     """
 
-    def __init__(self, data: str | os.PathLike | LocalGraph, num_neighbors: Sequence[int], *,
+    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  batch_size: int = 1, input_nodes: str | torch.Tensor | None = "train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None):
-        self.graph = data if isinstance(data, LocalGraph) else LocalGraph(open_parts(data)[1])
+        self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         rank, world_size = resolve_rank(rank, world_size)
         sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
         self.spec = LoaderSpec(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,

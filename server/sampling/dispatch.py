@@ -13,9 +13,8 @@ import warnings
 import torch
 
 from graphfeed.core.seeding import MASK64
-
-from graphfeed.server.sampling import reference, reference_ext
 from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling import reference, reference_ext
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
 _FORCED = os.environ.get("GRAPHFEED_SAMPLER", "").strip().lower()
@@ -30,7 +29,8 @@ def _probe_native():
 
     ops = cuda_ext.load_ops()
     if ops is None:
-        msg = f"graphfeed native sampling ops unavailable ({cuda_ext.load_error()}); using the pure-torch reference sampler"
+        msg = (f"graphfeed native sampling ops unavailable ({cuda_ext.load_error()}); "
+               "using the pure-torch reference sampler")
         if _FORCED == "native":
             raise ImportError(msg + " -- but GRAPHFEED_SAMPLER=native was set")
         if cuda_ext.build_was_expected():
@@ -83,24 +83,26 @@ def temporal_one_hop(topo, edge_time: torch.Tensor, local_nodes: torch.Tensor, g
                                           seed_time, fanout, replace, seed, hop)
 
 
-def sample_local(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
-    """All hops over one topology holding every reachable node (rows = gid - node_offset).
+def has_fused_sampler() -> bool:
+    """Whether :func:`fused_sample_subgraph` is available (the native library is loaded)."""
+    return _NATIVE is not None
 
-    The fused native op when loaded; otherwise the multi-hop driver over :func:`one_hop`.
-    Same result either way.  ``seeds`` must be distinct global ids.
+
+def fused_sample_subgraph(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec,
+                          seed: int) -> SampledSubgraph:
+    """All hops in one native call over one topology holding every reachable node
+    (rows = gid - node_offset); ``seeds`` must be distinct global ids.
+
+    Only when :func:`has_fused_sampler`; gives what the multi-hop driver
+    (:func:`graphfeed.server.sampling.neighbor.sample_subgraph`) over :func:`one_hop` gives.
     """
+    if _NATIVE is None:
+        raise RuntimeError("the fused multi-hop sampler needs the native op library, which is not loaded")
     seeds = _long(seeds)
-    if _NATIVE is not None:
-        nodes, row, col, eids, nn, ne = _NATIVE.sample_subgraph(
-            topo.indptr, topo.indices, topo.eid, seeds, int(node_offset), list(spec.num_neighbors),
-            bool(spec.replace), _seed64(seed), spec.direction == "in")
-        return SampledSubgraph(nodes, row, col, eids, seeds.numel(), nn.tolist(), ne.tolist())
-    from graphfeed.server.sampling.neighbor import sample_subgraph  # neighbor imports this module
-
-    def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
-        return one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)
-
-    return sample_subgraph(seeds, spec, hop_fn)
+    nodes, row, col, eids, nn, ne = _NATIVE.sample_subgraph(
+        topo.indptr, topo.indices, topo.eid, seeds, int(node_offset), list(spec.num_neighbors),
+        bool(spec.replace), _seed64(seed), spec.direction == "in")
+    return SampledSubgraph(nodes, row, col, eids, seeds.numel(), nn.tolist(), ne.tolist())
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,58 +1,173 @@
-"""Sampling over partitions held in this process."""
+"""One partitioned graph over per-part sources: the sampler of the local loader, the bench and the workers.
+
+A :class:`PartitionedGraph` is a :class:`graphfeed.server.sampling.producer.SamplingGraph`
+built from one source per part (:mod:`.source`).  In-process (:meth:`PartitionedGraph.in_process`)
+every part is a :class:`LocalSource`; in a session worker
+(:func:`graphfeed.server.worker.peers.worker_graph`) its own part is local and the other parts
+are its peer workers.
+
+When one local part holds every node, a batch is sampled by the fused multi-hop op and its
+features are read without a second copy.  Otherwise each hop splits the frontier by owner,
+starts the remote pieces first, samples the local pieces meanwhile, and stitches the pieces
+back into frontier order.  The counter-based RNG keys every choice by (seed, hop, node), so
+every split of a frontier gives the same sample, bit for bit.
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Iterator, Protocol, Sequence, TypeVar
 
 import torch
 
+from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_subgraph, stitch
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.sampling.source import Handle, LocalSource, PartSource, Rows
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
-
-def sample_part(part: Partition, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
-    """One hop for nodes ``gids`` that ``part`` owns."""
-    topo = part.topology(spec.topology)
-    return dispatch.one_hop(topo, gids - part.start, gids, fanout, spec.replace, seed, hop)
+T = TypeVar("T")
+Start = Callable[[PartSource, torch.Tensor], Handle[T]]   # starts a request for some ids at one source
 
 
-class LocalGraph:
-    """All partitions of a graph in one process: the local loader's and the bench's sampler."""
+class StageTelemetry(Protocol):
+    """Where the driver records its stages (a worker's :class:`~graphfeed.server.worker.telemetry.WorkerTelemetry`)."""
 
-    def __init__(self, parts: Sequence[Partition]):
-        self.parts = list(parts)
-        self.book = RangePartitionBook(self.parts[0].meta.node_ranges[self.parts[0].ntype])
+    def clock(self) -> float: ...
+
+    def stage(self, stage: str) -> ContextManager[None]: ...
+
+    def observe_stage(self, stage: str, seconds: float) -> None: ...
+
+
+class NoTelemetry:
+    """Records nothing: the in-process graph's telemetry."""
+
+    @staticmethod
+    def clock() -> float:
+        return 0.0
+
+    def stage(self, stage: str) -> ContextManager[None]:
+        return nullcontext()
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        pass
+
+
+def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+    """All hops over one topology holding every reachable node (rows = gid - node_offset).
+
+    The fused native op when loaded; otherwise the multi-hop driver over
+    :func:`dispatch.one_hop`.  Same result either way.  ``seeds`` must be distinct global ids.
+    """
+    if dispatch.has_fused_sampler():
+        return dispatch.fused_sample_subgraph(topo, node_offset, seeds, spec, seed)
+
+    def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
+        return dispatch.one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)
+
+    return sample_subgraph(seeds, spec, hop_fn)
+
+
+class PartitionedGraph:
+    """A graph partitioned by :class:`RangePartitionBook` ``book``; ``sources[p]`` serves part ``p``.
+
+    At least one source must be local (its arrays give the feature rows' shape and type).
+    ``telemetry`` records ``local_sample``, ``remote_sample`` (per hop) and ``feature_gather``.
+    """
+
+    def __init__(self, book: RangePartitionBook, sources: Sequence[PartSource],
+                 telemetry: StageTelemetry | None = None):
+        if [s.part_id for s in sources] != list(range(book.num_parts)):
+            raise ValueError(f"need one source per part 0..{book.num_parts - 1} in order, "
+                             f"got parts {[s.part_id for s in sources]}")
+        local = [s for s in sources if isinstance(s, LocalSource)]
+        if not local:
+            raise ValueError("a PartitionedGraph needs at least one part in this process")
+        self.book = book
+        self.sources = list(sources)
+        self.telemetry: StageTelemetry = telemetry if telemetry is not None else NoTelemetry()
+        self._like = local[0].part                                     # the feature rows' shape and type
+        self._whole = local[0] if book.num_parts == 1 else None        # one local part holds every node
+
+    @classmethod
+    def in_process(cls, parts: Sequence[Partition]) -> PartitionedGraph:
+        """Every part of a graph in this process (``parts`` in part order, as :func:`open_parts` gives them)."""
+        return cls(parts[0].book, [LocalSource(p) for p in parts])
+
+    @property
+    def parts(self) -> list[Partition]:
+        """The partitions held in this process, in part order."""
+        return [s.part for s in self.sources if isinstance(s, LocalSource)]
+
+    # ---- the SamplingGraph protocol -------------------------------------------------------------
 
     def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
-        if self.book.num_parts == 1:  # one topology holds every node: the fused multi-hop sampler
-            part = self.parts[0]
-            return dispatch.sample_local(part.topology(spec.topology), part.start, seeds, spec, seed)
+        """``len(spec.num_neighbors)`` hops from ``seeds`` (distinct global ids) with batch seed ``seed``."""
+        if self._whole is not None:
+            with self.telemetry.stage("local_sample"):
+                part = self._whole.part
+                return sample_topology(part.topology(spec.topology), part.start, seeds, spec, seed)
 
         def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
-            pieces = [(pos, sample_part(self.parts[p], gids[pos], spec, fanout, seed, hop))
-                      for p, pos in self.book.split(gids)]
-            return stitch(gids.numel(), pieces)
+            return self._one_hop(gids, spec, fanout, seed, hop)
 
         return sample_subgraph(seeds, spec, one_hop)
 
-    def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gather(self, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of the nodes ``gids``."""
-        if self.book.num_parts == 1:  # one part: gather straight from its arrays, no second copy
-            part = self.parts[0]
-            local = gids - part.start
-            return (dispatch.gather_rows(part.x, local), dispatch.gather_rows(part.y, local),
-                    dispatch.gather_rows(part.orig_id, local))
-        first = self.parts[0]
-        x = torch.empty((gids.numel(),) + tuple(first.x.shape[1:]), dtype=first.x.dtype)
-        y = torch.empty((gids.numel(),) + tuple(first.y.shape[1:]), dtype=first.y.dtype)
-        orig = torch.empty(gids.numel(), dtype=torch.int64)
-        for p, pos in self.book.split(gids):
-            part = self.parts[p]
-            local = gids[pos] - part.start
-            x.index_copy_(0, pos, part.x.index_select(0, local))
-            y.index_copy_(0, pos, part.y.index_select(0, local))
-            orig.index_copy_(0, pos, part.orig_id.index_select(0, local))
-        return x, y, orig
+        with self.telemetry.stage("feature_gather"):
+            if self._whole is not None:
+                return self._whole.gather(gids)
+            return self._gather(gids)
+
+    # ---- the multi-part driver ------------------------------------------------------------------
+
+    def _one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
+        """One hop for frontier ``gids``, split by owner and stitched back into frontier order."""
+        tel = self.telemetry
+        t0 = tel.clock()
+        split = self.book.split(gids)
+        pieces = list(self._pieces(gids, split, lambda src, ids: src.start_one_hop(ids, spec, fanout, seed, hop),
+                                   local_stage="local_sample"))
+        if any(not self.sources[p].local for p, _ in split):
+            tel.observe_stage("remote_sample", tel.clock() - t0)
+        return stitch(gids.numel(), pieces)
+
+    def _gather(self, gids: torch.Tensor) -> Rows:
+        """Rows of ``gids`` from their owners, copied into place (one local owner: its rows as they are)."""
+        split = self.book.split(gids)
+        only = self.sources[split[0][0]] if len(split) == 1 else None
+        if isinstance(only, LocalSource):
+            return only.gather(gids)
+        n, like = gids.numel(), self._like
+        out = (torch.empty((n,) + tuple(like.x.shape[1:]), dtype=like.x.dtype),
+               torch.empty((n,) + tuple(like.y.shape[1:]), dtype=like.y.dtype),
+               torch.empty(n, dtype=torch.int64))
+        for pos, rows in self._pieces(gids, split, lambda src, ids: src.start_gather(ids)):
+            # index_copy_ rather than ``x[pos] = ...``: advanced-indexing assignment is several times slower
+            for dst, src in zip(out, rows):
+                dst.index_copy_(0, pos, src)
+            del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
+        return out
+
+    def _pieces(self, gids: torch.Tensor, split: list[tuple[int, torch.Tensor]],
+                start: Start[T], local_stage: str | None = None) -> Iterator[tuple[torch.Tensor, T]]:
+        """``(positions, result)`` of ``start(source, ids)`` for the piece of ``gids`` each owner holds.
+
+        Every remote piece is started first (in flight meanwhile); then each local piece is done
+        (inside ``local_stage`` when given) and yielded at once; then each remote piece as it
+        arrives.  Nothing here holds a piece once it is yielded.
+        """
+        remote = [(pos, start(self.sources[p], gids[pos])) for p, pos in split if not self.sources[p].local]
+        for p, pos in split:
+            if self.sources[p].local:
+                yield pos, self._local_piece(self.sources[p], gids[pos], start, local_stage)
+        for pos, handle in remote:
+            yield pos, handle.wait()
+
+    def _local_piece(self, source: PartSource, ids: torch.Tensor, start: Start[T], stage: str | None) -> T:
+        """``start(source, ids)`` of a local source (done when started), inside ``stage`` when given."""
+        with self.telemetry.stage(stage) if stage else nullcontext():
+            return start(source, ids).wait()

@@ -1,9 +1,10 @@
 """Multi-hop neighbor sampling driver: hops, relabelling, and splitting a frontier by owner.
 
 The driver is independent of where a hop's neighbors come from: ``one_hop_fn(gids,
-fanout, hop)`` may read a local CSC, split the frontier over partitions in one process
-(:class:`LocalGraph`), or ask other servers over RPC.  Because every random choice is
-keyed by ``(seed, hop, node id)`` (see :mod:`.rng`), all of these give identical samples.
+fanout, hop)`` may read one local CSC, or split the frontier over the parts of a
+:class:`graphfeed.server.sampling.graph.PartitionedGraph` (in this process or on peer
+workers).  Because every random choice is keyed by ``(seed, hop, node id)`` (see
+:mod:`graphfeed.server.sampling.rng`), all of these give identical samples.
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.reference import segment_arange
-from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph
 
 OneHopFn = Callable[[torch.Tensor, int, int], OneHop]

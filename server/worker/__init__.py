@@ -4,6 +4,6 @@
 - :mod:`.process` -- the worker's main: partition, RPC group, command loop.
 - :mod:`.session` -- one loader's epochs: plan, producers, buffer.
 - :mod:`.buffer` -- finished batches waiting for the trainer's pulls (bounded in batches and bytes).
-- :mod:`.distributed` -- sampling over the group (local part + peer workers).
+- :mod:`.peers` -- sampling over the group (local part + peer workers as remote sources).
 - :mod:`.rpc_api` -- the allow-list of functions callable over torch RPC.
 """

@@ -27,7 +27,7 @@ import torch
 from graphfeed.transport import rpc_group
 
 from graphfeed.server.partition.store import Partition
-from graphfeed.server.worker.distributed import DistributedGraph
+from graphfeed.server.worker.peers import worker_graph
 from graphfeed.server.worker.commands import (START_ID, BadRequest, CloseSession, EpochStarted, GroupSpec, Metrics,
                                               MetricsSnapshot, NotFound, NotReady, OpenSession, SessionClosed,
                                               SessionOpened, SessionRows, Started, StartEpoch, Stats, Stop, Stopped,
@@ -50,7 +50,7 @@ class SessionWorker:
     def __init__(self, spec: GroupSpec, part: Partition):
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
-        self.graph = DistributedGraph(part, spec.rpc_timeout, self.telemetry)
+        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry)
         self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry

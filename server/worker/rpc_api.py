@@ -78,12 +78,15 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
 
 def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
     """``(counts, neighbors, eids)`` of one hop for nodes ``gids`` owned by this worker's part."""
-    return _bound().graph.local_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
+    worker = _bound()
+    own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
+    return own.serve_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
 
 
 def gather(gids: torch.Tensor):
     """``(x, y, original ids)`` of nodes ``gids`` owned by this worker's part."""
-    return _bound().graph.local_gather(gids)
+    worker = _bound()
+    return worker.graph.sources[worker.part.part_id].gather(gids)   # LocalSource.gather checks ownership
 
 
 ALLOWED = frozenset({pull, one_hop, gather})
