@@ -63,6 +63,13 @@ class RemoteBenchConfig:
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
 
+    @property
+    def graph_folder(self) -> str:
+        """The partition folder (``--servers N`` and ``--compare`` need one; checked at construction)."""
+        if self.graph is None:
+            raise ValueError("this run needs the partition folder: give --graph DIR")
+        return os.fspath(self.graph)
+
     def __post_init__(self):
         if isinstance(self.servers, int) and not isinstance(self.servers, bool):
             if self.servers < 1:
@@ -184,7 +191,7 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
 def inprocess_features(cfg: RemoteBenchConfig) -> dict:
     """``bench sample --features`` with the same settings, in its own process; its JSON result."""
-    argv = [sys.executable, "-m", "graphfeed.cli", "bench", "sample", "--graph", os.fspath(cfg.graph), "--features",
+    argv = [sys.executable, "-m", "graphfeed.cli", "bench", "sample", "--graph", cfg.graph_folder, "--features",
             "--num-neighbors", ",".join(map(str, cfg.num_neighbors)), "--batch-size", str(cfg.batch_size),
             "--epochs", str(cfg.epochs), "--input", cfg.input, "--seed", str(cfg.seed), "--direction", cfg.direction]
     if cfg.replace:
@@ -210,8 +217,8 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
 
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
-            _check_parts(cfg.graph, cfg.servers)
-            local = stack.enter_context(LocalCluster(cfg.graph, cfg.servers,
+            _check_parts(cfg.graph_folder, cfg.servers)
+            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers,
                                                      log_dir=tempfile.mkdtemp(prefix="graphfeed-bench-remote-")))
             result = measure(local.addresses, cfg, local)
         else:

@@ -28,11 +28,10 @@ from typing import Callable
 
 import torch
 
-from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE
+from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, SPLITS
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 from graphfeed.server.loader.local import part_inputs
-from graphfeed.server.partition.format import SPLITS
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import PartitionedGraph

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format import (
     DEFAULT_NODE_TYPE,
-    SPLITS,
     PartitionMeta,
     PartitionPaths,
     load_array,

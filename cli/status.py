@@ -141,9 +141,10 @@ def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
     return "ERROR", f"{code.name if code else 'error'}: {first}"
 
 
-def _size(n: int | None) -> str:
-    if n is None:
+def _size(size: int | None) -> str:
+    if size is None:
         return "-"
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"

@@ -90,7 +90,7 @@ def evaluate(model, loader) -> float:
 
 def train_epoch(model, loader, optimizer, progress) -> tuple[float, int, float]:
     model.train()
-    loss_sum = steps = 0
+    loss_sum, steps = 0.0, 0
     start = time.perf_counter()
     for batch in progress(loader):
         optimizer.zero_grad()
@@ -117,9 +117,8 @@ def main(argv=None) -> int:
         train = client.neighbor_loader(input_nodes="train", batch_size=args.batch_size, shuffle=True, **common)
         val = client.neighbor_loader(input_nodes="val", batch_size=2048, **common)
         test = client.neighbor_loader(input_nodes="test", batch_size=2048, **common)
-        model = SAGE(num_features, args.hidden, client.num_classes, len(fanouts), dropout=args.dropout)
-        if dist.is_initialized():
-            model = DistributedDataParallel(model)
+        sage = SAGE(num_features, args.hidden, client.num_classes, len(fanouts), dropout=args.dropout)
+        model: torch.nn.Module = DistributedDataParallel(sage) if dist.is_initialized() else sage
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         progress = _progress_bar(rank == 0 and args.progress)
         say(f"graph: {client.num_nodes} nodes, {client.num_parts} servers, "

@@ -1,7 +1,7 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
 from graphfeed.client.errors import ServerError
@@ -52,7 +52,7 @@ class Client:
     def __init__(self, servers: Sequence[ServerConn], group: DataGroup, *, timeout: float, rpc_timeout: float):
         self.servers, self.group = list(servers), group
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
-        info = self.servers[0].info
+        info = self.servers[0].cluster_info
         self.num_parts = int(info.num_parts)
         self.num_nodes = int(info.node_ranges[-1])
         self.num_classes = int(info.num_classes)
@@ -99,7 +99,7 @@ class Client:
             raise ServerError(self._broken.server, f"the client is unusable after an earlier failure: "
                                                    f"{self._broken}; close() it and connect() again")
 
-    def _fail(self, where: tuple[str, str], cause: BaseException | None = None):
+    def _fail(self, where: tuple[str, str], cause: BaseException | None = None) -> NoReturn:
         """Mark the client broken (its group lost a member) and raise the error naming the server."""
         server, message = where
         self._broken = ServerError(server, message)

@@ -63,6 +63,13 @@ class ServerConn:
     extra: dict = field(default_factory=dict)
 
     @property
+    def cluster_info(self) -> pb.ClusterInfo:
+        """What the server said about itself; only after :func:`connect_all` reached it."""
+        if self.info is None:
+            raise ClusterError(f"{self.address} was not reached yet: connect before reading its cluster info")
+        return self.info
+
+    @property
     def part(self) -> int:
         return int(self.info.part_id) if self.info is not None else -1
 
@@ -116,12 +123,13 @@ def _security_hint(exc: grpc.RpcError, security) -> str:
 
 
 def check_cluster(servers: Sequence[ServerConn]) -> None:
-    first = servers[0].info
+    first = servers[0].cluster_info
     for s in servers[1:]:
-        if s.info.fingerprint != first.fingerprint or s.info.num_parts != first.num_parts:
+        info = s.cluster_info
+        if info.fingerprint != first.fingerprint or info.num_parts != first.num_parts:
             raise ClusterError(f"{s.address} serves a different graph than {servers[0].address} "
-                               f"(fingerprint {s.info.fingerprint[:12]} vs {first.fingerprint[:12]}, "
-                               f"{s.info.num_parts} vs {first.num_parts} parts): list servers of one partitioning")
+                               f"(fingerprint {info.fingerprint[:12]} vs {first.fingerprint[:12]}, "
+                               f"{info.num_parts} vs {first.num_parts} parts): list servers of one partitioning")
     by_part: dict[int, list[str]] = {}
     for s in servers:
         by_part.setdefault(s.part, []).append(s.address)

@@ -59,7 +59,14 @@ class DataGroup:
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
         self.joined = False
-        self.channel: BatchChannel | None = None   # opened once the group formed
+        self._channel: BatchChannel | None = None   # opened once the group formed
+
+    @property
+    def channel(self) -> BatchChannel:
+        """The group's batch channel (after :meth:`start`; closed, not gone, after :meth:`close`)."""
+        if self._channel is None:
+            raise RuntimeError("the data group has not formed yet: no batch channel to pull from")
+        return self._channel
 
     # ---- set-up ---------------------------------------------------------------------------------
 
@@ -72,7 +79,7 @@ class DataGroup:
         try:
             self._open_all()
             self._join()
-            self.channel = self._open_channel()
+            self._channel = self._open_channel()
         except BaseException:
             self.close()
             raise
@@ -158,8 +165,8 @@ class DataGroup:
 
     def close(self) -> None:
         self._stop.set()
-        if self.channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
-            self.channel.close()
+        if self._channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
+            self._channel.close()
         if self.joined:
             import torch.distributed.rpc as rpc
 

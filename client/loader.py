@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -22,6 +22,9 @@ from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 from graphfeed.transport.pending import Pending
+
+if TYPE_CHECKING:
+    from graphfeed.client.client import Client
 
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
 
@@ -39,7 +42,7 @@ class RemoteNeighborLoader:
     ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client, spec: LoaderSpec, *, prefetch: int = 4):
+    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")

@@ -53,8 +53,10 @@ class ClientSecurity:
 
 
 def _read(path: str | None, what: str) -> bytes | None:
-    if path is None:
-        return None
+    return None if path is None else _read_file(path, what)
+
+
+def _read_file(path: str, what: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
@@ -100,7 +102,7 @@ def _from_yaml(doc: Mapping | None, base: Path | None) -> dict:
         raise ClusterError(f"{where}: give token or token_file, not both")
     if doc.get("token_file") is not None:
         path = _path(doc["token_file"], base)
-        out["token"] = _check_token(_read(path, "token_file").decode("utf-8", "replace"), f"{where}: token_file")
+        out["token"] = _check_token(_read_file(path, "token_file").decode("utf-8", "replace"), f"{where}: token_file")
     elif doc.get("token") is not None:
         out["token"] = _check_token(doc["token"], f"{where}: token")
     tls = doc.get("tls")

@@ -128,7 +128,7 @@ class NodeInput:
             return NotImplemented
         if self.split != other.split or (self.ids is None) != (other.ids is None):
             return False
-        return self.ids is None or torch.equal(self.ids, other.ids)
+        return self.ids is None or other.ids is None or torch.equal(self.ids, other.ids)
 
     def __hash__(self) -> int:
         return hash((self.split, None if self.ids is None else self.ids.numel()))

@@ -237,8 +237,8 @@ class ServerProcess:
         self.checked = True
         code = stop_processes([self.proc], timeout)[0]
         problem = exit_problem(self, code, expect, timeout)
-        if problem:
-            raise self.failure(problem)
+        if problem or code is None:
+            raise self.failure(problem or "did not exit")
         return code
 
 

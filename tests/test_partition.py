@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from graphfeed.cli.main import main
+from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.builder import assign_parts, edge_cut, partition_graph
-from graphfeed.server.partition.format import SPLITS, read_meta
+from graphfeed.server.partition.format import read_meta
 from graphfeed.server.partition.inputs import read_graph
 from graphfeed.server.partition.store import open_parts
 

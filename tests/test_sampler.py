@@ -176,7 +176,11 @@ SPECS = [
 ]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.num_neighbors}-{'rep' if s.replace else 'norep'}-{s.direction}")
+def _spec_id(s):
+    return f"{s.num_neighbors}-{'rep' if s.replace else 'norep'}-{s.direction}"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_spec_id)
 def test_invariants_random_multigraph(rand_case, spec):
     for seed, batch in [(0, 1), (1, 17), (2, 64), (3, 295)]:
         seeds = torch.randperm(rand_case.num_nodes, generator=torch.Generator().manual_seed(seed))[:batch]

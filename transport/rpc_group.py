@@ -34,6 +34,8 @@ def _rendezvous_handler(url: str, **kwargs):
     import torch.distributed as dist
 
     u = urlparse(url)
+    if u.hostname is None or u.port is None:
+        raise ValueError(f"rendezvous url {url!r} needs a host and a port (tcp://HOST:PORT?rank=..)")
     q = {k: v[0] for k, v in parse_qs(u.query).items()}
     rank, world_size = int(q["rank"]), int(q["world_size"])
     timeout = timedelta(seconds=float(q.get("join_timeout", "60")))

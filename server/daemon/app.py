@@ -149,18 +149,18 @@ class Daemon:
 
     async def startup(self) -> None:
         c = self.config
-        self.served = load_partition(c)
-        self.registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
+        self.served = served = load_partition(c)
+        self.registry = registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
                                  log=self.log)
         check_bindable(c.host, c.port)
         server = grpc.aio.server(interceptors=security.server_interceptors(c, self.log),
                                  options=[("grpc.so_reuseport", 0),
                                           ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-        self.figures = WorkerFigures(self.registry, c.call_timeout)
-        self.registry.before_stop = self.figures.retire  # a stopping worker's last figures are kept
-        control = ControlServicer(c, self.served, self.registry, self.log, self.worker_factory,
-                                  is_draining=lambda: self.draining, figures=self.figures)
+        self.figures = figures = WorkerFigures(registry, c.call_timeout)
+        registry.before_stop = figures.retire  # a stopping worker's last figures are kept
+        control = ControlServicer(c, served, registry, self.log, self.worker_factory,
+                                  is_draining=lambda: self.draining, figures=figures)
         pb_grpc.add_ControlServicer_to_server(control, server)
         self.control = control
         self._health = health.aio.HealthServicer()
@@ -176,11 +176,11 @@ class Daemon:
         # every group at once, so one slow worker cannot starve the others' calls.
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
-        self._reaper = asyncio.get_running_loop().create_task(self.registry.run_reaper())
-        self._start_metrics()
+        self._reaper = asyncio.get_running_loop().create_task(registry.run_reaper())
+        self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
-        self._announce()
+        self._announce(served)
         self.ready.set()
 
     def _add_port(self, server: grpc.aio.Server) -> int:
@@ -201,20 +201,20 @@ class Daemon:
             raise StartupError(ExitCode.BIND, f"cannot bind {c.host}:{c.port} (address in use or not local to "
                                               f"this host)") from None
 
-    def _start_metrics(self) -> None:
+    def _start_metrics(self, figures: WorkerFigures, control: ControlServicer) -> None:
         c = self.config
         if c.metrics_port is None:
             return
-        self.metrics = MetricsEndpoint(self, self.figures, asyncio.get_running_loop())
+        self.metrics = MetricsEndpoint(self, figures, asyncio.get_running_loop())
         try:
             self.metrics_port = self.metrics.start(c.host, c.metrics_port)
         except OSError as exc:
             raise StartupError(ExitCode.BIND, f"cannot bind the metrics port {c.host}:{c.metrics_port}: "
                                               f"{exc.strerror or exc}") from None
-        self.control.metrics_port = self.metrics_port
+        control.metrics_port = self.metrics_port
 
-    def _announce(self) -> None:
-        c, meta = self.config, self.served.meta
+    def _announce(self, served: ServedPartition) -> None:
+        c, meta = self.config, served.meta
         if self.port_file is not None:
             tmp = self.port_file.with_name(self.port_file.name + ".tmp")
             try:
@@ -224,7 +224,7 @@ class Daemon:
                 raise StartupError(ExitCode.CONFIG, f"cannot write --port-file {self.port_file}: "
                                                     f"{exc.strerror or exc}") from None
         self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
-                      graph=meta.graph_name, nodes=self.served.num_local_nodes, pid=os.getpid(),
+                      graph=meta.graph_name, nodes=served.num_local_nodes, pid=os.getpid(),
                       tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token),
                       metrics_port=self.metrics_port)
         metrics = f" metrics_port={self.metrics_port}" if self.metrics_port is not None else ""
@@ -237,6 +237,8 @@ class Daemon:
             await self._health.set("", NOT_SERVING)
             await self._health.set(SERVICE_NAME, NOT_SERVING)
         reg, grace = self.registry, self.config.drain_grace_seconds
+        if reg is None:   # stopped before startup loaded the partition: nothing to drain
+            return
         self.log.info("drain_start", groups=len(reg.groups), sessions=len(reg.sessions), grace_seconds=grace)
         started = time.monotonic()
         if not await reg.wait_empty(grace):

@@ -264,6 +264,8 @@ class ControlServicer(pb_grpc.ControlServicer):
                 raise _invalid(f"unknown split {node_input.split!r}: use one of {', '.join(known)} or pass node_ids")
             return
         ids, n = node_input.ids, self.served.num_nodes
+        if ids is None:   # the conversion always gives a split or ids
+            raise _invalid("no input nodes: set split (train/val/test) or node_ids")
         lo, hi = int(ids.min()), int(ids.max())   # never empty: the conversion refuses empty node_ids
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi

@@ -162,9 +162,14 @@ class WorkerFigures:
             if key not in self._inflight:
                 task = asyncio.get_running_loop().create_task(self._fetch(group))
                 self._inflight[key] = task
-                task.add_done_callback(lambda _t, k=key: self._inflight.pop(k, None))
+                task.add_done_callback(self._forget(key))
         if self._inflight:
             await asyncio.wait(set(self._inflight.values()))
+
+    def _forget(self, key: int):
+        def done(_task: asyncio.Task) -> None:
+            self._inflight.pop(key, None)
+        return done
 
     async def _fetch(self, group) -> None:
         snap = await self._call_metrics(group, self.call_timeout)
@@ -376,8 +381,8 @@ class MetricsEndpoint:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = ServerCollector(daemon, self.figures, partition_figures(daemon.served), loop)
         self.registry.register(self.collector)
-        self._server = None
-        self._thread = None
+        self._server: Any = None   # prometheus_client's WSGI server and its thread, once started
+        self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     def start(self, host: str, port: int) -> int:

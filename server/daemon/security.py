@@ -43,7 +43,7 @@ def _read(path: str, what: str) -> bytes:
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     """TLS credentials of the control port (mTLS with ``tls_client_ca``); None = plain text."""
-    if not config.tls:
+    if config.tls_key is None or config.tls_cert is None:
         return None
     key = _read(config.tls_key, "tls_key")
     cert = _read(config.tls_cert, "tls_cert")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphfeed.core.constants import SPLITS
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
-from graphfeed.server.partition.format import SPLITS, PartitionFormatError, PartitionMeta, read_meta
+from graphfeed.server.partition.format import PartitionFormatError, PartitionMeta, read_meta
 from graphfeed.server.partition.store import Partition
 
 

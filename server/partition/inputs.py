@@ -30,8 +30,8 @@ from typing import Callable
 
 import numpy as np
 
+from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.builder import GraphInput
-from graphfeed.server.partition.format import SPLITS
 
 REQUIRED_FILES = ("edge_index", "x", "y", "train_idx")
 _HASH_CHUNK = 1 << 26  # bytes hashed per update: bounds the temporary copy of a non-contiguous array
@@ -170,12 +170,13 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
         raise InputError(f"{file} holds a {type(obj).__name__}, expected a PyG Data (or a dict of tensors) "
                          f"with x, y, edge_index and train_mask/train_idx")
     where = lambda name: f"{file}: attribute {name}"  # noqa: E731 -- a one-line local formatter
-    fields = {}
+    fields: dict[str, np.ndarray] = {}
     for name in ("edge_index", "x", "y"):
-        fields[name] = _to_numpy(_field(obj, name), where(name))
-        if fields[name] is None:
+        value = _to_numpy(_field(obj, name), where(name))
+        if value is None:
             raise InputError(f"{where(name)} is missing: the Data needs x, y, edge_index and a train split "
                              f"(train_mask or train_idx)")
+        fields[name] = value
     x = fields["x"]
     num_nodes = int(x.shape[0]) if x.ndim else 0
     splits = {s: _split_from_torch(obj, s, num_nodes, file) for s in SPLITS}

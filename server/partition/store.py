@@ -7,12 +7,12 @@ from functools import cached_property
 
 import torch
 
+from graphfeed.core.constants import SPLITS
 from graphfeed.core.spec import NodeInput
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
     DEFAULT_NODE_TYPE,
-    SPLITS,
     PartitionFormatError,
     PartitionMeta,
     PartitionPaths,

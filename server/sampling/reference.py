@@ -40,7 +40,8 @@ def _floyd(deg: torch.Tensor, keys: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(chosen, dim=1).values
 
 
-def sample_positions(deg: torch.Tensor, keys: torch.Tensor, fanout: int, replace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_positions(deg: torch.Tensor, keys: torch.Tensor, fanout: int,
+                     replace: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-node sampled positions into each neighbor list: ``(counts[n], positions[sum])``."""
     if fanout < 0:
         return deg.clone(), segment_arange(deg)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from graphfeed.core.seeding import M1, M2, GOLDEN, MASK64, mix64_int
+from graphfeed.core.seeding import GOLDEN, M1, M2, MASK64, mix64_int
 
 
 def _signed(v: int) -> int:

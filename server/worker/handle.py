@@ -131,6 +131,7 @@ class SessionWorkerHandle:
                 self.call(Stop(), timeout=grace)
             except WorkerError:
                 pass
+        code: int | None
         try:
             code = self.proc.wait(max(0.1, grace))
         except subprocess.TimeoutExpired:

@@ -22,18 +22,34 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-import torch
-
-from graphfeed.transport import rpc_group
-
 from graphfeed.server.partition.store import Partition
+from graphfeed.server.worker.commands import (
+    START_ID,
+    BadRequest,
+    CloseSession,
+    EpochStarted,
+    GroupSpec,
+    Metrics,
+    MetricsSnapshot,
+    NotFound,
+    NotReady,
+    OpenSession,
+    SessionClosed,
+    SessionOpened,
+    SessionRows,
+    Started,
+    StartEpoch,
+    Stats,
+    Stop,
+    Stopped,
+    WorkerError,
+    execute,
+)
 from graphfeed.server.worker.peers import worker_graph
-from graphfeed.server.worker.commands import (START_ID, BadRequest, CloseSession, EpochStarted, GroupSpec, Metrics,
-                                              MetricsSnapshot, NotFound, NotReady, OpenSession, SessionClosed,
-                                              SessionOpened, SessionRows, Started, StartEpoch, Stats, Stop, Stopped,
-                                              WorkerError, execute)
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
+from graphfeed.transport import rpc_group
+from graphfeed.transport.pending import Pending
 
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
@@ -147,7 +163,7 @@ class SessionWorker:
         self.shutdown()
         return Stopped()
 
-    def pull(self, session_id: str, epoch: int, seq: int) -> torch.futures.Future:
+    def pull(self, session_id: str, epoch: int, seq: int) -> Pending:
         return self.session(session_id).pull(epoch, seq)
 
     def authorize(self, session_id: str, secret) -> None:
@@ -155,7 +171,7 @@ class SessionWorker:
         expected = self.secrets.get(session_id)
         if expected is None:
             self.session(session_id)  # raises SessionNotFound
-        if not isinstance(secret, bytes) or not hmac.compare_digest(secret, expected):
+        if expected is None or not isinstance(secret, bytes) or not hmac.compare_digest(secret, expected):
             raise PermissionError(f"session {session_id}: wrong session secret; only the process that opened "
                                   f"the session (OpenSessionReply.session_secret) may pull its batches")
 

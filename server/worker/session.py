@@ -21,6 +21,7 @@ from graphfeed.server.sampling.producer import produce_batch
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.commands import BadRequest
 from graphfeed.server.worker.telemetry import WorkerTelemetry
+from graphfeed.transport.pending import Pending
 
 
 class EpochSuperseded(RuntimeError):
@@ -125,7 +126,7 @@ class Session:
                 return
             run.buffer.put(seq, batch)
 
-    def pull(self, epoch: int, seq: int) -> torch.futures.Future:
+    def pull(self, epoch: int, seq: int) -> Pending:
         run = self.run
         if run is None or epoch != run.epoch:
             now = "no epoch started" if run is None else f"the current epoch is {run.epoch}"
