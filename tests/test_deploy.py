@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics
 from graphfeed.server.daemon.config import ServerConfig, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
@@ -252,8 +253,8 @@ def _dashboard_metric_names() -> set[str]:
 
 
 def _known(name: str) -> bool:
-    known = set(metrics.METRIC_NAMES) | set(metrics.CLIENT_METRIC_NAMES)
-    types = {**metrics.METRICS, **metrics.CLIENT_METRICS}
+    known = set(metrics.METRIC_NAMES) | set(metric_names.CLIENT_METRIC_NAMES)
+    types = {**metrics.METRICS, **metric_names.CLIENT_METRICS}
     if name in known:
         return True
     for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram",)), ("_count", ("histogram",)),

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
+from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics as m
 from graphfeed.testing.cluster import running_cluster
 
@@ -198,7 +199,7 @@ def test_loader_stats_data_stall_ratio_and_rate():
 def test_client_metrics_endpoint_and_names_match_the_contract():
     from graphfeed.client import metrics as cm
 
-    assert cm.CLIENT_METRIC_NAMES == m.CLIENT_METRIC_NAMES
+    assert cm.CLIENT_METRICS is metric_names.CLIENT_METRICS   # one list, in core, for client and server
     clock = FakeClock()
     stats = cm.LoaderStats("val", num_servers=1, clock=clock)
     stats.start_epoch(0)
@@ -213,7 +214,7 @@ def test_client_metrics_endpoint_and_names_match_the_contract():
         server.close()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
-    assert {name for name, _ in samples} <= m.series_names(m.CLIENT_METRICS)
+    assert {name for name, _ in samples} <= m.series_names(metric_names.CLIENT_METRICS)
     assert value(samples, "graphfeed_client_batches_total", loader="val") == 1
     assert value(samples, "graphfeed_client_data_stall_ratio", loader="val") == pytest.approx(0.25)
     assert value(samples, "graphfeed_client_batches_per_second", loader="val") == pytest.approx(0.25)

@@ -13,8 +13,7 @@ Labels are bounded on purpose (never a session or group id; per-session figures 
 - error ``kind``: a gRPC status name (lower case) or one of :data:`WORKER_ERROR_KINDS`.
 
 Client-side names (the trainer's own endpoint, :mod:`graphfeed.client.metrics`) are in
-:data:`CLIENT_METRICS`; the client cannot import this module (it never imports the server),
-so a test checks both lists agree.
+:data:`graphfeed.core.metric_names.CLIENT_METRICS`, the one list client and server both read.
 """
 from __future__ import annotations
 
