@@ -30,6 +30,7 @@ from graphfeed.client.client import Client, connect
 from graphfeed.client.errors import ClusterError, InvalidRequest, NotFound, ServerError
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.metrics import start_metrics_server
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 
-__all__ = ["connect", "Client", "RemoteNeighborLoader", "ClusterError", "ServerError", "InvalidRequest", "NotFound",
-           "start_metrics_server"]
+__all__ = ["connect", "Client", "RemoteNeighborLoader", "LoaderSpec", "SamplingSpec", "NodeInput", "ClusterError",
+           "ServerError", "InvalidRequest", "NotFound", "start_metrics_server"]

@@ -8,8 +8,7 @@ from graphfeed.client.errors import ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
-from graphfeed.core.epoch import resolve_rank
-from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec, fanouts
+from graphfeed.core.spec import LoaderSpec
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -76,10 +75,9 @@ class Client:
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
-        spec = LoaderSpec(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
-                          drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind or "")
+        spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
+                             drop_last=drop_last, replace=replace, direction=direction, seed=seed,
+                             rank=rank, world_size=world_size, kind=kind or "")
         return self.open_loader(spec, prefetch=prefetch)
 
     def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4) -> RemoteNeighborLoader:

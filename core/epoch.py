@@ -132,13 +132,3 @@ class EpochPlan:
     def seeds(order: torch.Tensor, entry: BatchSpec) -> torch.Tensor:
         """The seeds of batch ``entry`` from its part's :meth:`order`."""
         return order[entry.start:entry.stop]
-
-
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: explicit values, else ``torch.distributed``'s, else ``(0, 1)``."""
-    import torch.distributed as dist
-
-    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
-        rank = dist.get_rank() if rank is None else rank
-        world_size = dist.get_world_size() if world_size is None else world_size
-    return int(0 if rank is None else rank), int(1 if world_size is None else world_size)

@@ -162,3 +162,25 @@ class LoaderSpec:
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
             object.__setattr__(self, "kind", self.input.label)
+
+    @classmethod
+    def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
+           drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
+           rank: int | None = None, world_size: int | None = None, kind: str = "") -> LoaderSpec:
+        """From PyG ``NeighborLoader``-style arguments; ``rank``/``world_size`` default to
+        ``torch.distributed``'s (:func:`resolve_rank`)."""
+        rank, world_size = resolve_rank(rank, world_size)
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
+        return cls(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
+                   drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind)
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit values, else ``torch.distributed``'s, else ``(0, 1)``."""
+    import torch.distributed as dist
+
+    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    return int(0 if rank is None else rank), int(1 if world_size is None else world_size)
+

@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 import torch
 
 from graphfeed.core import batch as batch_codec
-from graphfeed.core.epoch import EpochPlan, resolve_rank
-from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec, fanouts
+from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
@@ -37,10 +37,9 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None):
         self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
-        self.spec = LoaderSpec(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
-                               drop_last=drop_last, seed=seed, rank=rank, world_size=world_size)
+        self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
+                                  drop_last=drop_last, replace=replace, direction=direction, seed=seed,
+                                  rank=rank, world_size=world_size)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self._epoch = 0
 

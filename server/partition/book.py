@@ -31,11 +31,6 @@ class RangePartitionBook:
         """Owning part of each global id (ids must be in ``[0, num_nodes)``)."""
         return torch.searchsorted(self.bounds, gids, right=True) - 1
 
-    def check_ids(self, gids: torch.Tensor, what: str = "node ids") -> None:
-        if gids.numel() and (int(gids.min()) < 0 or int(gids.max()) >= self.num_nodes):
-            raise ValueError(f"{what} out of range: valid ids are 0..{self.num_nodes - 1}, "
-                             f"got min {int(gids.min())}, max {int(gids.max())}")
-
     def split(self, gids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """``[(part, positions into gids)]`` for every part that owns some of ``gids``."""
         if self.num_parts == 1:

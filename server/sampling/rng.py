@@ -24,10 +24,6 @@ def _signed(v: int) -> int:
 _GOLDEN_S, _M1_S, _M2_S = _signed(GOLDEN), _signed(M1), _signed(M2)
 
 
-def _lshr(z: torch.Tensor, s: int) -> torch.Tensor:
-    return (z >> s) & ((1 << (64 - s)) - 1)
-
-
 def _xor_lshr_(z: torch.Tensor, s: int, tmp: torch.Tensor) -> None:
     """``z ^= z >>> s`` in place (``tmp``: scratch of z's shape)."""
     torch.bitwise_right_shift(z, s, out=tmp)

@@ -10,7 +10,6 @@ in order, with :func:`produce_batch`.  ``seq`` is the entry's position in the ra
 from __future__ import annotations
 
 import threading
-import time
 from typing import Sequence
 
 import torch
@@ -163,8 +162,3 @@ class Session:
             "buffered_bytes": s.buffered_bytes if s else 0,
         }
 
-
-def join_threads(threads, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
