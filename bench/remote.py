@@ -36,7 +36,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_spec
+from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_fields, workload_spec
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.testing.cluster import LocalCluster
 
@@ -230,15 +230,8 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
         "server_addresses": None if isinstance(cfg.servers, int) else list(cfg.servers),
         "prefetch": cfg.prefetch,
         "graph": None if cfg.graph is None else os.fspath(cfg.graph),
-        "num_neighbors": list(cfg.num_neighbors),
-        "batch_size": cfg.batch_size,
         "features": True,   # remote batches always carry x and y
-        "epochs": cfg.epochs,
-        "warmup_epochs": 1,
-        "input": cfg.input,
-        "seed": cfg.seed,
-        "replace": cfg.replace,
-        "direction": cfg.direction,
+        **workload_fields(cfg),
     })
     if cfg.compare:
         ref = inprocess_features(cfg)

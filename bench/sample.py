@@ -161,15 +161,15 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
         "threads": torch.get_num_threads(),
         "graph": os.fspath(cfg.graph),
         "num_parts": graph.book.num_parts,
-        "num_neighbors": list(cfg.num_neighbors),
-        "batch_size": cfg.batch_size,
         "features": cfg.features,
-        "epochs": cfg.epochs,
-        "warmup_epochs": 1,
-        "input": cfg.input,
-        "seed": cfg.seed,
-        "replace": cfg.replace,
-        "direction": cfg.direction,
+        **workload_fields(cfg),
     })
     return result
+
+
+def workload_fields(cfg) -> dict:
+    """The workload settings a bench result reports (``bench sample`` and ``bench remote`` alike)."""
+    return {"num_neighbors": list(cfg.num_neighbors), "batch_size": cfg.batch_size, "epochs": cfg.epochs,
+            "warmup_epochs": 1, "input": cfg.input, "seed": cfg.seed, "replace": cfg.replace,
+            "direction": cfg.direction}
 
