@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from graphfeed.core import batch as batch_codec
 from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, SPLITS
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
@@ -117,7 +118,7 @@ def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBe
     seeds = edges = 0
     for seq, entry, batch_seeds in planned_batches(plan, inputs):
         if cfg.features:
-            edges += produce_batch(graph, batch_seeds, sampling, entry, epoch, seq)["edge_index"].size(1)
+            edges += batch_codec.num_edges(produce_batch(graph, batch_seeds, sampling, entry, epoch, seq))
         else:
             edges += graph.sample(batch_seeds, sampling, entry.seed).row.numel()
         seeds += batch_seeds.numel()

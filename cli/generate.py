@@ -1,12 +1,22 @@
 """``graphfeed generate``: write a deterministic synthetic graph in the ``.npy`` input layout.
 
-The folder it writes is what ``graphfeed partition`` reads::
+The folder it writes is what ``graphfeed partition`` reads. Homogeneous presets::
 
     edge_index.npy  int64 [2, E]   symmetric, sorted, no self loops
     x.npy           float32 [N, F]
     y.npy           int64 [N]
     train_idx.npy, val_idx.npy, test_idx.npy   int64 node ids (sorted)
     meta.json       preset, sizes, seed and the sha256 of edge_index.npy's data
+
+Typed presets (``mag-*``, see :func:`graphfeed.server.partition.synth.generate_mag`) write
+the typed layout (:mod:`graphfeed.server.partition.typed_inputs`)::
+
+    paper/x.npy, paper/y.npy, paper/{train,val,test}_idx.npy
+    author/num_nodes.npy                       (authors have no features)
+    field/x.npy
+    paper__cites__paper/edge_index.npy, author__writes__paper/, paper__has_topic__field/,
+    paper__written_by__author/, field__topic_of__paper/
+    meta.json       preset, per-type sizes, seed
 """
 from __future__ import annotations
 
@@ -21,15 +31,31 @@ from pathlib import Path
 
 import numpy as np
 
-from graphfeed.server.partition.synth import PRESETS, generate_preset
+from graphfeed.server.partition.format import edge_type_dirname
+from graphfeed.server.partition.synth import (
+    MAG_EDGE_TYPES,
+    MAG_NODE_TYPES,
+    MAG_PRESETS,
+    PRESETS,
+    generate_mag_preset,
+    generate_preset,
+)
+from graphfeed.server.partition.typed_inputs import write_typed_folder
 
 HELP = "write a deterministic synthetic graph (.npy layout)"
 LAYOUT_FILES = ("edge_index.npy", "x.npy", "y.npy", "train_idx.npy", "val_idx.npy", "test_idx.npy", "meta.json")
+TYPED_LAYOUT = (*MAG_NODE_TYPES, *(edge_type_dirname(e) for e in MAG_EDGE_TYPES), "meta.json")
+
+
+def _preset_help() -> str:
+    sizes = [f"{k}={v[0]:,} nodes" for k, v in PRESETS.items()]
+    sizes += [f"{k}={sum(v[:3]):,} nodes of 3 types (typed)" for k, v in MAG_PRESETS.items()]
+    return "graph size: " + ", ".join(sizes)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                        help="graph size: " + ", ".join(f"{k}={v[0]:,} nodes" for k, v in PRESETS.items()))
+    parser.add_argument("--preset", choices=sorted(PRESETS) + sorted(MAG_PRESETS), default="tiny",
+                        help=_preset_help())
     parser.add_argument("--out", required=True, help="folder to write (created; must be new or empty)")
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     parser.add_argument("--overwrite", action="store_true",
@@ -42,7 +68,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder path")
     if out.is_dir() and any(out.iterdir()):
-        ours = {p.name for p in out.iterdir()} <= set(LAYOUT_FILES)
+        names = {p.name for p in out.iterdir()}
+        ours = names <= set(LAYOUT_FILES) or names <= set(TYPED_LAYOUT)
         if not ours:
             raise ValueError(f"--out {out} is not empty and does not hold a generated graph; choose a new folder")
         if not overwrite:
@@ -52,21 +79,12 @@ def _check_out(out: Path, overwrite: bool) -> None:
 def write_graph(out: Path, preset: str, seed: int) -> dict:
     """Generate ``preset`` and write it into ``out`` atomically (temporary sibling, then rename)."""
     t0 = time.perf_counter()
-    edge_index, x, y, splits = generate_preset(preset, seed=seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755 & ~_umask())
-        np.save(tmp / "edge_index.npy", edge_index)
-        np.save(tmp / "x.npy", x)
-        np.save(tmp / "y.npy", y)
-        for name, idx in splits.items():
-            np.save(tmp / f"{name}_idx.npy", idx)
-        nodes, _, features, classes = PRESETS[preset]
-        meta = dict(name=f"synth-{preset}", preset=preset, nodes=nodes, directed_edges=int(edge_index.shape[1]),
-                    features=features, classes=classes, seed=seed,
-                    edge_index_sha256=hashlib.sha256(edge_index.tobytes()).hexdigest(),
-                    seconds=round(time.perf_counter() - t0, 1))
+        meta = _write_typed(tmp, preset, seed) if preset in MAG_PRESETS else _write_homogeneous(tmp, preset, seed)
+        meta["seconds"] = round(time.perf_counter() - t0, 1)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         if out.exists():
             shutil.rmtree(out)
@@ -75,6 +93,29 @@ def write_graph(out: Path, preset: str, seed: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def _write_homogeneous(tmp: Path, preset: str, seed: int) -> dict:
+    edge_index, x, y, splits = generate_preset(preset, seed=seed)
+    np.save(tmp / "edge_index.npy", edge_index)
+    np.save(tmp / "x.npy", x)
+    np.save(tmp / "y.npy", y)
+    for name, idx in splits.items():
+        np.save(tmp / f"{name}_idx.npy", idx)
+    nodes, _, features, classes = PRESETS[preset]
+    return dict(name=f"synth-{preset}", preset=preset, nodes=nodes, directed_edges=int(edge_index.shape[1]),
+                features=features, classes=classes, seed=seed,
+                edge_index_sha256=hashlib.sha256(edge_index.tobytes()).hexdigest())
+
+
+def _write_typed(tmp: Path, preset: str, seed: int) -> dict:
+    graph = generate_mag_preset(preset, seed=seed)
+    write_typed_folder(tmp, graph)
+    features = MAG_PRESETS[preset][6]
+    return dict(name=graph.name, preset=preset, nodes=graph.num_nodes, directed_edges=graph.num_edges,
+                features=features, classes=graph.num_classes, seed=seed,
+                label_type=graph.label_type, node_types={t: n.num_nodes for t, n in graph.nodes.items()},
+                edge_types={edge_type_dirname(e): v.num_edges for e, v in graph.edges.items()})
 
 
 def _umask() -> int:
@@ -88,7 +129,10 @@ def _holds(out: Path, preset: str, seed: int) -> bool:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return False
-    complete = all((out / f).is_file() for f in LAYOUT_FILES)
+    if preset in MAG_PRESETS:
+        complete = all((out / f).exists() for f in TYPED_LAYOUT)
+    else:
+        complete = all((out / f).is_file() for f in LAYOUT_FILES)
     return complete and meta.get("preset") == preset and meta.get("seed") == seed
 
 
@@ -100,6 +144,15 @@ def run(args) -> int:
     _check_out(out, args.overwrite)
     print(f"generating preset {args.preset!r} (seed {args.seed}) ...", file=sys.stderr)
     meta = write_graph(out, args.preset, args.seed)
-    print(f"wrote {out}: {meta['nodes']:,} nodes, {meta['directed_edges']:,} directed edges, "
-          f"{meta['features']} features, {meta['classes']} classes ({meta['seconds']} s)")
+    if "node_types" in meta:
+        print(f"wrote {out}: {meta['nodes']:,} nodes ({_counts(meta['node_types'])}), {meta['directed_edges']:,} "
+              f"directed edges ({_counts(meta['edge_types'])}), {meta['label_type']} features "
+              f"{meta['features']}, {meta['classes']} classes ({meta['seconds']} s)")
+    else:
+        print(f"wrote {out}: {meta['nodes']:,} nodes, {meta['directed_edges']:,} directed edges, "
+              f"{meta['features']} features, {meta['classes']} classes ({meta['seconds']} s)")
     return 0
+
+
+def _counts(table: dict) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in table.items())

@@ -1,6 +1,7 @@
 """``graphfeed partition``: turn a graph into a graphfeed partition folder.
 
-Reads a ``.npy`` folder or a ``torch.save`` file (see :mod:`graphfeed.server.partition.inputs`),
+Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (see
+:mod:`graphfeed.server.partition.inputs` and :mod:`graphfeed.server.partition.typed_inputs`),
 assigns nodes to parts (random or METIS), writes the folder atomically and prints a summary.
 An output folder that already holds the same partitioning (same input fingerprint and
 parameters) is left alone and reported up to date.
@@ -18,8 +19,9 @@ TOPOLOGY_CHOICES = {"csc": ("csc",), "csr": ("csr",), "both": ("csc", "csr")}
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("input", help="a folder in the .npy layout (edge_index.npy, x.npy, y.npy, train_idx.npy, ...) "
-                                      "or a PyG Data saved with torch.save")
+    parser.add_argument("input", help="a folder in the .npy layout (edge_index.npy, x.npy, y.npy, train_idx.npy, ...; "
+                                      "typed: one sub-folder per node type and per edge type src__rel__dst) "
+                                      "or a PyG Data / HeteroData saved with torch.save")
     parser.add_argument("--num-parts", "-p", type=int, required=True, help="number of partitions (1..nodes)")
     parser.add_argument("--method", choices=("random", "metis"), default="metis",
                         help="random assignment or METIS (fewer cut edges; balances nodes and training nodes)")
@@ -116,7 +118,9 @@ def run(args) -> int:
     report = _Reporter(args.quiet)
     report.log(f"reading {args.input}")
     graph = read_graph(args.input, allow_pickle=args.allow_pickle)
-    report.log(f"read {graph.num_nodes:,} nodes, {graph.edge_index.shape[1]:,} edges "
+    types = "" if graph.is_homogeneous else \
+        f" of {len(graph.node_types)} node and {len(graph.edge_types)} edge types (label type {graph.label_type})"
+    report.log(f"read {graph.num_nodes:,} nodes, {graph.num_edges:,} edges{types} "
                f"(input sha256 {graph.fingerprint[:12]})")
     if args.num_parts > graph.num_nodes:
         raise UsageError(f"--num-parts {args.num_parts} is larger than the number of nodes ({graph.num_nodes}); "

@@ -1,64 +1,310 @@
 """The batch schema: every tensor key of a mini-batch, and the one conversion to PyG.
 
-A batch travels as a ``dict[str, Tensor]`` with exactly the keys of :data:`BATCH_KEYS`
-(torch RPC pickles tensors without copying them through protobuf).  Both the local
-loader and the remote loader turn it into a ``torch_geometric.data.Data`` with
-:func:`to_pyg`, so they yield identical batches.
+A batch travels as a flat ``dict[str, Tensor]`` (torch RPC pickles tensors without copying
+them through protobuf).  One wire format serves homogeneous and typed graphs; a homogeneous
+graph is the one-type case (node type ``"_N"``, edge type ``("_N", "to", "_N")``).  Keys::
+
+    {field}@{node type}              a node field of :data:`BATCH_FIELDS`, e.g. ``x@paper``
+    {field}@{src}__{rel}__{dst}      an edge field, e.g. ``edge_index@author__writes__paper``
+    meta                             [batch_size, epoch, seq, batch index, input type position]
+
+Every node type and every edge type of the graph carries its required fields, as empty
+tensors where nothing of it was sampled, so a batch's key set is a function of the graph's
+schema (``x``/``y`` exist for the types that have features/labels).  Both the local loader
+and the remote loader turn a batch into PyG with :func:`to_pyg` (``Data`` for the one-type
+graph, ``HeteroData`` otherwise), so they yield identical batches.  Code outside this
+module reads a batch through its helpers (:func:`batch_size`, :func:`num_edges`,
+:func:`layout`), never by spelling keys.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import torch
 
-# key -> (dtype, meaning).  Node-level tensors are aligned with ``n_id``.
-BATCH_KEYS: dict[str, tuple[torch.dtype | None, str]] = {
-    "x": (None, "node features of n_id, [num_nodes, F] (dtype as stored)"),
-    "y": (None, "labels of n_id, [num_nodes]"),
-    "edge_index": (torch.int64, "sampled edges in local ids, [2, num_edges], row = source"),
-    "n_id": (torch.int64, "original ids of the batch's nodes, seeds first"),
-    "e_id": (torch.int64, "original ids (input positions) of the sampled edges"),
-    "num_sampled_nodes": (torch.int64, "new nodes per hop, [hops + 1], first = batch_size"),
-    "num_sampled_edges": (torch.int64, "edges per hop, [hops]"),
-    "meta": (torch.int64, "[batch_size, epoch, seq, batch index in the epoch]"),
+from graphfeed.core.constants import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+
+EdgeType = tuple[str, str, str]
+NODE, EDGE, BATCH = "node", "edge", "batch"     # the scope a field belongs to
+META = "meta"
+TYPE_SEP = "@"          # between a field's name and its node / edge type
+EDGE_TYPE_SEP = "__"    # between src, rel and dst (as the partition format's edge folders)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One tensor of the schema: its scope (one per node type, per edge type, or per batch), whether
+    every batch carries it, its dtype (None = as stored), its meaning, and whether :func:`to_pyg`
+    gives it as a Python list (PyG's per-hop counts are lists)."""
+
+    scope: str
+    required: bool
+    dtype: torch.dtype | None
+    meaning: str
+    as_list: bool = False
+
+
+# name -> Field.  Node fields are aligned with the type's n_id, edge fields with its e_id.
+BATCH_FIELDS: dict[str, Field] = {
+    "x": Field(NODE, False, None, "features of the type's batch nodes, [num_nodes, F] (dtype as stored); "
+                                  "only for types with features"),
+    "y": Field(NODE, False, None, "labels of the type's batch nodes, [num_nodes]; only for types with labels"),
+    "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
+                                                 "source type's n_id, col the destination type's"),
+    "n_id": Field(NODE, True, torch.int64, "original ids of the type's batch nodes, the input type's seeds first"),
+    "e_id": Field(EDGE, True, torch.int64, "original ids (input positions) of the type's sampled edges"),
+    "num_sampled_nodes": Field(NODE, True, torch.int64, "new nodes of the type per hop, [hops + 1]; the input "
+                                                        "type's first entry = batch_size", as_list=True),
+    "num_sampled_edges": Field(EDGE, True, torch.int64, "sampled edges of the type per hop, [hops]", as_list=True),
+    META: Field(BATCH, True, torch.int64, "[batch_size, epoch, seq, batch index in the epoch, position of the "
+                                          "input node type among the batch's sorted node types]"),
 }
+META_LENGTH = 5
+
+
+def fields_of(scope: str) -> dict[str, Field]:
+    """The fields of one scope (:data:`NODE`, :data:`EDGE` or :data:`BATCH`), in schema order."""
+    return {name: f for name, f in BATCH_FIELDS.items() if f.scope == scope}
 
 
 class BatchSchemaError(ValueError):
-    """A batch dict does not match :data:`BATCH_KEYS` (a version mismatch between peers)."""
+    """A batch dict does not match :data:`BATCH_FIELDS` (a version mismatch between peers)."""
 
 
-def encode(*, x: torch.Tensor, y: torch.Tensor, edge_index: torch.Tensor, n_id: torch.Tensor,
+# ---- key names ------------------------------------------------------------------------------------
+
+def edge_type_name(etype: Iterable[str]) -> str:
+    """``src__rel__dst``; ValueError when the names would not read back as the same triple."""
+    etype = tuple(etype)
+    name = EDGE_TYPE_SEP.join(etype)
+    if len(etype) != 3 or parse_edge_type(name) != etype:
+        raise ValueError(f"edge type {etype} cannot be written as src__rel__dst: its names must be non-empty, "
+                         f"must not contain '__' and (source, relation) must not end with '_'")
+    return name
+
+
+def parse_edge_type(name: str) -> EdgeType | None:
+    """The ``(src, rel, dst)`` of ``src__rel__dst``, or None when ``name`` is not one."""
+    parts = tuple(name.split(EDGE_TYPE_SEP))
+    return parts if len(parts) == 3 and all(parts) else None  # type: ignore[return-value]
+
+
+def node_key(name: str, ntype: str) -> str:
+    return f"{name}{TYPE_SEP}{ntype}"
+
+
+def edge_key(name: str, etype: Iterable[str]) -> str:
+    return f"{name}{TYPE_SEP}{edge_type_name(etype)}"
+
+
+# ---- encoding -------------------------------------------------------------------------------------
+
+def encode_typed(*, nodes: Mapping[str, Mapping[str, torch.Tensor | None]],
+                 edges: Mapping[EdgeType, Mapping[str, torch.Tensor | None]], input_type: str,
+                 batch_size: int, epoch: int, seq: int, index: int) -> dict[str, torch.Tensor]:
+    """Build the wire form of a batch of a typed graph.
+
+    ``nodes[t]`` holds node type ``t``'s fields by name (``n_id``, ``num_sampled_nodes``; ``x``,
+    ``y`` or None), ``edges[(src, rel, dst)]`` an edge type's (``edge_index``, ``e_id``,
+    ``num_sampled_edges``).  Pass every node and edge type of the graph (empty tensors for those
+    not sampled).  Tensors are stored as given (no copy); the per-hop counts become int64
+    tensors.  ValueError for a missing or unknown field, an edge type whose endpoint is not in
+    ``nodes``, or an ``input_type`` that is not.
+    """
+    node_types = sorted(nodes)
+    if input_type not in nodes:
+        raise ValueError(f"input type {input_type!r} is not one of the batch's node types {node_types}")
+    wire: dict[str, torch.Tensor] = {}
+    for ntype in node_types:
+        wire.update(_encode_scope(NODE, nodes[ntype], ntype, f"node type {ntype!r}"))
+    for etype in sorted(edges):
+        missing = [t for t in (etype[0], etype[2]) if t not in nodes]
+        if missing:
+            raise ValueError(f"edge type {etype} joins node type(s) {missing} that the batch lacks: pass every "
+                             f"node type of the graph in nodes")
+        wire.update(_encode_scope(EDGE, edges[etype], edge_type_name(etype), f"edge type {etype}"))
+    wire[META] = torch.tensor([batch_size, epoch, seq, index, node_types.index(input_type)], dtype=torch.int64)
+    return wire
+
+
+def _encode_scope(scope: str, values: Mapping[str, torch.Tensor | None], suffix: str,
+                  where: str) -> dict[str, torch.Tensor]:
+    """The wire entries ``{name}@{suffix}`` of one node or edge type's fields."""
+    schema = fields_of(scope)
+    unknown = sorted(set(values) - set(schema))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; the schema's {scope} fields are {list(schema)}")
+    out = {}
+    for name, f in schema.items():
+        value = values.get(name)
+        if value is None:
+            if f.required:
+                raise ValueError(f"{where} lacks {name}, which every batch carries")
+            continue
+        out[f"{name}{TYPE_SEP}{suffix}"] = torch.as_tensor(value, dtype=f.dtype) if f.as_list else value
+    return out
+
+
+def encode(*, x: torch.Tensor | None, y: torch.Tensor | None, edge_index: torch.Tensor, n_id: torch.Tensor,
            e_id: torch.Tensor, num_sampled_nodes, num_sampled_edges, batch_size: int, epoch: int,
            seq: int, index: int) -> dict[str, torch.Tensor]:
-    """Build the wire form of a batch."""
-    return {
-        "x": x, "y": y, "edge_index": edge_index, "n_id": n_id, "e_id": e_id,
-        "num_sampled_nodes": torch.as_tensor(num_sampled_nodes, dtype=torch.int64),
-        "num_sampled_edges": torch.as_tensor(num_sampled_edges, dtype=torch.int64),
-        "meta": torch.tensor([batch_size, epoch, seq, index], dtype=torch.int64),
-    }
+    """Build the wire form of a batch of a homogeneous graph: :func:`encode_typed` with node type
+    ``"_N"`` and edge type ``("_N", "to", "_N")``."""
+    nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes}}
+    edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges}}
+    return encode_typed(nodes=nodes, edges=edges, input_type=DEFAULT_NODE_TYPE, batch_size=batch_size,
+                        epoch=epoch, seq=seq, index=index)
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """What a batch's keys say about it: its node types and edge types (sorted) and its input type."""
+
+    node_types: tuple[str, ...]
+    edge_types: tuple[EdgeType, ...]
+    input_type: str
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return self.node_types == (DEFAULT_NODE_TYPE,) and self.edge_types == (DEFAULT_EDGE_TYPE,)
+
+
+def _mismatch(problem: str) -> BatchSchemaError:
+    return BatchSchemaError(f"the batch does not match this graphfeed's batch schema ({problem}); client and "
+                            f"server run different graphfeed versions: install the same version on both")
+
+
+def _scoped_fields(batch: Mapping[str, torch.Tensor]) -> tuple[dict[str, set], dict[EdgeType, set]]:
+    """The field names present per node type and per edge type; BatchSchemaError for an unknown key."""
+    nodes: dict[str, set] = {}
+    edges: dict[EdgeType, set] = {}
+    for key in batch:
+        if key == META:
+            continue
+        name, sep, where = key.partition(TYPE_SEP)
+        f = BATCH_FIELDS.get(name)
+        etype = parse_edge_type(where) if f is not None and f.scope == EDGE else None
+        if not sep or not where or f is None or f.scope == BATCH or (f.scope == EDGE and etype is None):
+            raise _mismatch(f"unknown key {key!r}")
+        if etype is None:
+            nodes.setdefault(where, set()).add(name)
+        else:
+            edges.setdefault(etype, set()).add(name)
+    return nodes, edges
+
+
+def _require(present: dict, scope: str, what: str) -> None:
+    required = [name for name, f in fields_of(scope).items() if f.required]
+    for t, names in present.items():
+        missing = [name for name in required if name not in names]
+        if missing:
+            raise _mismatch(f"{what} {t!r} lacks {', '.join(missing)}")
+
+
+def layout(batch: Mapping[str, torch.Tensor]) -> BatchLayout:
+    """The :class:`BatchLayout` of a wire batch; :class:`BatchSchemaError` (a version mismatch between
+    the peers) for an unknown key, a type missing a required field, or a missing or malformed meta."""
+    nodes, edges = _scoped_fields(batch)
+    if META not in batch:
+        raise _mismatch("no meta")
+    if not nodes:
+        raise _mismatch("no node type")
+    _require(nodes, NODE, "node type")
+    _require(edges, EDGE, "edge type")
+    node_types = tuple(sorted(nodes))
+    for etype in edges:
+        if etype[0] not in nodes or etype[2] not in nodes:
+            raise _mismatch(f"edge type {etype} joins a node type the batch lacks")
+    meta = batch[META]
+    if meta.dim() != 1 or meta.numel() != META_LENGTH or not 0 <= int(meta[-1]) < len(node_types):
+        raise _mismatch(f"meta has shape {list(meta.shape)}, expected [{META_LENGTH}] with a valid input type")
+    return BatchLayout(node_types, tuple(sorted(edges)), node_types[int(meta[-1])])
+
+
+def check(batch: Mapping[str, torch.Tensor]) -> None:
+    """BatchSchemaError unless ``batch`` matches the schema (see :func:`layout`)."""
+    layout(batch)
 
 
 def nbytes(batch: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 
 
-def check(batch: Mapping[str, torch.Tensor]) -> None:
-    if set(batch) != set(BATCH_KEYS):
-        raise BatchSchemaError(f"batch keys {sorted(batch)} do not match the schema {sorted(BATCH_KEYS)}; "
-                               f"client and server run different graphfeed versions")
+def batch_size(batch: Mapping[str, torch.Tensor]) -> int:
+    """Seeds of the batch (the first ``batch_size`` nodes of its input type)."""
+    return int(batch[META][0])
 
+
+def num_edges(batch: Mapping[str, torch.Tensor]) -> int:
+    """Sampled edges of the batch, over every edge type."""
+    prefix = "edge_index" + TYPE_SEP
+    return sum(int(t.size(1)) for key, t in batch.items() if key.startswith(prefix))
+
+
+# ---- PyG ------------------------------------------------------------------------------------------
 
 def to_pyg(batch: Mapping[str, torch.Tensor]):
-    """The PyG ``Data`` of a batch: ``x, y, edge_index, n_id, e_id, batch_size,
-    num_sampled_nodes, num_sampled_edges, epoch, seq`` (like ``NeighborLoader``'s output)."""
+    """The PyG form of a batch, with ``NeighborLoader``'s attributes.
+
+    The one-type graph gives a ``Data``: ``x, y, edge_index, n_id, e_id, batch_size,
+    num_sampled_nodes, num_sampled_edges`` (lists), ``epoch, seq, batch_index``.  Any other
+    gives a ``HeteroData``: per node type ``x``, ``y`` (where present), ``n_id``,
+    ``num_sampled_nodes`` (list) and ``num_nodes`` for types without features; per edge type
+    ``edge_index``, ``e_id``, ``num_sampled_edges`` (list); ``batch_size`` on the input type;
+    ``epoch, seq, batch_index`` on the graph.  BatchSchemaError as :func:`check`.
+    """
+    lay = layout(batch)
+    size, epoch, seq, index, _ = batch[META].tolist()
+    position = {"epoch": epoch, "seq": seq, "batch_index": index}
+    if lay.is_homogeneous:
+        return _data(batch, size, position)
+    return _hetero_data(batch, lay, size, position)
+
+
+def _store_values(batch: Mapping[str, torch.Tensor], scope: str, suffix: str) -> tuple[dict, dict]:
+    """(tensor fields, per-hop count lists) of one node or edge type (keys ``{name}@{suffix}``), in schema order."""
+    tensors, counts = {}, {}
+    for name, f in fields_of(scope).items():
+        value = batch.get(f"{name}{TYPE_SEP}{suffix}")
+        if value is None:
+            continue
+        if f.as_list:
+            counts[name] = value.tolist()
+        else:
+            tensors[name] = value
+    return tensors, counts
+
+
+def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     from torch_geometric.data import Data
 
-    check(batch)
-    batch_size, epoch, seq, index = batch["meta"].tolist()
-    return Data(x=batch["x"], y=batch["y"], edge_index=batch["edge_index"], n_id=batch["n_id"],
-                e_id=batch["e_id"], batch_size=batch_size,
-                num_sampled_nodes=batch["num_sampled_nodes"].tolist(),
-                num_sampled_edges=batch["num_sampled_edges"].tolist(),
-                epoch=epoch, seq=seq, batch_index=index)
+    ntensors, ncounts = _store_values(batch, NODE, DEFAULT_NODE_TYPE)
+    etensors, ecounts = _store_values(batch, EDGE, edge_type_name(DEFAULT_EDGE_TYPE))
+    present = {**ntensors, **etensors}
+    tensors = {name: present[name] for name in BATCH_FIELDS if name in present}   # today's attribute order
+    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **position)
+
+
+def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
+    from torch_geometric.data import HeteroData
+
+    data = HeteroData()
+    for ntype in lay.node_types:
+        tensors, counts = _store_values(batch, NODE, ntype)
+        store = data[ntype]
+        for name, value in {**tensors, **counts}.items():
+            setattr(store, name, value)
+        if "x" not in tensors:   # PyG cannot infer the size of a type without features
+            store.num_nodes = int(tensors["n_id"].numel())
+    for etype in lay.edge_types:
+        tensors, counts = _store_values(batch, EDGE, edge_type_name(etype))
+        store = data[etype]
+        for name, value in {**tensors, **counts}.items():
+            setattr(store, name, value)
+    data[lay.input_type].batch_size = size
+    for name, value in position.items():
+        setattr(data, name, value)
+    return data

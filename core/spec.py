@@ -1,10 +1,10 @@
 """The records of what a loader asks for, passed whole between every layer.
 
 * :class:`SamplingSpec` -- how to sample a batch's neighborhood (fanouts, replacement,
-  direction).  Sampling options (per-edge-type fanouts, weights, time, disjoint) are fields
-  here.
-* :class:`NodeInput` -- which seeds an epoch covers (a split, explicit ids, or every node).
-  Other seed kinds (typed nodes, link seeds with negatives) are records beside it.
+  direction).  Fanouts are one list for every edge type or a dict per edge type, as PyG's
+  ``NeighborLoader`` takes them.  Sampling options (weights, time, disjoint) are fields here.
+* :class:`NodeInput` -- which seeds an epoch covers (a split, explicit ids, or every node),
+  of which node type.  Other seed kinds (link seeds with negatives) are records beside it.
 * :class:`LoaderSpec` -- one loader: the two above plus the epoch contract's arguments
   (batch size, shuffle, drop_last, seed, rank, world size) and a metrics label.
 
@@ -15,42 +15,156 @@ conversion) and torch RPC / the worker pipe as themselves (pickled).
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
-from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, MAX_FANOUT, MAX_WORLD_SIZE, SPLITS
+from graphfeed.core.constants import (
+    DIRECTIONS,
+    MAX_BATCH_SIZE,
+    MAX_FANOUT,
+    MAX_TYPE_NAME_LENGTH,
+    MAX_WORLD_SIZE,
+    SPLITS,
+)
 
 MAX_KIND_LENGTH = 256
 SEED_LIMIT = 1 << 64          # seeds travel as uint64
+
+EdgeType = tuple[str, str, str]
+Fanouts = tuple[int, ...]
+# the canonical (hashable) form of a per-edge-type fanout dict: pairs sorted by edge type
+TypedFanouts = tuple[tuple[EdgeType, Fanouts], ...]
+
+
+def type_name(name, what: str = "node type") -> str:
+    """``name`` if it is a valid node type or relation name (a non-empty string); ValueError otherwise."""
+    if not isinstance(name, str) or not name or len(name) > MAX_TYPE_NAME_LENGTH:
+        raise ValueError(f"{what} must be a non-empty string of at most {MAX_TYPE_NAME_LENGTH} characters, "
+                         f"got {name!r}")
+    return name
+
+
+def edge_type(value) -> EdgeType:
+    """``value`` as a ``(src, rel, dst)`` tuple of names; ValueError unless it is such a triple."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise ValueError(f"an edge type is a (src, rel, dst) triple of names, e.g. ('author', 'writes', 'paper'), "
+                         f"got {value!r}")
+    src, rel, dst = value
+    return type_name(src, "an edge type's source"), type_name(rel, "an edge type's relation"), \
+        type_name(dst, "an edge type's destination")
+
+
+def _hop_fanouts(values, what: str, *, allow_zero: bool) -> Fanouts:
+    """``values`` as per-hop fanouts: ``-1`` (all neighbors) or ``1..MAX_FANOUT`` (``0..`` with ``allow_zero``)."""
+    if isinstance(values, (str, numbers.Number)) or not isinstance(values, Iterable):
+        raise ValueError(f"{what} must be a list of per-hop fanouts, e.g. [15, 10], got {values!r}")
+    hops = tuple(int(k) for k in values)
+    if not hops:
+        raise ValueError(f"{what} is empty: give one fanout per hop, e.g. [15, 10, 5]")
+    low = 0 if allow_zero else 1
+    bad = [k for k in hops if k != -1 and not low <= k <= MAX_FANOUT]
+    if bad:
+        raise ValueError(f"{what} {list(hops)} has invalid fanout(s) {bad}: each hop's fanout must be "
+                         f"-1 (all neighbors) or {low}..{MAX_FANOUT}")
+    return hops
+
+
+def _typed_fanouts(pairs) -> TypedFanouts:
+    """``(edge type, fanouts)`` pairs in canonical form; a fanout of 0 means "not sampled at that hop"."""
+    out: dict[EdgeType, Fanouts] = {}
+    for key, hops in pairs:
+        etype = edge_type(key)
+        if etype in out:
+            raise ValueError(f"num_neighbors names edge type {etype} twice: give each edge type once")
+        out[etype] = _hop_fanouts(hops, f"num_neighbors[{etype}]", allow_zero=True)
+    if not out:
+        raise ValueError("num_neighbors is empty: give one fanout per hop, e.g. [15, 10, 5], "
+                         "or a dict {(src, rel, dst): [15, 10]}")
+    lengths = {etype: len(hops) for etype, hops in out.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"num_neighbors gives edge types different numbers of hops ({lengths}): give every edge "
+                         f"type one fanout per hop, the same number of hops (0 = do not sample it at that hop)")
+    return tuple(sorted(out.items()))
+
+
+def _looks_typed(value) -> bool:
+    """True for the canonical typed form (a sequence of ``(edge type, fanouts)`` pairs)."""
+    return isinstance(value, (tuple, list)) and len(value) > 0 and all(
+        isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], (tuple, list)) for p in value)
+
+
+def fanouts(num_neighbors) -> Fanouts | TypedFanouts:
+    """``num_neighbors`` in the form :class:`SamplingSpec` stores: a tuple of per-hop fanouts (one list
+    for every edge type), or for a dict ``{(src, rel, dst): [f0, f1, ...]}`` its canonical sorted
+    tuple of ``(edge type, fanouts)`` pairs.  ValueError for a scalar, a string, or an invalid value."""
+    if isinstance(num_neighbors, Mapping):
+        return _typed_fanouts(num_neighbors.items())
+    if _looks_typed(num_neighbors):
+        return _typed_fanouts(num_neighbors)
+    if isinstance(num_neighbors, (str, numbers.Number)) or not isinstance(num_neighbors, Iterable):
+        raise ValueError(f"num_neighbors must be a list of per-hop fanouts, e.g. [15, 10], or a dict "
+                         f"{{(src, rel, dst): [15, 10]}}, got {num_neighbors!r}")
+    return _hop_fanouts(num_neighbors, "num_neighbors", allow_zero=False)
 
 
 @dataclass(frozen=True)
 class SamplingSpec:
     """How to sample: per-hop fanouts (``-1`` = all neighbors), replacement, direction.
 
+    ``num_neighbors`` is one list for every edge type, stored as a tuple of ints (``len`` is
+    the number of hops), or a dict ``{(src, rel, dst): [f0, f1, ...]}``, stored as its canonical
+    sorted tuple of ``(edge type, fanouts)`` pairs (:attr:`is_typed`).  In the dict form a fanout
+    may be 0 (that edge type is not sampled at that hop) and every edge type has the same
+    number of hops.  Use :attr:`num_hops` and :meth:`fanouts_for` rather than reading the field.
+
     ``direction="in"`` samples in-edges (PyG's default: messages flow from sampled
     neighbors to the seeds); ``"out"`` samples out-edges.
     """
 
-    num_neighbors: tuple[int, ...]
+    num_neighbors: Fanouts | TypedFanouts
     replace: bool = False
     direction: str = "in"
 
     def __post_init__(self):
-        object.__setattr__(self, "num_neighbors", tuple(int(k) for k in self.num_neighbors))
-        if not self.num_neighbors:
-            raise ValueError("num_neighbors is empty: give one fanout per hop, e.g. [15, 10, 5]")
-        bad = [k for k in self.num_neighbors if k < -1 or k == 0 or k > MAX_FANOUT]
-        if bad:
-            raise ValueError(f"num_neighbors {list(self.num_neighbors)} has invalid fanout(s) {bad}: "
-                             f"each hop's fanout must be -1 (all neighbors) or 1..{MAX_FANOUT}")
+        object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
 
     @property
     def topology(self) -> str:
         return "csc" if self.direction == "in" else "csr"
+
+    @property
+    def is_typed(self) -> bool:
+        """True when the fanouts were given per edge type (a dict)."""
+        return isinstance(self.num_neighbors[0], tuple)
+
+    @property
+    def num_hops(self) -> int:
+        if self.is_typed:
+            return len(cast(TypedFanouts, self.num_neighbors)[0][1])
+        return len(self.num_neighbors)
+
+    def fanouts_for(self, edge_types: Iterable) -> dict[EdgeType, Fanouts]:
+        """Per-hop fanouts of each of a graph's ``edge_types`` (``(src, rel, dst)`` triples), in their order.
+
+        One list applies to every edge type.  A dict must name only edge types of the graph
+        (ValueError naming the unknown one and listing the graph's); edge types it leaves out
+        get fanout 0 at every hop (not sampled), as in PyG.
+        """
+        known = [edge_type(e) for e in edge_types]
+        if not self.is_typed:
+            return {etype: cast(Fanouts, self.num_neighbors) for etype in known}
+        given = dict(cast(TypedFanouts, self.num_neighbors))
+        unknown = [etype for etype in given if etype not in set(known)]
+        if unknown:
+            raise ValueError(f"num_neighbors names edge type {unknown[0]}, which the graph does not have; its edge "
+                             f"types are {', '.join(map(str, known))}: use those as the dict's keys")
+        zeros = (0,) * self.num_hops
+        return {etype: given.get(etype, zeros) for etype in known}
 
 
 def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
@@ -79,22 +193,22 @@ def check_input_ids(input_nodes) -> torch.Tensor:
     return ids
 
 
-def fanouts(num_neighbors) -> tuple[int, ...]:
-    """``num_neighbors`` as a tuple of per-hop fanouts (ValueError for a scalar or a string)."""
-    if isinstance(num_neighbors, (int, str)) or not hasattr(num_neighbors, "__iter__"):
-        raise ValueError(f"num_neighbors must be a list of per-hop fanouts, e.g. [15, 10], got {num_neighbors!r}")
-    return tuple(int(k) for k in num_neighbors)
-
-
 @dataclass(frozen=True, eq=False)
 class NodeInput:
     """The seed nodes of a loader: ``split`` (a stored split's name), or ``ids`` (original node
-    ids, distinct, int64), or neither (every node of the graph, in the servers' id order)."""
+    ids, distinct, int64), or neither (every node of the type, in the servers' id order).
+
+    ``node_type`` is the seeds' node type; None means the graph's label type (``"_N"`` for a
+    homogeneous graph).  Ids are original ids within that type.
+    """
 
     split: str | None = None
     ids: torch.Tensor | None = None
+    node_type: str | None = None
 
     def __post_init__(self):
+        if self.node_type is not None:
+            type_name(self.node_type, "the input node type")
         if self.split is not None and self.ids is not None:
             raise ValueError("give input nodes as a split name or as ids, not both")
         if self.split is not None and self.split not in SPLITS:
@@ -103,35 +217,46 @@ class NodeInput:
             object.__setattr__(self, "ids", check_input_ids(self.ids))
 
     @classmethod
-    def of(cls, input_nodes) -> "NodeInput":
-        """From what a user passes as ``input_nodes``: a split name, a tensor/list of ids, or None."""
+    def of(cls, input_nodes) -> NodeInput:
+        """From what a user passes as ``input_nodes`` (as PyG's ``NeighborLoader``): a split name, a
+        tensor/list of ids, None (every node), or a tuple ``(node_type, split | ids | None)``."""
         if isinstance(input_nodes, NodeInput):
             return input_nodes
+        node_type = None
+        if isinstance(input_nodes, tuple) and len(input_nodes) == 2 and isinstance(input_nodes[0], str):
+            node_type, input_nodes = input_nodes
         if input_nodes is None:
-            return cls()
+            return cls(node_type=node_type)
         if isinstance(input_nodes, str):
-            return cls(split=input_nodes)
-        return cls(ids=input_nodes)
+            return cls(split=input_nodes, node_type=node_type)
+        return cls(ids=input_nodes, node_type=node_type)
+
+    def type_or(self, label_type: str) -> str:
+        """The seeds' node type in a graph whose label type is ``label_type``."""
+        return label_type if self.node_type is None else self.node_type
 
     @property
     def label(self) -> str:
-        """The default metrics label of a loader over these seeds."""
-        return self.split or "nodes"
+        """The default metrics label of a loader over these seeds (``"train"``, ``"paper:train"``)."""
+        base = self.split or "nodes"
+        return base if self.node_type is None else f"{self.node_type}:{base}"
 
     def describe(self) -> str:
         if self.split is not None:
-            return self.split
-        return "all nodes" if self.ids is None else f"{self.ids.numel()} node ids"
+            text = self.split
+        else:
+            text = "all nodes" if self.ids is None else f"{self.ids.numel()} node ids"
+        return text if self.node_type is None else f"{text} of type {self.node_type!r}"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, NodeInput):
             return NotImplemented
-        if self.split != other.split or (self.ids is None) != (other.ids is None):
+        if self.split != other.split or self.node_type != other.node_type or (self.ids is None) != (other.ids is None):
             return False
         return self.ids is None or other.ids is None or torch.equal(self.ids, other.ids)
 
     def __hash__(self) -> int:
-        return hash((self.split, None if self.ids is None else self.ids.numel()))
+        return hash((self.split, self.node_type, None if self.ids is None else self.ids.numel()))
 
 
 @dataclass(frozen=True)
@@ -162,6 +287,15 @@ class LoaderSpec:
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
             object.__setattr__(self, "kind", self.input.label)
+
+    def check_schema(self, node_types: Iterable[str], edge_types: Iterable) -> None:
+        """ValueError unless the types this spec names exist in a graph with these node and edge types:
+        the input's node type (when set) and every key of a per-edge-type fanout dict."""
+        node_types = list(node_types)
+        if self.input.node_type is not None and self.input.node_type not in node_types:
+            raise ValueError(f"input_nodes names node type {self.input.node_type!r}, which the graph does not have; "
+                             f"its node types are {', '.join(map(repr, node_types))}")
+        self.sampling.fanouts_for(edge_types)
 
     @classmethod
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,

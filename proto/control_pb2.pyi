@@ -20,8 +20,18 @@ class FeatureInfo(_message.Message):
     dtype: str
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
+class EdgeType(_message.Message):
+    __slots__ = ("src", "rel", "dst")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    REL_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    src: str
+    rel: str
+    dst: str
+    def __init__(self, src: _Optional[str] = ..., rel: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
+
 class ClusterInfo(_message.Message):
-    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address")
+    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address", "node_types", "edge_types", "label_type")
     class SplitSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +60,9 @@ class ClusterInfo(_message.Message):
     LOCAL_SPLIT_SIZES_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGIES_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    EDGE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    LABEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     format_version: int
     graph_name: str
@@ -64,7 +77,10 @@ class ClusterInfo(_message.Message):
     local_split_sizes: _containers.ScalarMap[str, int]
     topologies: _containers.RepeatedScalarFieldContainer[str]
     data_address: str
-    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ...) -> None: ...
+    node_types: _containers.RepeatedScalarFieldContainer[str]
+    edge_types: _containers.RepeatedCompositeFieldContainer[EdgeType]
+    label_type: str
+    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ...) -> None: ...
 
 class OpenGroupRequest(_message.Message):
     __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds")
@@ -112,15 +128,25 @@ class CloseGroupReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EdgeTypeFanouts(_message.Message):
+    __slots__ = ("edge_type", "fanouts")
+    EDGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FANOUTS_FIELD_NUMBER: _ClassVar[int]
+    edge_type: EdgeType
+    fanouts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    EDGE_TYPE_FANOUTS_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ...) -> None: ...
+    edge_type_fanouts: _containers.RepeatedCompositeFieldContainer[EdgeTypeFanouts]
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)
@@ -129,7 +155,7 @@ class NodeIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +167,7 @@ class OpenSessionRequest(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -152,7 +179,8 @@ class OpenSessionRequest(_message.Message):
     rank: int
     world_size: int
     kind: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+    node_type: str
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")

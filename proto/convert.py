@@ -3,34 +3,60 @@
 The client builds an ``OpenSessionRequest`` with :func:`open_session_request`; the daemon
 turns it back into the same :class:`LoaderSpec` with :func:`loader_spec_from_proto`, which
 raises ``ValueError`` naming the field for anything the record refuses.  Checks that need
-the partition (does the split exist, are the ids in range) stay on the server.
+the partition (does the split or the node type exist, are the ids in range) stay on the server.
 """
 from __future__ import annotations
+
+from typing import cast
 
 import numpy as np
 import torch
 
-from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
+from graphfeed.core.constants import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.core.spec import EdgeType, Fanouts, LoaderSpec, NodeInput, SamplingSpec, TypedFanouts
 from graphfeed.proto import control_pb2 as pb
 
 
+def edge_type_to_proto(etype) -> pb.EdgeType:
+    src, rel, dst = etype
+    return pb.EdgeType(src=src, rel=rel, dst=dst)
+
+
+def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
+    return msg.src, msg.rel, msg.dst
+
+
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    return pb.SamplingSpec(num_neighbors=list(spec.num_neighbors), replace=spec.replace, direction=spec.direction)
+    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction)
+    if not spec.is_typed:
+        msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
+        return msg
+    for etype, hops in cast(TypedFanouts, spec.num_neighbors):
+        msg.edge_type_fanouts.add(edge_type=edge_type_to_proto(etype), fanouts=list(hops))
+    return msg
 
 
 def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
+    if msg.num_neighbors and msg.edge_type_fanouts:
+        raise ValueError("spec: set num_neighbors (one list for every edge type) or edge_type_fanouts, not both")
+    num_neighbors: Fanouts | TypedFanouts
+    if msg.edge_type_fanouts:
+        num_neighbors = tuple((edge_type_from_proto(f.edge_type), tuple(f.fanouts)) for f in msg.edge_type_fanouts)
+    else:
+        num_neighbors = tuple(msg.num_neighbors)
     try:
-        return SamplingSpec(tuple(msg.num_neighbors), replace=msg.replace, direction=msg.direction or "in")
+        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in")
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
 
 
 def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionRequest:
     """The OpenSession request of a loader.  Input ``None`` (every node) travels as explicit ids,
-    so the caller passes ``NodeInput(ids=torch.arange(num_nodes))`` for it."""
+    so the caller passes ``NodeInput(ids=torch.arange(num_nodes), node_type=...)`` for it."""
     req = pb.OpenSessionRequest(group_id=group_id, spec=sampling_to_proto(spec.sampling),
                                 batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
-                                seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind)
+                                seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind,
+                                node_type=spec.input.node_type or "")
     if spec.input.split is not None:
         req.split = spec.input.split
     elif spec.input.ids is not None:
@@ -56,10 +82,19 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
 
 def _node_input(req: pb.OpenSessionRequest) -> NodeInput:
     which = req.WhichOneof("input")
+    node_type = req.node_type or None   # "" = the graph's label type
     if which == "split":
-        return NodeInput(split=req.split)
+        return NodeInput(split=req.split, node_type=node_type)
     if which != "node_ids":
         raise ValueError("no input nodes: set split (train/val/test) or node_ids")
     if not req.node_ids.ids:
         raise ValueError("node_ids is empty: give at least one original node id")
-    return NodeInput(ids=torch.from_numpy(np.asarray(req.node_ids.ids, dtype=np.int64)))
+    return NodeInput(ids=torch.from_numpy(np.asarray(req.node_ids.ids, dtype=np.int64)), node_type=node_type)
+
+
+def graph_schema(info: pb.ClusterInfo) -> tuple[list[str], list[EdgeType], str]:
+    """``(node_types, edge_types, label_type)`` of the graph a server holds (its ClusterInfo).
+    A server that predates typed graphs sends none: its graph is the homogeneous one."""
+    if not info.node_types:
+        return [DEFAULT_NODE_TYPE], [DEFAULT_EDGE_TYPE], DEFAULT_NODE_TYPE
+    return list(info.node_types), [edge_type_from_proto(e) for e in info.edge_types], info.label_type

@@ -264,6 +264,8 @@ def test_cluster_serving_and_info_equals_meta(partition_dir, tmp_path):
             assert {f.name: (list(f.shape), f.dtype) for f in info.features} == \
                 {"x": ([16], "float32"), "y": ([], "int64")}
             assert list(info.topologies) == meta.topologies and info.data_address == "127.0.0.1"
+            assert (list(info.node_types), info.label_type) == (["_N"], "_N")   # the one-type graph's schema
+            assert [(e.src, e.rel, e.dst) for e in info.edge_types] == [("_N", "to", "_N")]
             assert "event=serving" in server.logs()
             with grpc.insecure_channel(server.address) as channel:  # server reflection lists the services
                 services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
@@ -373,6 +375,10 @@ def test_open_group_invalid(stub, fake_server, overrides, expect):
     (dict(rank=2, world_size=2), "rank = 2"),
     (dict(rank=-1, world_size=2), "rank = -1"),
     (dict(kind="invalid"), "the worker refused"),   # the worker raised BadRequest
+    (dict(node_type="paper"), "node type 'paper', which the graph does not have; its node types are '_N'"),
+    (dict(spec=pb.SamplingSpec(edge_type_fanouts=[pb.EdgeTypeFanouts(edge_type=pb.EdgeType(src="_N", rel="cites",
+                                                                                            dst="_N"), fanouts=[5])])),
+     "edge type ('_N', 'cites', '_N'), which the graph does not have; its edge types are ('_N', 'to', '_N')"),
 ])
 def test_open_session_invalid(stub, fake_server, overrides, expect):
     gid, _ = open_group(stub)

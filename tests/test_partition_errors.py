@@ -176,7 +176,7 @@ def test_torch_input_errors(tmp_path, capsys):
                         "train_mask is missing"),
         "bad_mask.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long),
                              train_mask=torch.ones(N - 1, dtype=torch.bool)), "train_mask must be a bool tensor"),
-        "hetero.pt": (HeteroData(), "holds a HeteroData"),
+        "hetero.pt": (HeteroData(), "holds a HeteroData without node types"),
     }
     for name, (obj, expected) in cases.items():
         torch.save(obj, tmp_path / name)

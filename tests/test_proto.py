@@ -1,4 +1,4 @@
-"""The wire contracts: checked-in gRPC stubs match control.proto; every batch key is documented."""
+"""The wire contracts: checked-in gRPC stubs match control.proto; every batch field is documented."""
 from __future__ import annotations
 
 import subprocess
@@ -8,6 +8,7 @@ import torch
 
 from graphfeed.core import batch
 from graphfeed.proto import control_pb2
+from graphfeed.proto.convert import edge_type_from_proto, edge_type_to_proto, graph_schema
 
 
 def test_generated_stubs_are_current():
@@ -16,22 +17,39 @@ def test_generated_stubs_are_current():
     assert proc.returncode == 0, f"stale stubs: {proc.stderr.strip()}"
 
 
-def test_every_batch_key_is_documented_and_encoded():
-    for key, entry in batch.BATCH_KEYS.items():
-        assert isinstance(entry, tuple) and len(entry) == 2, key
-        dtype, meaning = entry
-        assert dtype is None or isinstance(dtype, torch.dtype), key
-        assert isinstance(meaning, str) and len(meaning.split()) >= 3, f"BATCH_KEYS[{key!r}] needs a description"
+def test_every_batch_field_is_documented_and_encoded():
+    for name, f in batch.BATCH_FIELDS.items():
+        assert f.scope in (batch.NODE, batch.EDGE, batch.BATCH), name
+        assert f.dtype is None or isinstance(f.dtype, torch.dtype), name
+        assert isinstance(f.meaning, str) and len(f.meaning.split()) >= 3, f"BATCH_FIELDS[{name!r}] needs a description"
     wire = batch.encode(x=torch.zeros(3, 2), y=torch.zeros(3, dtype=torch.int64),
                         edge_index=torch.zeros(2, 1, dtype=torch.int64), n_id=torch.arange(3),
                         e_id=torch.zeros(1, dtype=torch.int64), num_sampled_nodes=[1, 2], num_sampled_edges=[1],
                         batch_size=1, epoch=0, seq=0, index=0)
-    assert set(wire) == set(batch.BATCH_KEYS)
-    for key, (dtype, _) in batch.BATCH_KEYS.items():
-        assert dtype is None or wire[key].dtype == dtype, key
+    # with features and labels, a one-type batch carries every field once
+    assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
+    for key, tensor in wire.items():
+        dtype = batch.BATCH_FIELDS[key.partition("@")[0]].dtype
+        assert dtype is None or tensor.dtype == dtype, key
     batch.check(wire)
     data = batch.to_pyg(wire)
     assert (data.batch_size, data.epoch, data.seq) == (1, 0, 0)
+
+
+def test_graph_schema_of_cluster_info():
+    info = control_pb2.ClusterInfo(node_types=["author", "paper"], label_type="paper")
+    info.edge_types.add(src="author", rel="writes", dst="paper")
+    info.edge_types.add(src="paper", rel="cites", dst="paper")
+    assert graph_schema(info) == (["author", "paper"], [("author", "writes", "paper"), ("paper", "cites", "paper")],
+                                  "paper")
+    # a server from before typed graphs sends no schema: its graph is the one-type graph
+    assert graph_schema(control_pb2.ClusterInfo()) == (["_N"], [("_N", "to", "_N")], "_N")
+
+
+def test_edge_type_messages_round_trip():
+    etype = ("author", "writes", "paper")
+    assert edge_type_from_proto(edge_type_to_proto(etype)) == etype
+    assert edge_type_from_proto(edge_type_to_proto(list(etype))) == etype
 
 
 def test_control_service_surface():

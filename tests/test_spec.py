@@ -70,11 +70,138 @@ def test_node_input_of_what_users_pass():
     assert NodeInput.of([3, 1, 2]).ids.dtype == torch.int64
 
 
+@pytest.mark.parametrize("given, split, ids, node_type", [
+    (None, None, None, None),
+    ("train", "train", None, None),
+    ([5, 2], None, [5, 2], None),
+    (torch.tensor([9, 0, 4]), None, [9, 0, 4], None),
+    (("paper", "train"), "train", None, "paper"),
+    (("paper", "test"), "test", None, "paper"),
+    (("paper", torch.tensor([3, 1])), None, [3, 1], "paper"),
+    (("author", [7]), None, [7], "author"),
+    (("paper", None), None, None, "paper"),
+], ids=["none", "split", "list", "tensor", "typed-split", "typed-test", "typed-tensor", "typed-list", "typed-none"])
+def test_node_input_of_every_pyg_form(given, split, ids, node_type):
+    got = NodeInput.of(given)
+    assert (got.split, got.node_type) == (split, node_type)
+    assert (None if got.ids is None else got.ids.tolist()) == ids
+    assert got.ids is None or got.ids.dtype == torch.int64
+    assert NodeInput.of(got) is got
+
+
+@pytest.mark.parametrize("given", [("", "train"), ("x" * 300, None)])
+def test_node_type_must_be_a_non_empty_name(given):
+    with pytest.raises(ValueError, match="input node type must be a non-empty string"):
+        NodeInput.of(given)
+
+
+def test_typed_input_is_validated_like_an_untyped_one():
+    with pytest.raises(ValueError, match="unknown split 'training'"):
+        NodeInput.of(("paper", "training"))
+    with pytest.raises(ValueError, match="1 repeated id"):
+        NodeInput.of(("paper", [4, 4, 2]))
+
+
+def test_typed_node_input_equality_and_hash():
+    a, b = NodeInput.of(("paper", "train")), NodeInput(split="train", node_type="paper")
+    assert a == b and hash(a) == hash(b)
+    assert a != NodeInput(split="train")                       # None = the label type, a different record
+    assert a != NodeInput(split="train", node_type="author")
+    assert NodeInput.of(("paper", [1, 2])) == NodeInput(ids=torch.tensor([1, 2]), node_type="paper")
+    assert NodeInput.of(("paper", [1, 2])) != NodeInput.of([1, 2])
+    assert len({a, b, NodeInput(split="train"), NodeInput(split="train", node_type="author")}) == 3
+
+
+def test_typed_node_input_label_and_description():
+    assert NodeInput.of(("paper", "train")).label == "paper:train"
+    assert NodeInput.of(("paper", [1, 2])).label == "paper:nodes"
+    assert NodeInput.of(("paper", None)).describe() == "all nodes of type 'paper'"
+    assert NodeInput.of(("paper", [1, 2])).describe() == "2 node ids of type 'paper'"
+    assert LoaderSpec(SAMPLING, NodeInput.of(("paper", "val"))).kind == "paper:val"
+    # untyped records read exactly as before
+    assert (NodeInput.of("val").label, NodeInput.of("val").describe()) == ("val", "val")
+    assert NodeInput().describe() == "all nodes" and NodeInput.of([1]).describe() == "1 node ids"
+    assert NodeInput.of(("paper", "val")).type_or("_N") == "paper" and NodeInput.of("val").type_or("_N") == "_N"
+
+
 def test_kind_defaults_to_the_input_label():
     assert LoaderSpec(SAMPLING, NodeInput(split="test")).kind == "test"
     assert LoaderSpec(SAMPLING, NodeInput(ids=torch.tensor([1]))).kind == "nodes"
     assert LoaderSpec(SAMPLING, NodeInput()).kind == "nodes"
     assert LoaderSpec(SAMPLING, NodeInput(split="test"), kind="eval").kind == "eval"
+
+
+# ---- per-edge-type fanouts --------------------------------------------------------------------
+
+CITES, WRITES, IN_FIELD = ("paper", "cites", "paper"), ("author", "writes", "paper"), ("paper", "in", "field")
+EDGE_TYPES = [list(CITES), list(WRITES), list(IN_FIELD)]   # as PartitionMeta.edge_types holds them
+
+
+def test_list_fanouts_are_stored_as_today():
+    spec = SamplingSpec([15, "10", 5])
+    assert spec.num_neighbors == (15, 10, 5) and len(spec.num_neighbors) == 3
+    assert list(spec.num_neighbors) == [15, 10, 5]
+    assert not spec.is_typed and spec.num_hops == 3
+    assert spec.fanouts_for(EDGE_TYPES) == {CITES: (15, 10, 5), WRITES: (15, 10, 5), IN_FIELD: (15, 10, 5)}
+    assert SamplingSpec([4]).fanouts_for([("_N", "to", "_N")]) == {("_N", "to", "_N"): (4,)}
+
+
+def test_dict_fanouts_are_canonical_and_hashable():
+    a = SamplingSpec({WRITES: [5, 0], CITES: [10, -1]})
+    b = SamplingSpec({CITES: (10, -1), WRITES: torch.tensor([5, 0])})
+    assert a == b and hash(a) == hash(b) and a.is_typed and a.num_hops == 2
+    assert a.num_neighbors == ((WRITES, (5, 0)), (CITES, (10, -1)))      # sorted by edge type
+    assert SamplingSpec(a.num_neighbors) == a                             # the stored form reads back
+    assert SamplingSpec([(list(CITES), [10, -1]), (list(WRITES), [5, 0])]) == a   # pairs, as from protobuf
+    assert a != SamplingSpec({CITES: [10, -1]})
+    assert LoaderSpec.of("train", {WRITES: [5, 0], CITES: [10, -1]}, batch_size=4).sampling == a
+
+
+def test_fanouts_for_a_dict_fills_missing_edge_types_with_zeros():
+    spec = SamplingSpec({CITES: [10, 5]})
+    got = spec.fanouts_for(EDGE_TYPES)
+    assert list(got) == [CITES, WRITES, IN_FIELD]                          # the graph's order
+    assert got == {CITES: (10, 5), WRITES: (0, 0), IN_FIELD: (0, 0)}
+
+
+def test_fanouts_for_names_an_unknown_edge_type_and_the_known_ones():
+    spec = SamplingSpec({CITES: [10], ("paper", "writes", "author"): [3]})
+    with pytest.raises(ValueError, match=r"edge type \('paper', 'writes', 'author'\), which the graph does not "
+                                         r"have; its edge types are \('paper', 'cites', 'paper'\), \('author', "
+                                         r"'writes', 'paper'\), \('paper', 'in', 'field'\)"):
+        spec.fanouts_for(EDGE_TYPES)
+
+
+def test_dict_fanouts_need_one_hop_count():
+    with pytest.raises(ValueError, match=r"different numbers of hops.*same number of hops"):
+        SamplingSpec({CITES: [10, 5], WRITES: [3]})
+
+
+@pytest.mark.parametrize("num_neighbors, message", [
+    ({}, "empty"),
+    ({CITES: []}, r"num_neighbors\[\('paper', 'cites', 'paper'\)\] is empty"),
+    ({CITES: [10, -2]}, r"invalid fanout\(s\) \[-2\]: each hop's fanout must be -1 \(all neighbors\) or 0\.\."),
+    ({CITES: [1 << 21]}, "invalid fanout"),
+    ({CITES: 5}, "must be a list of per-hop fanouts"),
+    ({("paper", "cites"): [5]}, r"\(src, rel, dst\) triple"),
+    ({("paper", "", "paper"): [5]}, "relation must be a non-empty string"),
+    (7, "must be a list of per-hop fanouts"),
+    ("15,10", "must be a list of per-hop fanouts"),
+])
+def test_bad_dict_fanouts(num_neighbors, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingSpec(num_neighbors)
+
+
+def test_loader_spec_check_schema():
+    node_types = ["author", "field", "paper"]
+    LoaderSpec.of(("paper", "train"), {CITES: [5]}, batch_size=2).check_schema(node_types, EDGE_TYPES)
+    LoaderSpec.of("train", [5]).check_schema(node_types, EDGE_TYPES)
+    with pytest.raises(ValueError, match="node type 'venue', which the graph does not have; its node types are "
+                                         "'author', 'field', 'paper'"):
+        LoaderSpec.of(("venue", "train"), [5]).check_schema(node_types, EDGE_TYPES)
+    with pytest.raises(ValueError, match="edge type"):
+        LoaderSpec.of("train", {("a", "b", "c"): [5]}).check_schema(node_types, EDGE_TYPES)
 
 
 # ---- the protobuf round trip --------------------------------------------------------------------
@@ -93,6 +220,32 @@ def test_proto_round_trip_defaults():
     req = open_session_request(spec, "g")
     assert req.group_id == "g" and req.kind == "val"
     assert loader_spec_from_proto(req) == spec
+
+
+@pytest.mark.parametrize("node_input", [NodeInput.of(("paper", "train")), NodeInput.of(("paper", [7, 0, 42])),
+                                        NodeInput(split="val")], ids=["typed-split", "typed-ids", "untyped"])
+@pytest.mark.parametrize("num_neighbors", [(15, -1), {CITES: [10, 5], WRITES: [0, -1]}], ids=["list", "dict"])
+def test_proto_round_trip_typed(node_input, num_neighbors):
+    spec = LoaderSpec(SamplingSpec(num_neighbors, replace=True, direction="out"), node_input, batch_size=8,
+                      shuffle=True, seed=3, rank=1, world_size=2)
+    req = open_session_request(spec, "g")
+    assert req.node_type == (node_input.node_type or "")
+    assert bool(req.spec.num_neighbors) != bool(req.spec.edge_type_fanouts)   # exactly one form on the wire
+    assert loader_spec_from_proto(req) == spec
+
+
+def test_proto_refuses_both_fanout_forms_and_bad_types():
+    req = open_session_request(LoaderSpec.of("train", {CITES: [5]}), "g")
+    req.spec.num_neighbors.append(5)
+    with pytest.raises(ValueError, match="num_neighbors .* or edge_type_fanouts, not both"):
+        loader_spec_from_proto(req)
+    req = open_session_request(LoaderSpec.of("train", {CITES: [5]}), "g")
+    req.spec.edge_type_fanouts.add(edge_type=req.spec.edge_type_fanouts[0].edge_type, fanouts=[3])
+    with pytest.raises(ValueError, match=r"spec: num_neighbors names edge type \('paper', 'cites', 'paper'\) twice"):
+        loader_spec_from_proto(req)
+    req.spec.edge_type_fanouts[1].edge_type.rel = ""
+    with pytest.raises(ValueError, match="spec: an edge type's relation must be a non-empty string"):
+        loader_spec_from_proto(req)
 
 
 def test_every_node_input_must_be_spelled_out_for_the_wire():

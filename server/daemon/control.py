@@ -24,7 +24,7 @@ from graphfeed.core.constants import SPLITS, worker_name
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.proto.convert import loader_spec_from_proto
+from graphfeed.proto.convert import edge_type_to_proto, loader_spec_from_proto
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
@@ -81,6 +81,14 @@ def server_version() -> str:
 
 def _invalid(message: str) -> RequestError:
     return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _label_type(meta) -> str:
+    """The node type loaders seed from by default: the partition's ``label_type``, else its only node type."""
+    label_type = getattr(meta, "label_type", None)
+    if label_type:
+        return label_type
+    return meta.node_types[0] if len(meta.node_types) == 1 else ""
 
 
 def rpc(method):
@@ -173,7 +181,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             features=features, num_classes=meta.num_classes,
             split_sizes={k: int(v) for k, v in meta.split_sizes.items()},
             local_split_sizes=dict(self.served.local_split_sizes), topologies=list(meta.topologies),
-            data_address=self.config.effective_data_address)
+            data_address=self.config.effective_data_address, node_types=list(meta.node_types),
+            edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta))
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -242,11 +251,13 @@ class ControlServicer(pb_grpc.ControlServicer):
     def _loader_spec(self, request) -> LoaderSpec:
         """Validate an OpenSession request into the loader it asks for (INVALID_ARGUMENT naming the field),
         including the checks that need this partition: topology, split and id range."""
+        meta = self.served.meta
         try:
             spec = loader_spec_from_proto(request)
+            spec.check_schema(meta.node_types, meta.edge_types)   # the node type / fanout dict's edge types exist
         except ValueError as exc:
             raise _invalid(str(exc)) from None
-        meta, sampling = self.served.meta, spec.sampling
+        sampling = spec.sampling
         if sampling.topology not in meta.topologies:
             raise _invalid(f"spec.direction = {sampling.direction!r} needs the {sampling.topology.upper()} topology, "
                            f"which this partition lacks (it has {', '.join(meta.topologies)}); re-partition "

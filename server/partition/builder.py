@@ -1,25 +1,34 @@
-"""Building a partition folder from an in-memory graph: assign, renumber, write atomically."""
+"""Building a partition folder from an in-memory graph: assign, renumber, write atomically.
+
+Typed graphs and homogeneous ones (the one-type case) take the same path: parts are assigned
+over the homogeneous view (every node type stacked), then each node type is renumbered and
+each edge type written on its own.
+"""
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
 from graphfeed.server.partition.format import (
-    DEFAULT_EDGE_TYPE,
-    DEFAULT_NODE_TYPE,
     META_FILE,
     TOPOLOGIES,
     PartitionMeta,
     PartitionPaths,
+    edge_type_dirname,
     save_array,
     write_meta,
 )
+from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
+
+__all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
+           "graph_edge_cut", "partition_graph", "symmetric_adjacency", "write_partitions"]
 
 METHODS = ("random", "metis")
 # progress(iterable, description) -> iterable (e.g. a tqdm bar); log(message) for steps without a loop.
@@ -37,96 +46,47 @@ def _no_log(message):
     pass
 
 
-@dataclass
-class GraphInput:
-    """A homogeneous graph to partition (original ids are row positions)."""
-
-    edge_index: np.ndarray                 # int64 [2, E], row 0 = source
-    x: np.ndarray                          # [N, F]
-    y: np.ndarray                          # [N]
-    splits: dict[str, np.ndarray]          # split name -> original node ids
-    edge_attr: np.ndarray | None = None    # [E, ...]
-    name: str = ""
-    fingerprint: str = ""
-    num_classes: int = field(default=0)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.x.shape[0])
-
-
 def assign_parts(graph: GraphInput, num_parts: int, method: str, seed: int = 0) -> np.ndarray:
-    """Part of every node (int64 [N]); deterministic for a given ``seed``."""
-    n = graph.num_nodes
+    """Part of every node of the homogeneous view (int64 [N], node types stacked in ``graph.node_types``
+    order, see :meth:`GraphInput.node_offsets`); deterministic for a given ``seed``."""
     if method == "random":
-        rng = np.random.default_rng(seed)
-        parts = np.empty(n, dtype=np.int64)
-        parts[rng.permutation(n)] = np.arange(n) % num_parts
-        return parts
+        return _random_parts(graph, num_parts, seed)
     if method == "metis":
-        return _metis(graph, num_parts, seed)
+        return metis_parts(graph, num_parts, seed)
     raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
 
 
-def _metis(graph: GraphInput, num_parts: int, seed: int = 0) -> np.ndarray:
-    if num_parts == 1:
-        return np.zeros(graph.num_nodes, dtype=np.int64)
-    import pymetis
-
-    n = graph.num_nodes
-    xadj, adjncy = symmetric_adjacency(graph.edge_index, n)
-    # Two balance constraints: nodes, and training nodes (so every part gets its share of seeds).
-    train = np.zeros(n, dtype=np.int64)
-    train[graph.splits.get("train", np.empty(0, dtype=np.int64))] = 1
-    weights = [np.ones(n, dtype=np.int64)] + ([train] if train.any() else [])
-    vweights = np.stack(weights, axis=1).reshape(-1)
-    del train, weights
-    _, membership = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights,
-                                       options=pymetis.Options(seed=int(seed)))
-    return np.asarray(membership, dtype=np.int64)
+def _random_parts(graph: GraphInput, num_parts: int, seed: int) -> np.ndarray:
+    """Every node type dealt round-robin over the parts in a random order (balanced per type)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t in graph.nodes.values():
+        parts = np.empty(t.num_nodes, dtype=np.int64)
+        parts[rng.permutation(t.num_nodes)] = np.arange(t.num_nodes) % num_parts
+        out.append(parts)
+    return np.concatenate(out)
 
 
-def symmetric_adjacency(edge_index: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(xadj, adjncy)`` of the undirected graph without self loops or duplicates (what METIS wants).
-
-    Memory: one 2E int64 key array (``u * n + v``) sorted in place, then one deduplicated copy
-    that becomes ``adjncy`` in place; row pointers come from a search over the sorted keys.
-    """
-    if n >= 1 << 31:
-        raise ValueError(f"METIS partitioning supports fewer than 2^31 nodes, the graph has {n}; "
-                         f"use --method random")
-    src, dst = edge_index[0], edge_index[1]
-    keep = np.flatnonzero(src != dst)
-    m = keep.size
-    key = np.empty(2 * m, dtype=np.int64)
-    for start in range(0, m, _EDGE_CHUNK):
-        sel = keep[start:start + _EDGE_CHUNK]
-        s, d = src[sel], dst[sel]
-        stop = start + sel.size
-        np.multiply(s, n, out=key[start:stop])
-        key[start:stop] += d
-        np.multiply(d, n, out=key[m + start:m + stop])
-        key[m + start:m + stop] += s
-    del keep
-    key.sort()
-    if key.size:
-        first = np.empty(key.size, dtype=bool)
-        first[0] = True
-        np.not_equal(key[1:], key[:-1], out=first[1:])
-        key = key[first]
-        del first
-    xadj = np.searchsorted(key, np.arange(n + 1, dtype=np.int64) * n)
-    np.remainder(key, n, out=key)
-    return xadj.astype(np.int64, copy=False), key
-
-
-def edge_cut(edge_index: np.ndarray, parts: np.ndarray) -> int:
-    """Number of directed edges whose endpoints lie in different parts."""
+def edge_cut(edge_index: np.ndarray, parts: np.ndarray, dst_parts: np.ndarray | None = None) -> int:
+    """Number of directed edges whose endpoints lie in different parts (``dst_parts``: of the destination
+    type's nodes, when it differs from the source type)."""
+    dst_parts = parts if dst_parts is None else dst_parts
     cut = 0
     for start in range(0, edge_index.shape[1], _EDGE_CHUNK):
         chunk = edge_index[:, start:start + _EDGE_CHUNK]
-        cut += int(np.count_nonzero(parts[chunk[0]] != parts[chunk[1]]))
+        cut += int(np.count_nonzero(parts[chunk[0]] != dst_parts[chunk[1]]))
     return cut
+
+
+def graph_edge_cut(graph: GraphInput, parts: np.ndarray) -> int:
+    """Cut edges over every edge type; ``parts`` as :func:`assign_parts` gives them."""
+    of_type = _parts_by_type(graph, parts)
+    return sum(edge_cut(e.edge_index, of_type[src], of_type[dst]) for (src, _, dst), e in graph.edges.items())
+
+
+def _parts_by_type(graph: GraphInput, parts: np.ndarray) -> dict[str, np.ndarray]:
+    offsets = graph.node_offsets()
+    return {ntype: parts[offsets[ntype]:offsets[ntype] + t.num_nodes] for ntype, t in graph.nodes.items()}
 
 
 def _renumber(ids: np.ndarray, new_of_orig: np.ndarray) -> np.ndarray:
@@ -139,29 +99,31 @@ def _renumber(ids: np.ndarray, new_of_orig: np.ndarray) -> np.ndarray:
     return out
 
 
-def _compressed(key_nodes: np.ndarray, other: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Edges sorted by (key node, other endpoint, edge id): ``(indptr, indices, eid)`` over all nodes.
+def _compressed(key_nodes: np.ndarray, other: np.ndarray, n: int,
+                n_other: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges sorted by (key node, other endpoint, edge id): ``(indptr, indices, eid)`` over all ``n`` key nodes.
 
+    ``other`` ids lie in ``[0, n_other)`` (default ``n``: both endpoints of one node type).
     ``indices`` keeps the dtype of ``other`` (the writer widens each part to int64).
     """
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(key_nodes, minlength=n), out=indptr[1:])
-    eid = _edge_order(key_nodes, other, n, indptr)
+    eid = _edge_order(key_nodes, other, n, indptr, n if n_other is None else n_other)
     return indptr, other[eid], eid
 
 
-def _edge_order(key: np.ndarray, other: np.ndarray, n: int, indptr: np.ndarray) -> np.ndarray:
+def _edge_order(key: np.ndarray, other: np.ndarray, n: int, indptr: np.ndarray, n_other: int) -> np.ndarray:
     """Edge ids ordered by (key, other, edge id).
 
-    Packs ``(key - block start) * n + other`` above the edge id into one int64 and sorts the
-    values (a vectorised sort, ~10x faster than a stable argsort); nodes are processed in
-    blocks small enough for the packed value to fit in 63 bits (one block up to ~1e9 n*E).
+    Packs ``(key - block start) * n_other + other`` above the edge id into one int64 and sorts
+    the values (a vectorised sort, ~10x faster than a stable argsort); key nodes are processed
+    in blocks small enough for the packed value to fit in 63 bits (one block up to ~1e9 n*E).
     """
     num_edges = key.size
     eid_bits = max(1, int(num_edges - 1).bit_length())
-    block = (1 << (_PACK_BITS - eid_bits)) // max(n, 1) if eid_bits < _PACK_BITS else 0  # key nodes per block
+    block = (1 << (_PACK_BITS - eid_bits)) // max(n_other, 1) if eid_bits < _PACK_BITS else 0  # key nodes/block
     if block == 0:   # too large to pack: stable argsort keeps edge ids ascending among ties
-        composite = np.multiply(key, n, dtype=np.int64)
+        composite = np.multiply(key, n_other, dtype=np.int64)
         composite += other
         return np.argsort(composite, kind="stable")
     mask = (1 << eid_bits) - 1
@@ -177,7 +139,7 @@ def _edge_order(key: np.ndarray, other: np.ndarray, n: int, indptr: np.ndarray) 
         lo, hi = int(indptr[a]), int(indptr[min(a + block, n)])
         ids = np.arange(lo, hi, dtype=np.int64) if by_key is None else by_key[lo:hi]
         packed = np.subtract(key[ids], a, dtype=np.int64)
-        packed *= n
+        packed *= n_other
         packed += other[ids]
         packed <<= eid_bits
         packed |= ids
@@ -186,30 +148,72 @@ def _edge_order(key: np.ndarray, other: np.ndarray, n: int, indptr: np.ndarray) 
     return out
 
 
-def _write_nodes(graph: GraphInput, paths: PartitionPaths, order, new_of_orig, ranges, progress: Progress) -> None:
-    num_parts = ranges.size - 1
-    new_splits = {split: np.sort(new_of_orig[idx]) for split, idx in graph.splits.items()}
-    for k in progress(range(num_parts), "writing nodes"):
-        owned = order[ranges[k]:ranges[k + 1]]
-        save_array(paths.node_file(k, "x"), graph.x[owned])
-        save_array(paths.node_file(k, "y"), graph.y[owned])
-        save_array(paths.node_file(k, "orig_id"), owned)
+@dataclass(frozen=True)
+class _Numbering:
+    """One node type's new ids: ``order[new] = original``, ``new_of_orig[original] = new``, part boundaries."""
+
+    order: np.ndarray
+    new_of_orig: np.ndarray
+    ranges: np.ndarray
+
+    @classmethod
+    def of(cls, parts: np.ndarray, num_parts: int) -> "_Numbering":
+        """Part k owns ``[ranges[k], ranges[k+1])``, ordered by (part, original id)."""
+        order = np.argsort(parts, kind="stable")
+        new_of_orig = np.empty(parts.size, dtype=np.int64)
+        new_of_orig[order] = np.arange(parts.size)
+        ranges = np.zeros(num_parts + 1, dtype=np.int64)
+        np.cumsum(np.bincount(parts, minlength=num_parts), out=ranges[1:])
+        return cls(order, new_of_orig, ranges)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.ranges[-1])
+
+
+def _write_nodes(graph: GraphInput, ntype: str, paths: PartitionPaths, numbering: _Numbering,
+                 progress: Progress) -> None:
+    t, ranges = graph.nodes[ntype], numbering.ranges
+    splits = graph.splits if ntype == graph.label_type else {}
+    new_splits = {split: np.sort(numbering.new_of_orig[idx]) for split, idx in splits.items()}
+    desc = "writing nodes" if graph.is_homogeneous else f"writing {ntype} nodes"
+    for k in progress(range(ranges.size - 1), desc):
+        owned = numbering.order[ranges[k]:ranges[k + 1]]
+        for name, values in (("x", t.x), ("y", t.y)):
+            if values is not None:
+                save_array(paths.node_file(k, name, ntype), values[owned])
+        save_array(paths.node_file(k, "orig_id", ntype), owned)
         for split, gids in new_splits.items():
             lo, hi = np.searchsorted(gids, [ranges[k], ranges[k + 1]])
-            save_array(paths.split_file(k, split), gids[lo:hi])
+            save_array(paths.split_file(k, split, ntype), gids[lo:hi])
 
 
-def _write_topology(graph: GraphInput, paths: PartitionPaths, topo: str, key, other, ranges,
-                    progress: Progress) -> None:
-    n = int(ranges[-1])
-    indptr, indices, eid = _compressed(key, other, n)
+def _write_edges(graph: GraphInput, etype: EdgeType, paths: PartitionPaths, numbering: dict[str, _Numbering],
+                 topologies, progress: Progress, log: Log) -> None:
+    """CSC (in-edges of owned destination-type nodes) and/or CSR (out-edges of owned source-type nodes)."""
+    edges, (src, _, dst) = graph.edges[etype], etype
+    named = "" if graph.is_homogeneous else f" {edge_type_dirname(etype)}"
+    log(f"renumbering{named} edges")
+    src_new = _renumber(edges.edge_index[0], numbering[src].new_of_orig)
+    dst_new = _renumber(edges.edge_index[1], numbering[dst].new_of_orig)
+    for topo in topologies:
+        log(f"sorting {topo.upper()} adjacency{named} ({edges.num_edges:,} edges)")
+        key, other = (dst_new, src_new) if topo == "csc" else (src_new, dst_new)
+        key_type, other_type = (dst, src) if topo == "csc" else (src, dst)
+        _write_topology(edges, etype, paths, topo, key, other, numbering[key_type].ranges,
+                        numbering[other_type].num_nodes, progress)
+
+
+def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths, topo: str, key, other, ranges,
+                    n_other: int, progress: Progress) -> None:
+    indptr, indices, eid = _compressed(key, other, int(ranges[-1]), n_other)
     for k in progress(range(ranges.size - 1), f"writing {topo}"):
         lo, hi = indptr[ranges[k]], indptr[ranges[k + 1]]
-        save_array(paths.edge_file(k, topo, "indptr"), indptr[ranges[k]:ranges[k + 1] + 1] - lo)
-        save_array(paths.edge_file(k, topo, "indices"), indices[lo:hi].astype(np.int64))
-        save_array(paths.edge_file(k, topo, "eid"), eid[lo:hi])
-        if graph.edge_attr is not None:
-            save_array(paths.edge_file(k, topo, "edge_attr"), graph.edge_attr[eid[lo:hi]])
+        save_array(paths.edge_file(k, topo, "indptr", etype), indptr[ranges[k]:ranges[k + 1] + 1] - lo)
+        save_array(paths.edge_file(k, topo, "indices", etype), indices[lo:hi].astype(np.int64))
+        save_array(paths.edge_file(k, topo, "eid", etype), eid[lo:hi])
+        if edges.edge_attr is not None:
+            save_array(paths.edge_file(k, topo, "edge_attr", etype), edges.edge_attr[eid[lo:hi]])
 
 
 def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: Path, *, method: str,
@@ -217,53 +221,49 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
                      log: Log | None = None) -> PartitionMeta:
     """Write the partition folder into ``out`` (which must be empty), META.json last; returns its meta.
 
-    Peak memory beyond the input, while one topology is built: the renumbered endpoints (int32
-    when ids fit) plus three int64 arrays of E entries (sort keys, permutation, sort buffer).
+    ``parts`` is the part of every node of the homogeneous view (:func:`assign_parts`). Each node
+    type is renumbered on its own, so part k owns ``[node_ranges[t][k], node_ranges[t][k+1])`` of
+    type t. Peak memory beyond the input, while one topology of one edge type is built: its
+    renumbered endpoints (int32 when ids fit) plus three int64 arrays of its E entries (sort keys,
+    permutation, sort buffer).
     """
-    n = graph.num_nodes
     progress, log = progress or _no_progress, log or _no_log
-    order = np.argsort(parts, kind="stable")          # new id -> original id
-    new_of_orig = np.empty(n, dtype=np.int64)
-    new_of_orig[order] = np.arange(n)
-    ranges = np.zeros(num_parts + 1, dtype=np.int64)
-    np.cumsum(np.bincount(parts, minlength=num_parts), out=ranges[1:])
+    numbering = {ntype: _Numbering.of(p, num_parts) for ntype, p in _parts_by_type(graph, parts).items()}
     paths = PartitionPaths(out)
-    _write_nodes(graph, paths, order, new_of_orig, ranges, progress)
-
-    log("renumbering edges")
-    src_new = _renumber(graph.edge_index[0], new_of_orig)
-    dst_new = _renumber(graph.edge_index[1], new_of_orig)
-    for topo in topologies:
-        log(f"sorting {topo.upper()} adjacency ({graph.edge_index.shape[1]:,} edges)")
-        key, other = (dst_new, src_new) if topo == "csc" else (src_new, dst_new)
-        _write_topology(graph, paths, topo, key, other, ranges, progress)
-    del src_new, dst_new
-
-    meta = _meta(graph, parts, ranges, method=method, topologies=topologies, seed=seed)
+    for ntype in graph.node_types:
+        _write_nodes(graph, ntype, paths, numbering[ntype], progress)
+    for etype in graph.edge_types:
+        _write_edges(graph, etype, paths, numbering, topologies, progress, log)
+    meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
     write_meta(out, meta)
     return meta
 
 
-def _meta(graph: GraphInput, parts, ranges, *, method: str, topologies, seed: int) -> PartitionMeta:
-    etype = "__".join(DEFAULT_EDGE_TYPE)
+def _array_spec(array: np.ndarray) -> dict:
+    return {"shape": list(array.shape[1:]), "dtype": str(array.dtype)}
+
+
+def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method: str, topologies,
+          seed: int) -> PartitionMeta:
     return PartitionMeta(
-        num_parts=int(ranges.size - 1),
-        node_types=[DEFAULT_NODE_TYPE],
-        edge_types=[list(DEFAULT_EDGE_TYPE)],
-        node_ranges={DEFAULT_NODE_TYPE: ranges.tolist()},
-        num_edges={etype: int(graph.edge_index.shape[1])},
+        num_parts=int(numbering[graph.label_type].ranges.size - 1),
+        node_types=graph.node_types,
+        edge_types=[list(etype) for etype in graph.edge_types],
+        node_ranges={ntype: numbering[ntype].ranges.tolist() for ntype in graph.node_types},
+        num_edges={edge_type_dirname(etype): e.num_edges for etype, e in graph.edges.items()},
         topologies=list(topologies),
-        features={DEFAULT_NODE_TYPE: {
-            "x": {"shape": list(graph.x.shape[1:]), "dtype": str(graph.x.dtype)},
-            "y": {"shape": list(graph.y.shape[1:]), "dtype": str(graph.y.dtype)},
-        }},
-        edge_features=({etype: {"shape": list(graph.edge_attr.shape[1:]), "dtype": str(graph.edge_attr.dtype)}}
-                       if graph.edge_attr is not None else {}),
-        num_classes=int(graph.num_classes or (int(graph.y.max()) + 1 if graph.y.size else 0)),
+        features={ntype: {name: _array_spec(a) for name, a in (("x", t.x), ("y", t.y)) if a is not None}
+                  for ntype, t in graph.nodes.items()},
+        edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
+                       for etype, e in graph.edges.items() if e.edge_attr is not None},
+        num_classes=int(graph.num_classes),
         split_sizes={k: int(v.size) for k, v in graph.splits.items()},
+        label_type=graph.label_type,
+        num_classes_by_type=({} if graph.is_homogeneous else
+                             {ntype: t.num_classes for ntype, t in graph.nodes.items() if t.y is not None}),
         graph_name=graph.name,
         method=method,
-        edge_cut=edge_cut(graph.edge_index, parts),
+        edge_cut=graph_edge_cut(graph, parts),
         source_fingerprint=graph.fingerprint,
         seed=int(seed),
     )

@@ -13,8 +13,13 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
     ROOT/part_{k}/edges/.../csr_{indptr,indices,eid}.npy   out-edges (when asked for)
     ROOT/part_{k}/edges/.../{csc,csr}_edge_attr.npy         optional, aligned with indices
 
-Node ids are renumbered so that part k owns the contiguous range
-``[ranges[k], ranges[k+1])`` of every node type (see :class:`RangePartitionBook`).
+Node ids are renumbered per node type so that part k owns the contiguous range
+``[node_ranges[ntype][k], node_ranges[ntype][k+1])`` of every node type (see
+:class:`RangePartitionBook`), ordered by (part, original id). ``x.npy`` and ``y.npy`` exist
+only for types with features / labels; ``{split}_idx.npy`` only for the label type. For an
+edge type ``(src, rel, dst)`` the CSC of part k covers its owned ``dst`` nodes with global
+``src`` ids, the CSR its owned ``src`` nodes with global ``dst`` ids. A homogeneous graph is
+node type ``_N`` with edge type ``("_N", "to", "_N")``.
 Within a node's neighbor list, entries are sorted by neighbor global id, then edge id,
 so sampling results do not depend on how the list was built.
 
@@ -37,6 +42,9 @@ DEFAULT_EDGE_TYPE = ("_N", "to", "_N")
 TOPOLOGIES = ("csc", "csr")
 
 
+_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}}  # added within version 1
+
+
 class PartitionFormatError(ValueError):
     """A partition folder is missing, malformed or of another format version."""
 
@@ -50,8 +58,12 @@ class PartitionMeta:
     """Contents of ``META.json``: everything a reader needs before opening a part.
 
     ``node_ranges[ntype]`` has ``num_parts + 1`` boundaries in renumbered ids;
-    ``features[ntype]`` maps a feature name to ``{"shape": [...], "dtype": str}``
-    (shape excludes the node dimension).
+    ``features[ntype]`` maps a feature name (``x``, ``y``; absent when the type has none) to
+    ``{"shape": [...], "dtype": str}`` (shape excludes the node dimension); ``num_edges`` and
+    ``edge_features`` are keyed by :func:`edge_type_dirname`. ``num_classes`` and
+    ``split_sizes`` are those of ``label_type``, the one node type with splits;
+    ``num_classes_by_type`` covers every type with labels. Keys added after format version 1
+    was first written have defaults that describe a homogeneous graph, so older folders read.
     """
 
     num_parts: int
@@ -64,6 +76,8 @@ class PartitionMeta:
     num_classes: int
     split_sizes: dict[str, int]
     edge_features: dict[str, dict] = field(default_factory=dict)
+    label_type: str = DEFAULT_NODE_TYPE    # the node type that holds y and the splits
+    num_classes_by_type: dict[str, int] = field(default_factory=dict)
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0
@@ -75,8 +89,23 @@ class PartitionMeta:
     def num_nodes(self) -> int:
         return sum(r[-1] for r in self.node_ranges.values())
 
+    @property
+    def is_homogeneous(self) -> bool:
+        return self.node_types == [DEFAULT_NODE_TYPE] and [tuple(e) for e in self.edge_types] == [DEFAULT_EDGE_TYPE]
+
+    def edge_type_tuples(self) -> list[tuple[str, str, str]]:
+        return [(e[0], e[1], e[2]) for e in self.edge_types]
+
+    def classes_of(self, ntype: str) -> int:
+        """Number of classes of ``ntype``'s labels (0 when it has none)."""
+        default = self.num_classes if ntype == self.label_type else 0
+        return int(self.num_classes_by_type.get(ntype, default))
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """Keys added after version 1 are left out while they hold their (homogeneous) defaults, so a
+        homogeneous partition's META.json stays readable by graphfeed releases that predate them."""
+        data = {k: v for k, v in asdict(self).items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
+        return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict) -> "PartitionMeta":

@@ -1,4 +1,11 @@
-"""Opening a partition folder: memory-mapped arrays of one part, or of all of them."""
+"""Opening a partition folder: memory-mapped arrays of one part, or of all of them.
+
+A part is read per type: ``part.nodes(ntype)`` (a :class:`NodeStore`) and ``part.edges(etype)``
+(an :class:`EdgeStore`). ``Partition``'s own ``x``, ``y``, ``orig_id``, ``split``, ``book``,
+``start``/``stop``, ``to_global`` and ``topology`` are shortcuts to one node type (``ntype``,
+by default the label type) and one edge type (``etype``, see :func:`default_edge_type`): for a
+homogeneous graph, the graph.
+"""
 from __future__ import annotations
 
 import os
@@ -12,13 +19,15 @@ from graphfeed.core.spec import NodeInput
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
-    DEFAULT_NODE_TYPE,
     PartitionFormatError,
     PartitionMeta,
     PartitionPaths,
+    edge_type_dirname,
     load_array,
     read_meta,
 )
+
+EdgeType = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -42,63 +51,48 @@ def _tensor(path) -> torch.Tensor:
     return torch.from_numpy(load_array(path))
 
 
-class Partition:
-    """One part of a partitioned graph, memory-mapped (nothing is read until used)."""
+class NodeStore:
+    """One node type of one part: the nodes with global ids ``[start, stop)`` of that type."""
 
-    def __init__(self, root: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
-                 ntype: str = DEFAULT_NODE_TYPE, etype=DEFAULT_EDGE_TYPE):
-        self.paths = PartitionPaths(root)
-        self.meta = meta if meta is not None else read_meta(root)
-        if not 0 <= part_id < self.meta.num_parts:
-            raise PartitionFormatError(
-                f"part {part_id} does not exist: {root} has parts 0..{self.meta.num_parts - 1}")
-        self.part_id = part_id
-        self.ntype, self.etype = ntype, tuple(etype)
-        self.book = RangePartitionBook(self.meta.node_ranges[ntype])
+    def __init__(self, paths: PartitionPaths, meta: PartitionMeta, part_id: int, ntype: str):
+        self.paths, self.meta, self.part_id, self.ntype = paths, meta, part_id, ntype
+        self.book = RangePartitionBook(meta.node_ranges[ntype])
         self.start, self.stop = self.book.range(part_id)
 
     @property
     def num_nodes(self) -> int:
         return self.stop - self.start
 
-    def topology(self, kind: str = "csc") -> Topology:
-        if kind not in self.meta.topologies:
-            raise PartitionFormatError(
-                f"{self.paths.root} was partitioned without {kind.upper()} topology "
-                f"(needed for {'out' if kind == 'csr' else 'in'}-edge sampling); "
-                f"re-run `graphfeed partition --topology {kind}` or `--topology both`")
-        return self._topologies[kind]
+    @property
+    def num_classes(self) -> int:
+        return self.meta.classes_of(self.ntype)
+
+    def _optional(self, name: str) -> torch.Tensor | None:
+        if name not in self.meta.features.get(self.ntype, {}):
+            return None
+        return _tensor(self.paths.node_file(self.part_id, name, self.ntype))
 
     @cached_property
-    def _topologies(self) -> dict[str, Topology]:
-        out = {}
-        for kind in self.meta.topologies:
-            indptr, indices, eid = (_tensor(self.paths.edge_file(self.part_id, kind, name, self.etype))
-                                    for name in ("indptr", "indices", "eid"))
-            topo = Topology(indptr, indices, eid)
-            if topo.num_nodes != self.num_nodes:
-                raise PartitionFormatError(
-                    f"{self.paths.edge_dir(self.part_id, self.etype)}: {kind} indptr covers {topo.num_nodes} nodes, "
-                    f"the part owns {self.num_nodes}; the folder is corrupt, re-run `graphfeed partition`")
-            out[kind] = topo
-        return out
+    def x(self) -> torch.Tensor | None:
+        """Features [num_nodes, F], or None for a featureless type."""
+        return self._optional("x")
 
     @cached_property
-    def x(self) -> torch.Tensor:
-        return _tensor(self.paths.node_file(self.part_id, "x", self.ntype))
-
-    @cached_property
-    def y(self) -> torch.Tensor:
-        return _tensor(self.paths.node_file(self.part_id, "y", self.ntype))
+    def y(self) -> torch.Tensor | None:
+        """Labels [num_nodes, ...], or None for an unlabelled type."""
+        return self._optional("y")
 
     @cached_property
     def orig_id(self) -> torch.Tensor:
         return _tensor(self.paths.node_file(self.part_id, "orig_id", self.ntype))
 
     def split(self, name: str) -> torch.Tensor:
-        """Global ids of this part's nodes in split ``name`` (sorted)."""
+        """Global ids of this part's nodes in split ``name`` (sorted); only the label type has splits."""
         if name not in SPLITS:
             raise ValueError(f"unknown split {name!r}: use one of {', '.join(SPLITS)} or pass a tensor of node ids")
+        if self.ntype != self.meta.label_type:
+            raise ValueError(f"node type {self.ntype!r} has no splits (they are on {self.meta.label_type!r}); "
+                             f"use the {self.meta.label_type!r} splits or pass a tensor of {self.ntype!r} ids")
         return _tensor(self.paths.split_file(self.part_id, name, self.ntype))
 
     @cached_property
@@ -125,8 +119,148 @@ class Partition:
         ids = node_input.ids
         n = self.book.num_nodes
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-            raise ValueError(f"node ids out of range: original node ids are 0..{n - 1}")
+            raise ValueError(f"node ids out of range: original {self.ntype!r} node ids are 0..{n - 1}"
+                             if not self.meta.is_homogeneous else
+                             f"node ids out of range: original node ids are 0..{n - 1}")
         return self.to_global(ids)[1]
+
+
+class EdgeStore:
+    """One edge type ``(src, rel, dst)`` of one part: CSC over its owned ``dst`` nodes (global ``src`` ids),
+    CSR over its owned ``src`` nodes (global ``dst`` ids)."""
+
+    def __init__(self, paths: PartitionPaths, meta: PartitionMeta, part_id: int, etype: EdgeType,
+                 owned: dict[str, int]):
+        self.paths, self.meta, self.part_id, self.etype = paths, meta, part_id, etype
+        self._owned = {"csc": owned[etype[2]], "csr": owned[etype[0]]}  # nodes each topology covers
+
+    @property
+    def num_edges(self) -> int:
+        """Edges of this type in the whole graph."""
+        return int(self.meta.num_edges[edge_type_dirname(self.etype)])
+
+    def topology(self, kind: str = "csc") -> Topology:
+        if kind not in self.meta.topologies:
+            raise PartitionFormatError(
+                f"{self.paths.root} was partitioned without {kind.upper()} topology "
+                f"(needed for {'out' if kind == 'csr' else 'in'}-edge sampling); "
+                f"re-run `graphfeed partition --topology {kind}` or `--topology both`")
+        return self._topologies[kind]
+
+    @cached_property
+    def _topologies(self) -> dict[str, Topology]:
+        out = {}
+        for kind in self.meta.topologies:
+            indptr, indices, eid = (_tensor(self.paths.edge_file(self.part_id, kind, name, self.etype))
+                                    for name in ("indptr", "indices", "eid"))
+            topo = Topology(indptr, indices, eid)
+            if topo.num_nodes != self._owned[kind]:
+                raise PartitionFormatError(
+                    f"{self.paths.edge_dir(self.part_id, self.etype)}: {kind} indptr covers {topo.num_nodes} nodes, "
+                    f"the part owns {self._owned[kind]}; the folder is corrupt, re-run `graphfeed partition`")
+            out[kind] = topo
+        return out
+
+    def edge_attr(self, kind: str = "csc") -> torch.Tensor | None:
+        """Edge features aligned with ``topology(kind).indices``, or None when the type has none."""
+        if edge_type_dirname(self.etype) not in self.meta.edge_features:
+            return None
+        self.topology(kind)  # the same checks
+        return _tensor(self.paths.edge_file(self.part_id, kind, "edge_attr", self.etype))
+
+
+def default_edge_type(meta: PartitionMeta, ntype: str) -> EdgeType:
+    """The edge type ``Partition.topology`` reads: the homogeneous one, else the first whose destination is
+    ``ntype``, else the first one."""
+    etypes = meta.edge_type_tuples()
+    if DEFAULT_EDGE_TYPE in etypes or not etypes:
+        return DEFAULT_EDGE_TYPE
+    return next((e for e in etypes if e[2] == ntype), etypes[0])
+
+
+class Partition:
+    """One part of a partitioned graph, memory-mapped (nothing is read until used)."""
+
+    def __init__(self, root: str | os.PathLike, part_id: int, meta: PartitionMeta | None = None,
+                 ntype: str | None = None, etype: EdgeType | None = None):
+        self.paths = PartitionPaths(root)
+        self.meta = meta if meta is not None else read_meta(root)
+        if not 0 <= part_id < self.meta.num_parts:
+            raise PartitionFormatError(
+                f"part {part_id} does not exist: {root} has parts 0..{self.meta.num_parts - 1}")
+        self.part_id = part_id
+        self._nodes = {t: NodeStore(self.paths, self.meta, part_id, t) for t in self.meta.node_types}
+        owned = {t: store.num_nodes for t, store in self._nodes.items()}
+        self._edges = {e: EdgeStore(self.paths, self.meta, part_id, e, owned) for e in self.meta.edge_type_tuples()}
+        self.ntype = ntype if ntype is not None else self.meta.label_type
+        self.etype: EdgeType = (etype[0], etype[1], etype[2]) if etype is not None else \
+            default_edge_type(self.meta, self.ntype)
+        node = self.nodes(self.ntype)
+        self.book, self.start, self.stop = node.book, node.start, node.stop
+
+    # ---- the typed API
+
+    @property
+    def node_types(self) -> list[str]:
+        return list(self.meta.node_types)
+
+    @property
+    def edge_types(self) -> list[EdgeType]:
+        return self.meta.edge_type_tuples()
+
+    @property
+    def label_type(self) -> str:
+        return self.meta.label_type
+
+    def nodes(self, ntype: str) -> NodeStore:
+        store = self._nodes.get(ntype)
+        if store is None:
+            raise ValueError(f"unknown node type {ntype!r}: the graph has node types "
+                             f"{', '.join(map(repr, self._nodes))}; use one of them")
+        return store
+
+    def edges(self, etype: EdgeType) -> EdgeStore:
+        store = self._edges.get((etype[0], etype[1], etype[2])) if len(etype) == 3 else None
+        if store is None:
+            raise ValueError(f"unknown edge type {tuple(etype)!r}: the graph has edge types "
+                             f"{', '.join(map(repr, self._edges))}; use one of them")
+        return store
+
+    def input_nodes(self, node_input: NodeInput) -> torch.Tensor:
+        """Global ids (of ``node_input``'s node type; None = the label type) of the seeds ``node_input``
+        names that this part owns, in input order (a split's stored order; ``ids``' given order; every
+        node in id order)."""
+        ntype = getattr(node_input, "node_type", None)
+        return self.nodes(ntype if ntype is not None else self.label_type).input_nodes(node_input)
+
+    # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.stop - self.start
+
+    def topology(self, kind: str = "csc") -> Topology:
+        return self.edges(self.etype).topology(kind)
+
+    @property
+    def x(self) -> torch.Tensor | None:
+        return self.nodes(self.ntype).x
+
+    @property
+    def y(self) -> torch.Tensor | None:
+        return self.nodes(self.ntype).y
+
+    @property
+    def orig_id(self) -> torch.Tensor:
+        return self.nodes(self.ntype).orig_id
+
+    def split(self, name: str) -> torch.Tensor:
+        """Global ids of this part's nodes in split ``name`` (sorted)."""
+        return self.nodes(self.ntype).split(name)
+
+    def to_global(self, orig_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mask, gids)``: which of ``orig_ids`` this part owns, and their global ids."""
+        return self.nodes(self.ntype).to_global(orig_ids)
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:
@@ -134,16 +268,20 @@ def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]
     return meta, [Partition(root, k, meta) for k in range(meta.num_parts)]
 
 
-def resolve_original_ids(parts: list[Partition], orig_ids: torch.Tensor) -> torch.Tensor:
-    """Global ids of ``orig_ids`` (original node ids), in the same order; raises on unknown ids."""
+def resolve_original_ids(parts: list[Partition], orig_ids: torch.Tensor, ntype: str | None = None) -> torch.Tensor:
+    """Global ids of ``orig_ids`` (original ids of node type ``ntype``, default the label type), in the same
+    order; raises on unknown ids."""
     orig_ids = torch.as_tensor(orig_ids, dtype=torch.int64).reshape(-1)
+    ntype = ntype if ntype is not None else parts[0].label_type
+    stores = [part.nodes(ntype) for part in parts]
     gids = torch.full_like(orig_ids, -1)
-    for part in parts:
-        mask, g = part.to_global(orig_ids)
+    for store in stores:
+        mask, g = store.to_global(orig_ids)
         gids[mask] = g
     missing = gids < 0
     if bool(missing.any()):
         bad = orig_ids[missing][:5].tolist()
-        raise ValueError(f"{int(missing.sum())} input node id(s) are not in the graph (e.g. {bad}); "
-                         f"pass original node ids in 0..{sum(p.num_nodes for p in parts) - 1}")
+        what = "node" if parts[0].meta.is_homogeneous else f"{ntype!r} node"
+        raise ValueError(f"{int(missing.sum())} input {what} id(s) are not in the graph (e.g. {bad}); "
+                         f"pass original {what} ids in 0..{sum(s.num_nodes for s in stores) - 1}")
     return gids

@@ -88,7 +88,7 @@ class PartitionedGraph:
         self.book = book
         self.sources = list(sources)
         self.telemetry: StageTelemetry = telemetry if telemetry is not None else NoTelemetry()
-        self._like = local[0].part                                     # the feature rows' shape and type
+        self._like = local[0]                                          # the feature rows' shape and type
         self._whole = local[0] if book.num_parts == 1 else None        # one local part holds every node
 
     @classmethod
@@ -141,9 +141,9 @@ class PartitionedGraph:
         only = self.sources[split[0][0]] if len(split) == 1 else None
         if isinstance(only, LocalSource):
             return only.gather(gids)
-        n, like = gids.numel(), self._like
-        out = (torch.empty((n,) + tuple(like.x.shape[1:]), dtype=like.x.dtype),
-               torch.empty((n,) + tuple(like.y.shape[1:]), dtype=like.y.dtype),
+        n, (x, y) = gids.numel(), self._like.feature_arrays()
+        out = (torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype),
+               torch.empty((n,) + tuple(y.shape[1:]), dtype=y.dtype),
                torch.empty(n, dtype=torch.int64))
         for pos, rows in self._pieces(gids, split, lambda src, ids: src.start_gather(ids)):
             # index_copy_ rather than ``x[pos] = ...``: advanced-indexing assignment is several times slower

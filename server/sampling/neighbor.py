@@ -1,48 +1,199 @@
 """Multi-hop neighbor sampling driver: hops, relabelling, and splitting a frontier by owner.
 
-The driver is independent of where a hop's neighbors come from: ``one_hop_fn(gids,
-fanout, hop)`` may read one local CSC, or split the frontier over the parts of a
+One driver, :func:`sample_typed`, samples typed (heterogeneous) graphs with PyG's semantics;
+a homogeneous graph is its one-type case (:func:`sample_subgraph`).  The driver is
+independent of where a hop's neighbors come from: ``one_hop_fn(etype, gids, fanout, rng_hop)``
+may read one local CSC/CSR, or split the frontier over the parts of a
 :class:`graphfeed.server.sampling.graph.PartitionedGraph` (in this process or on peer
-workers).  Because every random choice is keyed by ``(seed, hop, node id)`` (see
-:mod:`graphfeed.server.sampling.rng`), all of these give identical samples.
+workers) and :func:`stitch` the pieces.  Because every random choice is keyed by
+``(seed, rng_hop, node id)`` (see :mod:`graphfeed.server.sampling.rng`), all of these give
+identical samples.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
+from graphfeed.core.constants import DIRECTIONS, MAX_FANOUT
 from graphfeed.core.spec import SamplingSpec
+from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.reference import segment_arange
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph
+from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
-OneHopFn = Callable[[torch.Tensor, int, int], OneHop]
+OneHopFn = Callable[[torch.Tensor, int, int], OneHop]                 # (frontier gids, fanout, hop)
+TypedOneHopFn = Callable[[EdgeType, torch.Tensor, int, int], OneHop]  # (etype, frontier gids, fanout, rng_hop)
+EdgeFanouts = Mapping[EdgeType, Sequence[int]]                        # per edge type, one fanout per hop
 
 
 def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopFn) -> SampledSubgraph:
-    """Sample ``len(spec.num_neighbors)`` hops from ``seeds`` (global ids, distinct)."""
-    seeds = seeds.to(torch.int64)
-    batch = seeds.numel()
-    nodes, rows, cols, eids = [seeds], [], [], []
-    frontier, frontier_local = seeds, torch.arange(batch)
-    num_nodes, num_edges = [batch], []
-    total = batch
-    for hop, fanout in enumerate(spec.num_neighbors):
-        res = one_hop_fn(frontier, fanout, hop) if frontier.numel() else _empty_hop()
-        nbr_local, new_gids = dispatch.relabel(*_known(nodes), res.neighbors, total)
-        seed_side = torch.repeat_interleave(frontier_local, res.counts)
-        rows.append(nbr_local if spec.direction == "in" else seed_side)
-        cols.append(seed_side if spec.direction == "in" else nbr_local)
-        eids.append(res.eids)
-        new_local = torch.arange(total, total + new_gids.numel())
-        total += new_gids.numel()
-        nodes.append(new_gids)
-        num_nodes.append(new_gids.numel())
-        num_edges.append(res.neighbors.numel())
-        frontier, frontier_local = new_gids, new_local
-    return SampledSubgraph(torch.cat(nodes), torch.cat(rows), torch.cat(cols), torch.cat(eids),
-                           batch, num_nodes, num_edges)
+    """Sample the hops of ``spec`` (one fanout each) from ``seeds`` (global ids, distinct).
+
+    The one-type case of :func:`sample_typed` (node type ``"_N"``, edge type ``("_N", "to", "_N")``),
+    so ``one_hop_fn`` is called with ``hop`` as its RNG hop.  ``spec.fanouts_for`` turns PyG's
+    ``num_neighbors`` (one list, or a dict per edge type) into the driver's per-edge-type fanouts.
+    """
+    def typed_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
+        return one_hop_fn(gids, fanout, rng_hop)
+
+    fanouts = spec.fanouts_for((DEFAULT_EDGE_TYPE,))
+    return sample_typed({DEFAULT_NODE_TYPE: seeds}, fanouts, spec.direction, typed_hop).homogeneous()
+
+
+def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
+                 input_type: str | None = None) -> TypedSubgraph:
+    """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
+
+    PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
+    of ``fanouts`` in sorted order with ``k = fanouts[e][h]`` (``0``: skip ``e`` at this hop,
+    ``-1``: all neighbors), the frontier of type ``dst`` is expanded through ``e``'s in-edges and
+    the neighbors are ``src`` nodes (``direction="in"``), or the frontier of ``src`` through its
+    out-edges to ``dst`` nodes (``"out"``).  The frontier of a type at hop ``h`` is its nodes
+    first seen at hop ``h - 1`` (its seeds at hop 0).  Local ids per type: see
+    :class:`TypedSubgraph`.
+
+    ``one_hop_fn(e, gids, k, rng_hop)`` samples ``e`` for the frontier ``gids`` (never empty) with
+    ``rng_hop = h * len(fanouts) + (position of e in sorted order)``: one edge type gives
+    ``rng_hop = h`` (the homogeneous sample), several draw independent streams.
+    ``input_type`` (the type whose seed count is ``batch_size``) defaults to the only seeded type.
+    Raises ValueError for bad fanouts, direction or seeds, naming the fix.
+    """
+    etypes, num_hops = _check_fanouts(fanouts)
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
+    input_type = _input_type(seeds, etypes, input_type)
+    nodes = {t: _TypeNodes(seeds.get(t)) for t in _node_types(etypes)}
+    edges = {e: _TypeEdges() for e in etypes}
+    for hop in range(num_hops):
+        for k, etype in enumerate(etypes):
+            fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
+            _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn)
+        for typed in nodes.values():
+            typed.end_hop()
+    return TypedSubgraph(
+        {t: n.gids() for t, n in nodes.items()},
+        {e: _cat(s.rows) for e, s in edges.items()}, {e: _cat(s.cols) for e, s in edges.items()},
+        {e: _cat(s.eids) for e, s in edges.items()},
+        {t: n.counts for t, n in nodes.items()}, {e: s.counts for e, s in edges.items()},
+        nodes[input_type].counts[0], input_type)
+
+
+# ---- the driver's parts -----------------------------------------------------------------------
+
+def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool, nodes: dict[str, _TypeNodes],
+                      edges: _TypeEdges, one_hop_fn: TypedOneHopFn) -> None:
+    """One hop of ``etype``: expand the frontier of its center type and record the sampled edges.
+
+    ``into_dst``: direction "in" (the center is the destination type, the neighbors are sources).
+    """
+    src, _, dst = etype
+    center, other = (nodes[dst], nodes[src]) if into_dst else (nodes[src], nodes[dst])
+    gids, local = center.frontier
+    if fanout == 0 or gids.numel() == 0:
+        edges.counts.append(0)
+        return
+    res = one_hop_fn(etype, gids, fanout, rng_hop)
+    nbr_local = other.add(res.neighbors)
+    center_local = torch.repeat_interleave(local, res.counts)
+    edges.add(nbr_local if into_dst else center_local, center_local if into_dst else nbr_local, res.eids)
+
+
+class _TypeNodes:
+    """The sampled nodes of one type: global ids in local-id order, and the frontier of the current hop."""
+
+    def __init__(self, seeds: torch.Tensor | None):
+        seeds = _empty() if seeds is None else seeds.to(torch.int64)
+        self.chunks = [seeds]                 # the seeds, then the new nodes of each hop and edge type
+        self.total = seeds.numel()
+        self.counts = [seeds.numel()]         # num_sampled_nodes
+        self.frontier = (seeds, torch.arange(seeds.numel()))   # (global ids, local ids)
+        self._hop_first = 1                   # chunks[_hop_first:] are the nodes new in this hop
+
+    def add(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Local ids of ``candidates`` (global ids of this type); the unseen ones are numbered next."""
+        local, new = dispatch.relabel(*_known(self.chunks), candidates, self.total)
+        self.chunks.append(new)
+        self.total += new.numel()
+        return local
+
+    def end_hop(self) -> None:
+        """The nodes first seen in this hop become the next hop's frontier."""
+        hop_chunks = self.chunks[self._hop_first:]
+        # One chunk (always so with one edge type): the relabel's own tensor, no copy needed.
+        new = hop_chunks[0] if len(hop_chunks) == 1 else _cat(hop_chunks)
+        self._hop_first = len(self.chunks)
+        self.counts.append(new.numel())
+        self.frontier = (new, torch.arange(self.total - new.numel(), self.total))
+
+    def gids(self) -> torch.Tensor:
+        return _cat(self.chunks)
+
+
+class _TypeEdges:
+    """The sampled edges of one edge type, hop by hop."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+        self.cols: list[torch.Tensor] = []
+        self.eids: list[torch.Tensor] = []
+        self.counts: list[int] = []           # num_sampled_edges
+
+    def add(self, row: torch.Tensor, col: torch.Tensor, eids: torch.Tensor) -> None:
+        self.rows.append(row)
+        self.cols.append(col)
+        self.eids.append(eids)
+        self.counts.append(eids.numel())
+
+
+def _check_fanouts(fanouts: EdgeFanouts) -> tuple[list[EdgeType], int]:
+    """The edge types in sorted order and the number of hops; ValueError naming the bad entry."""
+    if not fanouts:
+        raise ValueError("fanouts is empty: give per-hop fanouts for at least one edge type")
+    for etype, hops in fanouts.items():
+        if not (isinstance(etype, tuple) and len(etype) == 3 and all(isinstance(s, str) for s in etype)):
+            raise ValueError(f"edge type {etype!r} is not a (src, rel, dst) tuple of node/relation names")
+        bad = [k for k in hops if not -1 <= int(k) <= MAX_FANOUT]
+        if bad:
+            raise ValueError(f"fanouts of edge type {etype!r} has invalid fanout(s) {bad}: each must be -1 "
+                             f"(all neighbors), 0 (skip this edge type at that hop) or 1..{MAX_FANOUT}")
+    lengths = {len(hops) for hops in fanouts.values()}
+    if len(lengths) != 1 or 0 in lengths:
+        per_type = {e: len(hops) for e, hops in fanouts.items()}
+        raise ValueError(f"fanouts must give every edge type the same number (>= 1) of hops, got {per_type}")
+    return sorted(fanouts), lengths.pop()
+
+
+def _node_types(etypes: list[EdgeType]) -> list[str]:
+    """Every node type the edge types name, sorted."""
+    return sorted({t for src, _, dst in etypes for t in (src, dst)})
+
+
+def _input_type(seeds: Mapping[str, torch.Tensor], etypes: list[EdgeType], input_type: str | None) -> str:
+    """The type whose seed count is the batch size; ValueError for seeds of a type no edge type names."""
+    if not seeds:
+        raise ValueError("seeds is empty: give the seed ids of at least one node type")
+    named = _node_types(etypes)
+    unknown = [t for t in seeds if t not in named]
+    if unknown:
+        raise ValueError(f"seeds of node type {unknown[0]!r}, which no edge type in the fanouts names "
+                         f"(node types: {named}); seed one of those types")
+    if input_type is None:
+        if len(seeds) != 1:
+            raise ValueError(f"seeds of several node types {sorted(seeds)}: name the input_type")
+        (input_type,) = seeds
+    if input_type not in seeds:
+        raise ValueError(f"input_type {input_type!r} has no seeds (seeded types: {sorted(seeds)})")
+    return input_type
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64)
+
+
+def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
+    """One new tensor (never one of ``chunks``: results must not alias the caller's seeds or hop results)."""
+    return torch.cat(chunks) if chunks else _empty()
 
 
 def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,15 +208,11 @@ def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return gids, torch.arange(gids.numel())
 
 
-def _empty_hop() -> OneHop:
-    e = torch.empty(0, dtype=torch.int64)
-    return OneHop(e, e, e)
-
-
 def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]]) -> OneHop:
     """Merge per-owner results back into frontier order.
 
-    ``pieces`` holds ``(positions into the frontier, result for those nodes)``.
+    ``pieces`` holds ``(positions into the frontier, result for those nodes)``.  The same for
+    every edge type: a typed ``one_hop_fn`` splits and stitches each edge type's frontier.
     """
     counts = torch.zeros(n, dtype=torch.int64)
     for pos, res in pieces:

@@ -79,8 +79,8 @@ class LocalSource:
         so both copies stay on torch's thread pool (the native gather's pool and torch's spinning
         OpenMP threads contend for the cores: measured ~1.5x slower on a busy 2-core machine)."""
         local = gids - self.part.start
-        p = self.part
-        return Ready((p.x.index_select(0, local), p.y.index_select(0, local), p.orig_id.index_select(0, local)))
+        x, y = self.feature_arrays()
+        return Ready((x.index_select(0, local), y.index_select(0, local), self.part.orig_id.index_select(0, local)))
 
     # ---- the work ---------------------------------------------------------------------------------
 
@@ -96,8 +96,16 @@ class LocalSource:
         The dispatched row gather (native: parallel, GIL released), straight from the part's arrays.
         """
         local = self.check_owned(gids) - self.part.start
-        x, y, orig = (dispatch.gather_rows(t, local) for t in (self.part.x, self.part.y, self.part.orig_id))
+        x, y, orig = (dispatch.gather_rows(t, local) for t in (*self.feature_arrays(), self.part.orig_id))
         return x, y, orig
+
+    def feature_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` of the part's node type; ValueError when it has no features or no labels."""
+        x, y = self.part.x, self.part.y
+        if x is None or y is None:
+            raise ValueError(f"node type {self.part.ntype!r} has no {'features' if x is None else 'labels'}: "
+                             f"the node loaders need both on the input type")
+        return x, y
 
     def check_owned(self, gids) -> torch.Tensor:
         """``gids`` as int64; ValueError naming the part's range when one of them is not the part's."""

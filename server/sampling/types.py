@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphfeed.core.spec import EdgeType
+
 
 @dataclass
 class OneHop:
@@ -35,3 +37,45 @@ class SampledSubgraph:
     @property
     def edge_index(self) -> torch.Tensor:
         return torch.stack([self.row, self.col])
+
+
+@dataclass
+class TypedSubgraph:
+    """A multi-hop sample of a typed graph relabelled to per-type local ids (PyG's hetero layout).
+
+    Node ids are per node type.  ``nodes[t]`` holds the global ids of type ``t``: its seeds
+    first, then the nodes first seen at hop 0, 1, ... (within a hop, in order of first
+    appearance over the edge types in sorted order); a node's local id is its position there.
+    For each edge type ``e = (src, rel, dst)``, ``row[e]`` indexes ``nodes[src]`` and
+    ``col[e]`` indexes ``nodes[dst]`` (every edge in its true direction, whichever way it was
+    sampled) and ``eids[e]`` are the original edge ids of relation ``e``, hop by hop.
+
+    ``num_sampled_nodes[t]`` has ``hops + 1`` entries (entry 0: the seeds of ``t``) and
+    ``num_sampled_edges[e]`` has ``hops`` entries; they add up to the tensors' lengths.  Every
+    node type the sampled edge types name and every sampled edge type has an entry, empty when
+    nothing of it was sampled.  ``batch_size`` is the number of seeds of
+    ``input_type``.
+    """
+
+    nodes: dict[str, torch.Tensor]
+    row: dict[EdgeType, torch.Tensor]
+    col: dict[EdgeType, torch.Tensor]
+    eids: dict[EdgeType, torch.Tensor]
+    num_sampled_nodes: dict[str, list[int]]
+    num_sampled_edges: dict[EdgeType, list[int]]
+    batch_size: int
+    input_type: str
+
+    def edge_index(self, etype: EdgeType) -> torch.Tensor:
+        """``[2, n]`` local (row = source, col = destination) ids of the sampled edges of ``etype``."""
+        return torch.stack([self.row[etype], self.col[etype]])
+
+    def homogeneous(self) -> SampledSubgraph:
+        """This sample as a :class:`SampledSubgraph` (the same tensors, no copy); ValueError unless it
+        has exactly one node type and one edge type."""
+        if len(self.nodes) != 1 or len(self.row) != 1:
+            raise ValueError(f"only a sample with one node type and one edge type is homogeneous, this one has "
+                             f"node types {sorted(self.nodes)} and edge types {sorted(self.row)}")
+        (ntype,), (etype,) = self.nodes, self.row
+        return SampledSubgraph(self.nodes[ntype], self.row[etype], self.col[etype], self.eids[etype],
+                               self.batch_size, self.num_sampled_nodes[ntype], self.num_sampled_edges[etype])

@@ -1,0 +1,152 @@
+"""Loading and checking the arrays of an input graph (shared by the homogeneous and typed readers).
+
+``w`` is always where an array came from (a file, ``file: attribute``, prefixed with the node or
+edge type for a typed graph), so every message names the array and says the fix.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """The input graph is missing, malformed or inconsistent (message names the file and the fix)."""
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_npy(file: Path, required: bool, missing_hint: str = "") -> np.ndarray | None:
+    """Memory-map ``file`` read-only (large features are paged in as the writer copies them out)."""
+    if not file.is_file():
+        if required:
+            raise InputError(f"{file} is missing: {missing_hint}")
+        return None
+    try:
+        return np.load(file, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{file} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+
+
+def torch_load(file: Path, allow_pickle: bool):
+    """A ``torch.save`` file, unpickling only PyG data and tensors unless ``allow_pickle``."""
+    import torch
+    if not zipfile.is_zipfile(file):  # torch.save has written zip archives since torch 1.6
+        raise InputError(f"{file} is not a file written by torch.save (and not a folder); give a .npy folder "
+                         f"or save the graph with torch.save(data, path)")
+    try:
+        from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+        safe = [DataEdgeAttr, DataTensorAttr, BaseStorage, GlobalStorage, NodeStorage, EdgeStorage]
+    except ImportError:  # PyG absent: plain dicts of tensors still load
+        safe = []
+    try:
+        if allow_pickle:
+            return torch.load(file, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(safe):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f"such as {found.group(1)}" if found else "that torch.load(weights_only=True) refuses"
+        raise InputError(f"{file} holds objects other than PyG data and tensors ({what}); if you trust the "
+                         f"file pass --allow-pickle, or re-save it as a PyG Data / dict of tensors") from exc
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{file} is not a file written by torch.save ({exc}); "
+                         f"save the graph with torch.save(data, path)") from exc
+
+
+def field_of(obj, name):
+    """Attribute ``name`` of a dict, a PyG Data or a PyG storage; None when absent."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    store = getattr(obj, "_store", None)  # PyG Data: absent attributes are simply not in its store
+    if store is not None:
+        return store.get(name) if hasattr(store, "get") else getattr(obj, name, None)
+    if hasattr(obj, "get"):              # PyG NodeStorage / EdgeStorage (a mapping)
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def to_numpy(value, w: str) -> np.ndarray | None:
+    if value is None:
+        return None
+    try:
+        import torch
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu().numpy()
+    except ImportError:
+        pass
+    if isinstance(value, np.ndarray):
+        return value
+    raise InputError(f"{w} is a {type(value).__name__}, expected a tensor; store it as a torch.Tensor")
+
+
+def mask_to_ids(mask: np.ndarray, num_nodes: int, w: str) -> np.ndarray:
+    if mask.dtype != np.bool_ or mask.shape != (num_nodes,):
+        raise InputError(f"{w} must be a bool tensor of shape [{num_nodes}] (one entry per node), "
+                         f"got {mask.dtype} {list(mask.shape)}")
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_edge_index_shape(edge_index: np.ndarray, w: str) -> np.ndarray:
+    """Shape [2, E] and an integer dtype; returns it as int64."""
+    if edge_index.ndim != 2 or edge_index.shape[0] != 2:
+        hint = " (it looks like [E, 2]: transpose it)" if edge_index.ndim == 2 and edge_index.shape[1] == 2 else ""
+        raise InputError(f"{w} must have shape [2, E] (row 0 = source, row 1 = destination), "
+                         f"got {list(edge_index.shape)}{hint}")
+    if not np.issubdtype(edge_index.dtype, np.integer):
+        raise InputError(f"{w} must hold integer node ids, got dtype {edge_index.dtype}; convert it to int64")
+    return edge_index if edge_index.dtype == np.int64 else edge_index.astype(np.int64)
+
+
+def id_range(ids: np.ndarray) -> tuple[int, int] | None:
+    return (int(ids.min()), int(ids.max())) if ids.size else None
+
+
+def check_x(x: np.ndarray, w: str) -> None:
+    if x.ndim != 2:
+        raise InputError(f"{w} must have shape [N, F] (one row per node), got {list(x.shape)}; "
+                         f"reshape it, e.g. x.reshape(N, -1)")
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, got dtype {x.dtype}; convert it to float32")
+
+
+def check_y_dtype(y: np.ndarray, w: str) -> None:
+    if y.ndim == 0:
+        raise InputError(f"{w} is a scalar; give one label per node (an array of shape [N])")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise InputError(f"{w} must hold integer class labels, got dtype {y.dtype}; convert it to int64")
+
+
+def check_split(idx: np.ndarray, w: str, num_nodes: int, rows: str) -> np.ndarray:
+    """Node ids of a split: 1-D, integer, in ``0..num_nodes-1``, distinct; returns them sorted.
+
+    ``rows`` says where ``num_nodes`` comes from (e.g. "x has 50 rows").
+    """
+    if idx.ndim != 1:
+        raise InputError(f"{w} must be a 1-D list of node ids, got shape {list(idx.shape)}")
+    if idx.dtype == np.bool_:
+        raise InputError(f"{w} is a bool mask; store node ids instead (numpy.flatnonzero(mask))")
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise InputError(f"{w} must hold integer node ids, got dtype {idx.dtype}; convert it to int64")
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= num_nodes):
+        raise InputError(f"{w} holds node ids {int(idx.min())}..{int(idx.max())}, outside 0..{num_nodes - 1} "
+                         f"({rows}); fix the split")
+    uniq = np.unique(idx)
+    if uniq.size != idx.size:
+        raise InputError(f"{w} lists {idx.size - uniq.size} node id(s) more than once; deduplicate it")
+    return uniq
+
+
+def check_edge_attr(edge_attr: np.ndarray, num_edges: int, w: str, edges_w: str) -> None:
+    if edge_attr.ndim == 0 or edge_attr.shape[0] != num_edges:
+        raise InputError(f"{w} has {edge_attr.shape[0] if edge_attr.ndim else 0} rows but "
+                         f"{edges_w} has {num_edges} edges; give one row per edge (same order)")
+    if not (np.issubdtype(edge_attr.dtype, np.number) or edge_attr.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, got dtype {edge_attr.dtype}")
