@@ -6,8 +6,9 @@ returns the op namespace when the library is present and loads, else ``None`` (a
 ``graphfeed.server.sampling.dispatch`` only; nothing else should call these ops directly.
 
 Ops (schemas in ``csrc/*.cpp``): ``one_hop``, ``weighted_one_hop``, ``temporal_one_hop``,
-``relabel``, ``sample_subgraph`` (fused multi-hop), ``gather_rows``, ``gather_rows_into``
-and, in CUDA builds, ``cache_gather`` (see :mod:`.feature_cache`).
+``relabel``, ``sample_subgraph`` (fused multi-hop), ``sample_typed_subgraph`` (fused multi-hop
+over a typed graph; CPU only), ``gather_rows``, ``gather_rows_into`` and, in CUDA builds,
+``cache_gather`` (see :mod:`.feature_cache`).
 """
 from __future__ import annotations
 

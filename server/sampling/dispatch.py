@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Mapping
 
 import torch
 
 from graphfeed.core.seeding import MASK64
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.core.spec import EdgeType, SamplingSpec
+from graphfeed.server.partition.store import Topology
 from graphfeed.server.sampling import reference, reference_ext
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph
+from graphfeed.server.sampling.typed_plan import EdgeFanouts, TypedPlan, plan_typed
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
 
 _FORCED = os.environ.get("GRAPHFEED_SAMPLER", "").strip().lower()
 if _FORCED not in ("", "reference", "native"):
@@ -103,6 +106,81 @@ def fused_sample_subgraph(topo, node_offset: int, seeds: torch.Tensor, spec: Sam
         topo.indptr, topo.indices, topo.eid, seeds, int(node_offset), list(spec.num_neighbors),
         bool(spec.replace), _seed64(seed), spec.direction == "in")
     return SampledSubgraph(nodes, row, col, eids, seeds.numel(), nn.tolist(), ne.tolist())
+
+
+def has_fused_typed_sampler(topos: Mapping[EdgeType, Topology] | None = None) -> bool:
+    """Whether :func:`fused_sample_typed` can run: the native library is loaded and every topology of
+    ``topos`` (when given) is on the CPU.  The typed op has no CUDA kernel; for CUDA topologies the
+    typed driver (:func:`graphfeed.server.sampling.neighbor.sample_typed`) runs each hop with
+    :func:`one_hop`, which dispatches to the CUDA kernel by the tensors' device."""
+    if _NATIVE is None:
+        return False
+    return topos is None or all(t.indptr.device.type == "cpu" for t in topos.values())
+
+
+def fused_sample_typed(topos: Mapping[EdgeType, Topology], node_offsets: Mapping[str, int],
+                       seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, replace: bool,
+                       seed: int, input_type: str | None = None,
+                       node_bounds: Mapping[str, int] | None = None) -> TypedSubgraph:
+    """Every hop of a typed sample in one native call, over one part holding every node of every type.
+
+    ``topos[e]``: edge type ``e``'s CSC (``direction="in"``) or CSR (``"out"``) on the CPU;
+    ``node_offsets[t]``: the part's first global id of node type ``t`` (row = gid - offset);
+    ``seeds[t]``: distinct global ids of type ``t``.  Gives exactly what
+    :func:`graphfeed.server.sampling.neighbor.sample_typed` over :func:`one_hop` gives (same RNG
+    keys, relabel order and semantics; see its docstring).  ``node_bounds[t]`` (optional: every
+    global id of ``t`` is below it) lets a type that no topology is keyed by use a dense id map.
+
+    Only when :func:`has_fused_typed_sampler`.  ValueError for bad fanouts, direction, seeds, a
+    missing topology or node offset; RuntimeError (from the op) for a node outside its topology,
+    repeated seeds or a corrupt topology.
+    """
+    if _NATIVE is None:
+        raise RuntimeError("the fused typed sampler needs the native op library, which is not loaded")
+    plan = plan_typed(seeds, fanouts, direction, input_type)
+    _check_typed_parts(plan, topos, node_offsets)
+    into_dst = direction == "in"
+    etopos = [topos[e] for e in plan.etypes]
+    index = {t: i for i, t in enumerate(plan.node_types)}
+    nodes, nn, row, col, eids, ne = _NATIVE.sample_typed_subgraph(
+        [t.indptr for t in etopos], [t.indices for t in etopos], [t.eid for t in etopos],
+        [index[e[0]] for e in plan.etypes], [index[e[2]] for e in plan.etypes],
+        [_long(seeds.get(t, torch.empty(0, dtype=torch.int64))) for t in plan.node_types],
+        [int(node_offsets[t]) for t in plan.node_types], _node_bounds(plan, topos, node_offsets, into_dst, node_bounds),
+        [int(fanouts[e][h]) for h in range(plan.num_hops) for e in plan.etypes],
+        bool(replace), _seed64(seed), into_dst)
+    types, etypes = plan.node_types, plan.etypes
+    return TypedSubgraph(dict(zip(types, nodes)), dict(zip(etypes, row)), dict(zip(etypes, col)),
+                         dict(zip(etypes, eids)), {t: c.tolist() for t, c in zip(types, nn)},
+                         {e: c.tolist() for e, c in zip(etypes, ne)}, int(nn[index[plan.input_type]][0]),
+                         plan.input_type)
+
+
+def _check_typed_parts(plan: TypedPlan, topos: Mapping[EdgeType, Topology], node_offsets: Mapping[str, int]) -> None:
+    """ValueError naming the first edge type without a topology or node type without an offset."""
+    missing = [e for e in plan.etypes if e not in topos]
+    if missing:
+        raise ValueError(f"no topology for edge type {missing[0]!r}: give one per edge type of the fanouts")
+    absent = [t for t in plan.node_types if t not in node_offsets]
+    if absent:
+        raise ValueError(f"no node offset for node type {absent[0]!r}: give the part's first global id of "
+                         f"every node type ({plan.node_types})")
+
+
+def _node_bounds(plan: TypedPlan, topos: Mapping[EdgeType, Topology], node_offsets: Mapping[str, int],
+                 into_dst: bool, given: Mapping[str, int] | None) -> list[int]:
+    """Per node type an exclusive bound of its global ids, or -1 when unknown (the op then hashes).
+
+    A type keyed by a topology (its rows) has ``offset + rows``: in a one-part graph every id of
+    that type is a row, so a larger neighbor id is an error the op reports."""
+    bounds = {t: -1 for t in plan.node_types}
+    for etype in plan.etypes:
+        center = etype[2] if into_dst else etype[0]
+        bounds[center] = max(bounds[center], int(node_offsets[center]) + topos[etype].num_nodes)
+    for t, bound in (given or {}).items():
+        if t in bounds:
+            bounds[t] = int(bound)
+    return [bounds[t] for t in plan.node_types]
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

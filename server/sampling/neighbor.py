@@ -15,16 +15,15 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from graphfeed.core.constants import DIRECTIONS, MAX_FANOUT
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.reference import segment_arange
+from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed
 from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
 OneHopFn = Callable[[torch.Tensor, int, int], OneHop]                 # (frontier gids, fanout, hop)
 TypedOneHopFn = Callable[[EdgeType, torch.Tensor, int, int], OneHop]  # (etype, frontier gids, fanout, rng_hop)
-EdgeFanouts = Mapping[EdgeType, Sequence[int]]                        # per edge type, one fanout per hop
 
 
 def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopFn) -> SampledSubgraph:
@@ -59,11 +58,10 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     ``input_type`` (the type whose seed count is ``batch_size``) defaults to the only seeded type.
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
-    etypes, num_hops = _check_fanouts(fanouts)
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
-    input_type = _input_type(seeds, etypes, input_type)
-    nodes = {t: _TypeNodes(seeds.get(t)) for t in _node_types(etypes)}
+    plan = plan_typed(seeds, fanouts, direction, input_type)
+    etypes, num_hops, input_type = plan.etypes, plan.num_hops, plan.input_type
+    device = seeds[input_type].device        # a CUDA topology's hops run on its device (dispatch.one_hop)
+    nodes = {t: _TypeNodes(seeds.get(t), device) for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
     for hop in range(num_hops):
         for k, etype in enumerate(etypes):
@@ -102,12 +100,12 @@ def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool
 class _TypeNodes:
     """The sampled nodes of one type: global ids in local-id order, and the frontier of the current hop."""
 
-    def __init__(self, seeds: torch.Tensor | None):
-        seeds = _empty() if seeds is None else seeds.to(torch.int64)
+    def __init__(self, seeds: torch.Tensor | None, device: torch.device):
+        seeds = _empty(device) if seeds is None else seeds.to(device=device, dtype=torch.int64)
         self.chunks = [seeds]                 # the seeds, then the new nodes of each hop and edge type
         self.total = seeds.numel()
         self.counts = [seeds.numel()]         # num_sampled_nodes
-        self.frontier = (seeds, torch.arange(seeds.numel()))   # (global ids, local ids)
+        self.frontier = (seeds, torch.arange(seeds.numel(), device=device))   # (global ids, local ids)
         self._hop_first = 1                   # chunks[_hop_first:] are the nodes new in this hop
 
     def add(self, candidates: torch.Tensor) -> torch.Tensor:
@@ -124,7 +122,7 @@ class _TypeNodes:
         new = hop_chunks[0] if len(hop_chunks) == 1 else _cat(hop_chunks)
         self._hop_first = len(self.chunks)
         self.counts.append(new.numel())
-        self.frontier = (new, torch.arange(self.total - new.numel(), self.total))
+        self.frontier = (new, torch.arange(self.total - new.numel(), self.total, device=new.device))
 
     def gids(self) -> torch.Tensor:
         return _cat(self.chunks)
@@ -146,49 +144,8 @@ class _TypeEdges:
         self.counts.append(eids.numel())
 
 
-def _check_fanouts(fanouts: EdgeFanouts) -> tuple[list[EdgeType], int]:
-    """The edge types in sorted order and the number of hops; ValueError naming the bad entry."""
-    if not fanouts:
-        raise ValueError("fanouts is empty: give per-hop fanouts for at least one edge type")
-    for etype, hops in fanouts.items():
-        if not (isinstance(etype, tuple) and len(etype) == 3 and all(isinstance(s, str) for s in etype)):
-            raise ValueError(f"edge type {etype!r} is not a (src, rel, dst) tuple of node/relation names")
-        bad = [k for k in hops if not -1 <= int(k) <= MAX_FANOUT]
-        if bad:
-            raise ValueError(f"fanouts of edge type {etype!r} has invalid fanout(s) {bad}: each must be -1 "
-                             f"(all neighbors), 0 (skip this edge type at that hop) or 1..{MAX_FANOUT}")
-    lengths = {len(hops) for hops in fanouts.values()}
-    if len(lengths) != 1 or 0 in lengths:
-        per_type = {e: len(hops) for e, hops in fanouts.items()}
-        raise ValueError(f"fanouts must give every edge type the same number (>= 1) of hops, got {per_type}")
-    return sorted(fanouts), lengths.pop()
-
-
-def _node_types(etypes: list[EdgeType]) -> list[str]:
-    """Every node type the edge types name, sorted."""
-    return sorted({t for src, _, dst in etypes for t in (src, dst)})
-
-
-def _input_type(seeds: Mapping[str, torch.Tensor], etypes: list[EdgeType], input_type: str | None) -> str:
-    """The type whose seed count is the batch size; ValueError for seeds of a type no edge type names."""
-    if not seeds:
-        raise ValueError("seeds is empty: give the seed ids of at least one node type")
-    named = _node_types(etypes)
-    unknown = [t for t in seeds if t not in named]
-    if unknown:
-        raise ValueError(f"seeds of node type {unknown[0]!r}, which no edge type in the fanouts names "
-                         f"(node types: {named}); seed one of those types")
-    if input_type is None:
-        if len(seeds) != 1:
-            raise ValueError(f"seeds of several node types {sorted(seeds)}: name the input_type")
-        (input_type,) = seeds
-    if input_type not in seeds:
-        raise ValueError(f"input_type {input_type!r} has no seeds (seeded types: {sorted(seeds)})")
-    return input_type
-
-
-def _empty() -> torch.Tensor:
-    return torch.empty(0, dtype=torch.int64)
+def _empty(device: torch.device | None = None) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64, device=device)
 
 
 def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
@@ -205,7 +162,7 @@ def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     gids = torch.cat(nodes)
     if dispatch.relabel_needs_sorted_known():
         return torch.sort(gids)
-    return gids, torch.arange(gids.numel())
+    return gids, torch.arange(gids.numel(), device=gids.device)
 
 
 def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]]) -> OneHop:
