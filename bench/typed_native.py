@@ -11,8 +11,9 @@ Implementations, all giving the same sample bit for bit (checked on the first ba
 
 An epoch is one shuffled pass over the label type's ``train`` nodes in batches of
 ``batch_size``; ``seeds_per_s`` = seeds of the epoch / wall time, the median over the measured
-epochs after one warm-up epoch (as ``graphfeed bench sample`` defines it).  Only the sampling
-runs (no feature gather).  Needs the native op library and a one-part partition.
+epochs after one warm-up epoch (as ``graphfeed bench sample`` defines it), and
+``cpu_s_per_epoch`` the median CPU time of all threads per epoch (steadier on a shared
+machine).  Only the sampling runs (no feature gather).  Needs the native op library and a one-part partition.
 """
 from __future__ import annotations
 
@@ -79,15 +80,15 @@ def same(a: TypedSubgraph, b: TypedSubgraph) -> bool:
     return tensors and a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
 
 
-def epoch_seconds(sample: Sampler, train: torch.Tensor, batch_size: int, epoch: int) -> tuple[float, int]:
-    """Wall seconds of one shuffled epoch and the number of sampled edges."""
+def epoch_seconds(sample: Sampler, train: torch.Tensor, batch_size: int, epoch: int) -> tuple[float, float, int]:
+    """Wall seconds and CPU seconds (all threads) of one shuffled epoch, and its sampled edges."""
     order = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(epoch))]
     edges = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i, b in enumerate(range(0, order.numel(), batch_size)):
         sub = sample(order[b:b + batch_size], epoch * 1_000_003 + i)
         edges += sum(r.numel() for r in sub.row.values())
-    return time.perf_counter() - start, edges
+    return time.perf_counter() - start, time.process_time() - cpu, edges
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -112,10 +113,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     for name in args.impl:
         epoch_seconds(impls[name], train, args.batch_size, 0)                      # warm-up
         timed = [epoch_seconds(impls[name], train, args.batch_size, e) for e in range(1, args.epochs + 1)]
-        rates = [train.numel() / s for s, _ in timed]
+        rates = [train.numel() / wall for wall, _, _ in timed]
         rows.append({"impl": name, "threads": torch.get_num_threads(), "seeds": train.numel(),
                      "seeds_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-                     "sampled_edges_per_epoch": timed[0][1]})
+                     "cpu_s_per_epoch": statistics.median(cpu for _, cpu, _ in timed),
+                     "sampled_edges_per_epoch": timed[0][2]})
     return rows
 
 
@@ -142,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for r in rows:
         print(f"{r['impl']:>17}  threads={r['threads']}  seeds/s={r['seeds_per_s']:>10.0f}  "
-              f"(min {r['min']:.0f}, max {r['max']:.0f}; {r['seeds']} seeds, "
-              f"{r['sampled_edges_per_epoch']} edges/epoch)")
+              f"(min {r['min']:.0f}, max {r['max']:.0f})  cpu_s/epoch={r['cpu_s_per_epoch']:.3f}  "
+              f"({r['seeds']} seeds, {r['sampled_edges_per_epoch']} edges/epoch)")
     return 0
 
 

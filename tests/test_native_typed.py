@@ -214,17 +214,27 @@ def test_one_type_case_equals_the_homogeneous_fused_op(direction):
     assert (typed.num_sampled_nodes, typed.num_sampled_edges) == (homo.num_sampled_nodes, homo.num_sampled_edges)
 
 
-@needs_fused
-def test_one_part_mag_tiny_partition(tmp_path):
-    """A real one-part typed partition (every node type, every edge type, CSC and CSR)."""
+@pytest.fixture(scope="module")
+def mag_tiny_parts(tmp_path_factory):
+    """``mag-tiny`` partitioned into one part (CSC and CSR) and into two parts."""
     from graphfeed.cli.generate import write_graph
     from graphfeed.server.partition.builder import partition_graph
     from graphfeed.server.partition.inputs import read_graph
+
+    root = tmp_path_factory.mktemp("mag")
+    write_graph(root / "g", "mag-tiny", seed=0)
+    graph_input = read_graph(root / "g")
+    partition_graph(graph_input, 1, root / "p1", method="random", topologies=("csc", "csr"))
+    partition_graph(graph_input, 2, root / "p2", method="random")
+    return root / "p1", root / "p2"
+
+
+@needs_fused
+def test_one_part_mag_tiny_partition(mag_tiny_parts):
+    """A real one-part typed partition (every node type, every edge type, CSC and CSR)."""
     from graphfeed.server.partition.store import open_parts
 
-    write_graph(tmp_path / "g", "mag-tiny", seed=0)
-    partition_graph(read_graph(tmp_path / "g"), 1, tmp_path / "p", method="random", topologies=("csc", "csr"))
-    _, (part,) = open_parts(tmp_path / "p")
+    _, (part,) = open_parts(mag_tiny_parts[0])
     offsets = {t: part.nodes(t).start for t in part.node_types}
     seeds = {"paper": _perm(part.nodes("paper").num_nodes, 64, 3)}
     for direction, kind in (("in", "csc"), ("out", "csr")):
@@ -233,6 +243,19 @@ def test_one_part_mag_tiny_partition(tmp_path):
         fused, ref = both(topos, offsets, seeds, fanouts, direction, False, seed=3)
         assert_same(fused, ref)
         assert sum(n.numel() for n in fused.row.values()) > 0
+
+
+@needs_fused
+def test_bench_script_times_the_three_implementations(mag_tiny_parts, capsys):
+    from graphfeed.bench import typed_native
+
+    one, two = mag_tiny_parts
+    assert typed_native.main(["--graph", str(one), "--epochs", "1", "--batch-size", "200", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(typed_native.IMPLEMENTATIONS)
+    assert all(float(line.split("seeds/s=")[1].split()[0]) > 0 for line in lines)
+    assert typed_native.main(["--graph", str(two), "--epochs", "1"]) == 2
+    assert "has 2 parts; the fused typed sampler needs a one-part partition" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------- errors and devices
