@@ -17,6 +17,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402 -- after the importorskip
 from hypothesis import strategies as st  # noqa: E402 -- after the importorskip
 
+import graphfeed.client as gf  # noqa: E402
 from graphfeed.proto import control_pb2 as pb  # noqa: E402
 from graphfeed.server.partition import builder, synth  # noqa: E402
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster  # noqa: E402
@@ -42,23 +43,30 @@ _SCALARS = {
 
 
 @st.composite
-def messages(draw, cls, depth: int = 0):
-    """A ``cls`` message with a random subset of its fields set to random values of their types."""
+def messages(draw, cls, strings=(), ints=(), depth: int = 0):
+    """A ``cls`` message with a random subset of its fields set to random values of their types;
+    ``strings``/``ints`` are values worth trying too (ids and counts of a live session)."""
+    scalars = dict(_SCALARS)
+    if strings:
+        scalars[FD.TYPE_STRING] = st.one_of(st.sampled_from(list(strings)), _SCALARS[FD.TYPE_STRING])
+    if ints:
+        for t in (FD.TYPE_INT32, FD.TYPE_INT64):
+            scalars[t] = st.one_of(st.sampled_from(list(ints)), _SCALARS[t])
     msg = cls()
     for f in cls.DESCRIPTOR.fields:
         if depth > 2 or not draw(st.booleans()):
             continue
         if f.type == FD.TYPE_MESSAGE:
             sub = getattr(pb, f.message_type.name)
-            if f.label == FD.LABEL_REPEATED:
-                for value in draw(st.lists(messages(sub, depth + 1), max_size=3)):
+            if f.is_repeated:
+                for value in draw(st.lists(messages(sub, strings, ints, depth + 1), max_size=3)):
                     getattr(msg, f.name).add().CopyFrom(value)
             else:
-                getattr(msg, f.name).CopyFrom(draw(messages(sub, depth + 1)))
-        elif f.label == FD.LABEL_REPEATED:
-            getattr(msg, f.name).extend(draw(st.lists(_SCALARS[f.type], max_size=6)))
+                getattr(msg, f.name).CopyFrom(draw(messages(sub, strings, ints, depth + 1)))
+        elif f.is_repeated:
+            getattr(msg, f.name).extend(draw(st.lists(scalars[f.type], max_size=6)))
         else:
-            setattr(msg, f.name, draw(_SCALARS[f.type]))
+            setattr(msg, f.name, draw(scalars[f.type]))
     return msg
 
 
@@ -67,9 +75,22 @@ def server(tmp_path_factory):
     ei, x, y, splits = synth.generate(600, 8, 8, 4)
     g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="fuzz-600")
     out: Path = tmp_path_factory.mktemp("fuzz") / "parts"
-    builder.partition_graph(g, 2, out, method="random")
-    with running_cluster(out, parts=[0], log_dir=tmp_path_factory.mktemp("logs")) as servers:
+    builder.partition_graph(g, 1, out, method="random")
+    with running_cluster(out, log_dir=tmp_path_factory.mktemp("logs")) as servers:
         yield servers[0]
+
+
+@pytest.fixture(scope="module")
+def live(server):
+    """A real trainer group and session on the server, so fuzzed requests also reach its workers."""
+    with gf.connect([server.address], timeout=60, reconnect_timeout=0) as client:
+        loader = client.neighbor_loader("train", [3, 2], batch_size=16)
+        yield dict(strings=(client.group.group_id, loader.sessions[0]), ints=tuple(loader.counts) + (1, 2))
+        assert len(list(loader)) == len(loader)   # the fuzzing left the session usable
+
+
+# Live ids are offered only to calls that cannot end the live group or session.
+USES_LIVE_IDS = {"Heartbeat", "OpenSession", "StartEpoch"}
 
 
 def _code(channel: grpc.Channel, method: str, request) -> grpc.StatusCode:
@@ -83,13 +104,14 @@ def _code(channel: grpc.Channel, method: str, request) -> grpc.StatusCode:
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_fuzzed_requests_get_a_status_and_server_stays_serving(server, method):
+def test_fuzzed_requests_get_a_status_and_server_stays_serving(server, live, method):
     cls = METHODS[method]
+    hints = live if method in USES_LIVE_IDS else {}
     seen: list[tuple[grpc.StatusCode, str]] = []
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(request=messages(cls))
+    @given(request=messages(cls, **hints))
     def one(request):
         with grpc.insecure_channel(server.address) as ch:
             code = _code(ch, method, request)

@@ -24,9 +24,11 @@ from graphfeed.core.agreement import inputs_fingerprint, settings_fingerprint
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
+from graphfeed.testing.chaos import run_chaos
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster, start_server
 
 FANOUTS = [4, 2]
+CHAOS_KILLS = 2        # kill -9s per chaos epoch in CI (python -m graphfeed.testing.chaos for more)
 REFUSED_BOUND = 3.0    # seconds: "connection refused" must come about this fast (1 s probe + slack)
 
 
@@ -168,6 +170,7 @@ SAVE_THEN_RESUME = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_remote_state_dict_round_trip_in_a_fresh_trainer_process(cluster, parts_dir, graph, tmp_path):
     _, _, _, splits = graph
     servers = ",".join(s.address for s in cluster)
@@ -335,3 +338,10 @@ def test_resume_refuses_another_partition_and_bounds_the_wait(parts_dir, graph, 
             assert time.monotonic() - t0 < 2 + 20, "the wait must end near reconnect_timeout"
             assert f"{victim.address} part 1" in str(err.value)
         assert health_status(servers[0].address, "graphfeed.control.v1.Control") == SERVING
+
+
+@pytest.mark.slow
+def test_chaos_kills_at_random_points_the_epoch_completes_exactly_once(parts_dir, tmp_path):
+    report = run_chaos(parts_dir, kills=CHAOS_KILLS, seed=11, batch_size=16, log_dir=tmp_path)
+    assert len(report.kills) == CHAOS_KILLS
+    assert 1 <= report.reconnects <= CHAOS_KILLS and report.resumes == report.reconnects, str(report)
