@@ -12,15 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402 -- after the importorskip
-from hypothesis import strategies as st  # noqa: E402 -- after the importorskip
-
-import graphfeed.client as gf  # noqa: E402
-from graphfeed.proto import control_pb2 as pb  # noqa: E402
-from graphfeed.server.partition import builder, synth  # noqa: E402
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster  # noqa: E402
+import graphfeed.client as gf
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.server.partition import builder, synth
+from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Control"]
 METHODS = {m.name: getattr(pb, m.input_type.name) for m in SERVICE.methods}
