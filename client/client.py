@@ -1,19 +1,27 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import NoReturn, Sequence
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
-from graphfeed.client.errors import ServerError
+from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
 from graphfeed.core.spec import LoaderSpec
 
+log = logging.getLogger("graphfeed.client")
+DEFAULT_RECONNECT_TIMEOUT = 180.0   # seconds a running epoch waits for a restarted server
+RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
+
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
             lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
-            tls_ca=None, tls_cert=None, tls_key=None) -> "Client":
+            tls_ca=None, tls_cert=None, tls_key=None,
+            reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT) -> "Client":
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
@@ -22,6 +30,13 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     ``advertise_host`` is the address the servers reach this process at (default: the local
     address on the route to the first server); ``lease_seconds`` how long servers keep this
     trainer's workers without a heartbeat (0/None: server default).
+
+    Server restarts: when a server dies under an open client, a running epoch waits up to
+    ``reconnect_timeout`` seconds for a server of the same graph and part to answer at that
+    address, re-forms the data-path group with every server, re-opens the loaders' sessions
+    and continues at the first batch the trainer has not received (each seed still exactly
+    once; batches equal to an uninterrupted run's).  ``0`` fails at once with
+    :class:`ServerError`, as does a server that comes back with another partition.
 
     Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
     every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
@@ -33,6 +48,8 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     """
     addresses = parse_cluster(cluster)
     security = from_cluster(cluster, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    if not reconnect_timeout >= 0:
+        raise ValueError(f"reconnect_timeout must be >= 0 seconds (0 = fail at once), got {reconnect_timeout!r}")
     servers = open_servers(addresses, timeout, security)
     try:
         group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
@@ -42,15 +59,20 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
         for s in servers:
             s.close()
         raise
-    return Client(servers, group, timeout=timeout, rpc_timeout=rpc_timeout)
+    return Client(servers, group, timeout=timeout, rpc_timeout=rpc_timeout, reconnect_timeout=reconnect_timeout)
 
 
 class Client:
     """An open connection: make loaders with :meth:`neighbor_loader`; ``close()`` (or ``with``) when done."""
 
-    def __init__(self, servers: Sequence[ServerConn], group: DataGroup, *, timeout: float, rpc_timeout: float):
+    def __init__(self, servers: Sequence[ServerConn], group: DataGroup, *, timeout: float, rpc_timeout: float,
+                 reconnect_timeout: float = 0.0):
         self.servers, self.group = list(servers), group
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
+        self.reconnect_timeout = float(reconnect_timeout)
+        self.generation = 0      # +1 each time the data-path group is re-formed (sessions re-opened)
+        self.reconnects = 0      # how often that happened (also in the log)
+        self._recover_lock = threading.Lock()
         info = self.servers[0].cluster_info
         self.num_parts = int(info.num_parts)
         self.num_nodes = int(info.node_ranges[-1])
@@ -102,6 +124,69 @@ class Client:
         server, message = where
         self._broken = ServerError(server, message)
         raise self._broken from cause
+
+    def _recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int:
+        """After a failed pull seen at ``generation``: re-form the group once the dead servers are back.
+
+        Returns the new generation (another loader's thread may already have re-formed it).
+        Fails the client (:meth:`_fail`, naming the server) when resuming is off
+        (``reconnect_timeout=0``), when no server is gone (the pull failed for another reason),
+        or when a server does not come back in time or comes back with another partition.
+        """
+        with self._recover_lock:
+            if self.generation != generation:
+                return self.generation
+            self._check_usable()
+            if self.reconnect_timeout <= 0:
+                self._fail(where, cause)
+            dead = self.group.probe()
+            if not dead:
+                self._fail(where, cause)
+            log.warning("graphfeed: %s; waiting up to %g s for %s to come back", where[1], self.reconnect_timeout,
+                        ", ".join(dead))
+            try:
+                self._reform(dead, time.monotonic() + self.reconnect_timeout)
+            except ServerError as exc:
+                self._broken = exc
+                raise
+            except Exception as exc:  # noqa: BLE001 -- any other failure to re-open also ends the client
+                self._fail((", ".join(dead), f"re-opening after a restart failed: {exc}"), exc)
+            self.generation += 1
+            self.reconnects += 1
+            log.warning("graphfeed: data-path group re-formed (reconnect %d): continuing the running epochs",
+                        self.reconnects)
+            return self.generation
+
+    def _reform(self, dead: dict[str, str], deadline: float) -> None:
+        """Leave the old group, wait for the ``dead`` servers, form a new group, re-open the loaders' sessions.
+
+        torch RPC groups cannot admit a new member once one was killed, so the whole group is
+        formed anew (a new worker on every server).  Retries until ``deadline`` while a server
+        refuses (still starting); ServerError when it passes.
+        """
+        old = self.group
+        old.close()
+        while True:
+            for s in self.servers:
+                if s.name in dead:
+                    s.wait_back(deadline, self.reconnect_timeout)
+                    log.warning("graphfeed: %s answers again", s.name)
+            group = DataGroup(self.servers, advertise_host=old.host, timeout=self.timeout,
+                              rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request)
+            try:
+                group.start()
+                self.group = group
+                for loader in list(self._loaders):
+                    loader._reopen_sessions()
+                return
+            except (ServerError, NotFound) as exc:
+                if time.monotonic() >= deadline:
+                    raise ServerError(getattr(exc, "server", "cluster"), f"could not re-form the data-path group "
+                                      f"within the reconnect timeout: {exc}") from None
+                log.warning("graphfeed: re-forming the group failed (%s); retrying", exc)
+                group.close()
+                dead = {s.name: "" for s in self.servers}
+                time.sleep(RECONNECT_RETRY)
 
     def _forget(self, loader) -> None:
         if loader in self._loaders:

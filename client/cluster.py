@@ -2,18 +2,29 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import grpc
 
-from graphfeed.client.errors import ClusterError, from_rpc_error
+from graphfeed.client.errors import ClusterError, ServerError, from_rpc_error
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
+CONNECT_PROBE_TIMEOUT = 1.0   # seconds a TCP connect to a server may take before gRPC's wait takes over
+RECONNECT_POLL = 0.5          # seconds between checks whether a restarted server is back
+
 
 def parse_cluster(cluster) -> list[str]:
-    """``host:port`` addresses from a YAML file (``servers: [...]``) or a list of addresses."""
+    """``host:port`` addresses from a YAML file (``servers: [...]``) or a list of addresses.
+
+    ClusterError for an empty or doubled list, an entry that is not ``host:port``, and an
+    address with a scheme (``grpc://host:port``): graphfeed takes bare ``host:port``.
+    """
+    if isinstance(cluster, str) and "://" in cluster:
+        _refuse_scheme(cluster)
     if isinstance(cluster, (str, os.PathLike)) and not _looks_like_address(str(cluster)):
         addresses = _read_yaml(os.fspath(cluster))
     elif isinstance(cluster, str):
@@ -23,11 +34,19 @@ def parse_cluster(cluster) -> list[str]:
     if not addresses:
         raise ClusterError("the cluster has no servers: give a list of host:port or a YAML file with `servers:`")
     for a in addresses:
+        if isinstance(a, str) and "://" in a:
+            _refuse_scheme(a)
         if not isinstance(a, str) or not _looks_like_address(a):
             raise ClusterError(f"server address {a!r} is not host:port")
     if len(set(addresses)) != len(addresses):
         raise ClusterError(f"the cluster lists a server twice: {addresses}")
     return list(addresses)
+
+
+def _refuse_scheme(address: str) -> None:
+    bare = address.split("://", 1)[1].rstrip("/")
+    raise ClusterError(f"server address {address!r} has a scheme: pass host:port without one (e.g. {bare!r}); "
+                       f"TLS is chosen with tls_ca=..., not with the address")
 
 
 def _looks_like_address(text: str) -> bool:
@@ -61,6 +80,7 @@ class ServerConn:
     info: pb.ClusterInfo | None = None
     group_lease: float = 0.0
     extra: dict = field(default_factory=dict)
+    security: object = None   # ClientSecurity the channel was made with (None = plain text)
 
     @property
     def cluster_info(self) -> pb.ClusterInfo:
@@ -86,16 +106,65 @@ class ServerConn:
     def close(self) -> None:
         self.channel.close()
 
+    def reopen(self) -> None:
+        """A fresh control channel to the same address (after a server restart: no reconnect back-off)."""
+        self.channel.close()
+        self.channel = _make_channel(self.address, self.security)
+        self.stub = pb_grpc.ControlStub(self.channel)
+
+    def wait_back(self, deadline: float, budget: float, poll: float = RECONNECT_POLL) -> None:
+        """Return once a server of this graph and part answers at :attr:`address`; bounded by
+        ``deadline`` (``time.monotonic()``; ``budget`` is the whole wait in seconds, for the message).
+
+        ServerError naming the server when the deadline passes (with the last reason it was not
+        back) or when the server there holds another partition (refused: never resumed into).
+        """
+        old, why = self.cluster_info, "not tried yet"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServerError(self.name, f"did not come back within reconnect_timeout={budget:g} s (waited "
+                                             f"for a server of fingerprint {old.fingerprint[:12]} part "
+                                             f"{old.part_id} to answer at {self.address}); last: {why}")
+            try:
+                probe_tcp(self.address, timeout=min(1.0, remaining))
+                self.reopen()
+                info = self.stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=min(5.0, max(0.5, remaining)))
+            except (ClusterError, grpc.RpcError) as exc:
+                why = _first_line(exc)
+                time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+                continue
+            if (info.fingerprint, info.part_id, info.num_parts) != (old.fingerprint, old.part_id, old.num_parts):
+                raise ServerError(self.name, f"came back with a different partition (fingerprint "
+                                             f"{info.fingerprint[:12]}, part {info.part_id} of {info.num_parts}; "
+                                             f"this client had fingerprint {old.fingerprint[:12]}, part "
+                                             f"{old.part_id} of {old.num_parts}): refused to resume into it; "
+                                             f"restart it with the partition it served")
+            self.info = info
+            return
+
+
+def _make_channel(address: str, security) -> grpc.Channel:
+    return security.channel(address) if security is not None else grpc.insecure_channel(address)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else str(exc)) or ""
+    text = text.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
 
 def open_servers(addresses: Sequence[str], timeout: float, security=None) -> list[ServerConn]:
     """Channels to every server, their ClusterInfo, checked for consistency; sorted by part.
 
     ``security`` (:class:`graphfeed.client.security.ClientSecurity`): TLS and token; None = plain text.
     """
+    for a in addresses:
+        probe_tcp(a)
     servers = []
     for a in addresses:
-        ch = security.channel(a) if security is not None else grpc.insecure_channel(a)
-        servers.append(ServerConn(a, ch, pb_grpc.ControlStub(ch)))
+        ch = _make_channel(a, security)
+        servers.append(ServerConn(a, ch, pb_grpc.ControlStub(ch), security=security))
     try:
         for s in servers:
             try:
@@ -109,6 +178,24 @@ def open_servers(addresses: Sequence[str], timeout: float, security=None) -> lis
             s.close()
         raise
     return sorted(servers, key=lambda s: s.part)
+
+
+def probe_tcp(address: str, timeout: float = CONNECT_PROBE_TIMEOUT) -> None:
+    """ClusterError at once when nothing accepts TCP connections at ``address`` (connection refused,
+    unknown host).  A connect that merely takes longer than ``timeout`` s passes: gRPC's own wait
+    (bounded by ``connect(timeout=)``) then decides."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except ConnectionRefusedError:
+        raise ClusterError(f"cannot reach graphfeed server {address}: connection refused (nothing listens on "
+                           f"port {port} of {host}; is the server up, and is {port} its control port?)") from None
+    except socket.gaierror as exc:
+        raise ClusterError(f"cannot reach graphfeed server {address}: unknown host {host!r} "
+                           f"({exc.strerror}); check the address") from None
+    except OSError:
+        return   # timeout, unreachable route: gRPC's bounded wait reports it with its own status
 
 
 def _security_hint(exc: grpc.RpcError, security) -> str:

@@ -9,15 +9,18 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from graphfeed.client.errors import ServerError
+from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.core import batch as batch_codec
+from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
@@ -27,6 +30,16 @@ if TYPE_CHECKING:
     from graphfeed.client.client import Client
 
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
+log = logging.getLogger("graphfeed.client")
+
+
+class PullFailed(Exception):
+    """A pull of the running epoch failed; ``where`` = (server name, message) for the error the
+    client raises when it cannot resume."""
+
+    def __init__(self, where: tuple[str, str]):
+        super().__init__(f"{where[0]}: {where[1]}")
+        self.where = where
 
 
 class RemoteNeighborLoader:
@@ -37,7 +50,11 @@ class RemoteNeighborLoader:
     kept as ``self.spec``.  Input "every node" (``input_nodes=None``) travels as the ids
     ``0..num_nodes-1``, so batches then equal the local loader's with
     ``input_nodes=torch.arange(num_nodes)``.  ``prefetch``: pulls in flight per server.
-    Each ``iter()`` is one epoch (0, 1, ...; :meth:`set_epoch` overrides).  Raises
+    Each ``iter()`` is one epoch (0, 1, ...; :meth:`set_epoch` overrides); one iterator at a
+    time (a second live one is a RuntimeError at ``iter()``).  :meth:`state_dict` /
+    :meth:`load_state_dict` checkpoint the position.  Under DDP, creating a loader and
+    starting an epoch are collective: every rank must pass the same arguments (only
+    ``rank`` differs), else every rank raises ValueError.  Raises
     :class:`ServerError` naming the server when a server fails or dies mid-epoch (within
     ``rpc_timeout``, usually at once).
     """
@@ -51,7 +68,7 @@ class RemoteNeighborLoader:
         self.client = client
         self.spec = every_node_as_ids(spec, client.num_nodes)
         self.prefetch = prefetch
-        self._epoch = 0
+        self._progress = EpochProgress()
         self._closed = False
         req = self._session_request()
         self._stats = LoaderStats(self.spec.kind, len(client.servers))
@@ -64,6 +81,7 @@ class RemoteNeighborLoader:
                 self.sessions.append(reply.session_id)
                 self._secrets.append(bytes(reply.session_secret))
                 self.counts.append(int(reply.local_input_nodes))
+            check_ranks_agree(self.spec, self.counts)
         except BaseException:
             self.close()
             raise
@@ -75,56 +93,122 @@ class RemoteNeighborLoader:
     # ---- epochs ---------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = int(epoch)
+        self._progress.set_epoch(epoch)
 
     def _plan(self, epoch: int) -> EpochPlan:
         return EpochPlan(self.spec, self.counts, epoch)
 
     def __len__(self) -> int:
-        if self._len_cache is None or self._len_cache[0] != self._epoch:
-            self._len_cache = (self._epoch, len(self._plan(self._epoch)))
+        epoch = self._progress.next_epoch
+        if self._len_cache is None or self._len_cache[0] != epoch:
+            self._len_cache = (epoch, len(self._plan(epoch)))
         return self._len_cache[1]
 
     def __iter__(self) -> Iterator:
+        """The next epoch's batches (a loaded state's epoch from its cursor).  RuntimeError while an
+        earlier iterator of this loader is still live (see :mod:`graphfeed.core.progress`); collective
+        under DDP (checks that every rank starts the same epoch with the same loader)."""
         if self._closed:
             raise RuntimeError("this loader was closed")
         self.client._check_usable()
-        epoch = self._epoch
-        self._epoch += 1
+        epoch, start = self._progress.begin()
         plan = self._plan(epoch)
+        check_cursor(epoch, start, len(plan))
+        check_ranks_agree(self.spec, self.counts, epoch=epoch)
         self._stats.start_epoch(epoch)
-        self._start_epoch(plan)
-        return self._batches(epoch, plan.entries)
+        generation = self._start_epoch(plan, start, self.client.generation)
+        batches = self._batches(plan, generation)
+        self._progress.attach(batches, epoch, start, len(plan))
+        return batches
 
-    def _start_epoch(self, plan: EpochPlan) -> None:
+    def _start_epoch(self, plan: EpochPlan, start: int, generation: int) -> int:
+        """:meth:`_start_on_servers`, re-forming the client's group when a server is gone (see
+        :meth:`Client._recover`); returns the client's generation it started under."""
+        while True:
+            try:
+                self._start_on_servers(plan, start)
+                return generation
+            except (ServerError, NotFound) as exc:
+                where = (getattr(exc, "server", "cluster"), f"StartEpoch of epoch {plan.epoch} failed: {exc}")
+                generation = self.client._recover(where, exc, generation)
+
+    def _start_on_servers(self, plan: EpochPlan, start: int) -> None:
+        """StartEpoch on every server: each produces its batches at positions ``>= start``."""
         epoch = plan.epoch
         for s, session_id in zip(self.client.servers, self.sessions):
-            req = pb.StartEpochRequest(session_id=session_id, epoch=epoch, part_input_counts=self.counts)
+            req = pb.StartEpochRequest(session_id=session_id, epoch=epoch, part_input_counts=self.counts,
+                                       start_seq=start)
             reply = s.call("StartEpoch", req, timeout=self.client.timeout)
-            expected = len(plan.owned_by(s.part))
+            expected = sum(1 for seq, _ in plan.owned_by(s.part) if seq >= start)
             if reply.num_batches != expected:
-                raise ServerError(s.name, f"plans {reply.num_batches} batches for epoch {epoch}, the client "
-                                          f"expects {expected}: client and server disagree on the epoch contract")
+                raise ServerError(s.name, f"plans {reply.num_batches} batches for epoch {epoch} from batch {start}, "
+                                          f"the client expects {expected}: client and server disagree on the "
+                                          f"epoch contract (is the server an older graphfeed?)")
 
-    def _batches(self, epoch: int, entries) -> Iterator:
-        servers = self.client.servers
-        inflight = [0] * len(servers)
+    def _batches(self, plan: EpochPlan, generation: int) -> Iterator:
+        """Deliver ``plan``'s batches from the cursor on (started under client ``generation``); keeps
+        :attr:`_progress` up to date.
+
+        When a pull fails, the client re-forms its group once the dead server is back
+        (:meth:`Client._recover`, bounded by ``reconnect_timeout``) and the epoch continues at
+        the first batch the trainer has not received; otherwise the ServerError propagates.
+        """
+        progress = self._progress
+        try:
+            while progress.delivered < len(plan):
+                try:
+                    for data in self._stream(plan.epoch, plan.entries, progress.delivered, generation):
+                        progress.delivered += 1   # before the yield: the trainer holds it from here on
+                        yield data
+                except PullFailed as failure:
+                    generation = self.client._recover(failure.where, failure.__cause__, generation)
+                    log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
+                                plan.epoch, progress.delivered, len(plan))
+                    self._stats.resumed()
+                    generation = self._start_epoch(plan, progress.delivered, generation)
+        except GeneratorExit:
+            progress.finish("abandoned")
+            raise
+        except BaseException:
+            progress.finish("failed")
+            raise
+        progress.finish("done")
+        self._stats.end_epoch()
+
+    def _stream(self, epoch: int, entries, start: int, generation: int) -> Iterator:
+        """Batches ``start..`` of ``entries`` in order, ``prefetch`` pulls in flight per server;
+        :class:`PullFailed` when a pull fails or the client's group was re-formed meanwhile."""
+        inflight = [0] * len(self.client.servers)
         window: deque = deque()
-        issued = 0
-        for _ in range(len(entries)):
+        issued = start
+        for _ in range(start, len(entries)):
             while issued < len(entries) and inflight[entries[issued].part] < self.prefetch:
                 p = entries[issued].part
                 window.append((issued, p, self._pull(p, epoch, issued)))
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            batch = self._wait(pending, p, epoch, got_seq)
+            batch = self._wait(pending, p, epoch, got_seq, generation)
             inflight[p] -= 1
             data = batch_codec.to_pyg(batch)
             self._stats.delivered(p)
             yield data
             self._stats.asked()
-        self._stats.end_epoch()
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where this loader is (torchdata ``StatefulDataLoader`` convention): epoch, cursor (batches
+        the trainer received of it), seed and fingerprints.  See :mod:`graphfeed.core.progress`."""
+        return self._progress.state_dict(self.spec.seed, *self._fingerprints())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` continue ``state``'s epoch at its cursor; ValueError when the
+        state came from a loader with other settings or inputs."""
+        self._progress.load_state_dict(state, self.spec.seed, *self._fingerprints())
+
+    def _fingerprints(self) -> tuple[int, int]:
+        return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
 
     def stats(self) -> dict:
         """The trainer's view of the current (or last) epoch: wait vs wall time, data-stall ratio,
@@ -132,21 +216,50 @@ class RemoteNeighborLoader:
         return self._stats.snapshot()
 
     def _pull(self, part: int, epoch: int, seq: int) -> Pending:
-        """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel."""
-        return self.client.group.channel.request(part, self.sessions[part], self._secrets[part], epoch, seq)
+        """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel
+        (:class:`PullFailed` when even sending it fails, e.g. the peer is gone)."""
+        try:
+            return self.client.group.channel.request(part, self.sessions[part], self._secrets[part], epoch, seq)
+        except Exception as exc:  # noqa: BLE001 -- any failure to send is a failed pull, named like one
+            where = self._failure_text(part, epoch, seq, f"could not be sent: {_first_line(exc)}", {})
+            raise PullFailed(where) from exc
 
-    def _wait(self, pending: Pending, part: int, epoch: int, seq: int) -> dict:
-        """The batch of ``pending``; checks the group's heartbeats every WAIT_SLICE s while waiting, and
-        fails the client naming the server when a server went away or the pull failed."""
-        group = self.client.group
+    def _wait(self, pending: Pending, part: int, epoch: int, seq: int, generation: int) -> dict:
+        """The batch of ``pending``; checks the group's heartbeats every WAIT_SLICE s while waiting.
+        :class:`PullFailed` naming the server when a server went away, the pull failed, or the
+        group was re-formed (by another loader) since the pull was sent."""
+        client = self.client
+        group = client.group
         while not pending.wait_done(WAIT_SLICE):
             if group.failures:  # a heartbeat failed meanwhile: do not wait for the channel's timeout
-                self.client._fail(self._failure_text(part, epoch, seq, "is still pending", group.failures))
+                raise PullFailed(self._failure_text(part, epoch, seq, "is still pending", dict(group.failures)))
+            if client.generation != generation:
+                raise PullFailed((client.servers[part].name, "the group was re-formed"))
         try:
             return pending.result()
         except Exception as exc:  # noqa: BLE001 -- a failed pull: the worker's error, a timeout, a lost peer
+            if client.generation != generation:
+                raise PullFailed((client.servers[part].name, "the group was re-formed")) from exc
             dead = group.probe()
-            self.client._fail(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead), exc)
+            raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead)) from exc
+
+    def _reopen_sessions(self) -> None:
+        """Open this loader's sessions again on the client's (re-formed) group; the servers must report
+        the same input counts as before (same partition, same inputs)."""
+        if self._closed:
+            return
+        req = self._session_request()
+        sessions, secrets, counts = [], [], []
+        for s in self.client.servers:
+            reply = s.call("OpenSession", req, timeout=self.client.timeout)
+            sessions.append(reply.session_id)
+            secrets.append(bytes(reply.session_secret))
+            counts.append(int(reply.local_input_nodes))
+        if counts != self.counts:
+            raise ServerError(", ".join(s.name for s in self.client.servers),
+                              f"after the restart the servers report input counts {counts}, before {self.counts}: "
+                              f"the partition changed; cannot resume")
+        self.sessions, self._secrets = sessions, secrets
 
     def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
         source = self.client.servers[part].name

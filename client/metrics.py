@@ -4,7 +4,7 @@ Every :class:`graphfeed.client.RemoteNeighborLoader` keeps a :class:`LoaderStats
 with ``loader.stats()``::
 
     {"epoch": 3, "batches": 120, "wait_seconds": 1.9, "wall_seconds": 30.2,
-     "data_stall_ratio": 0.063, "batches_per_second": 3.97, "batches_by_server": [61, 59],
+     "data_stall_ratio": 0.063, "batches_per_second": 3.97, "batches_by_server": [61, 59], "resumes": 0,
      "total": {"batches": ..., "wait_seconds": ..., "wall_seconds": ...}}
 
 The top-level figures cover the current (or last) epoch; ``total`` every epoch so far.
@@ -41,6 +41,7 @@ class LoaderStats:
         self.batches = 0
         self.wait = 0.0
         self.by_server = [0] * num_servers
+        self.resumes = 0   # epochs resumed at the cursor after a server restart (cumulative)
         self._done = {"batches": 0, "wait_seconds": 0.0, "wall_seconds": 0.0}
         _LOADERS.add(self)
 
@@ -52,6 +53,11 @@ class LoaderStats:
             self.epoch, self._epoch_start, self._epoch_end, self._asked = epoch, now, None, now
             self.batches, self.wait = 0, 0.0
             self.by_server = [0] * len(self.by_server)
+
+    def resumed(self) -> None:
+        """The running epoch resumed at its cursor after the client re-formed its group."""
+        with self._lock:
+            self.resumes += 1
 
     def asked(self) -> None:
         """The trainer asked for the next batch."""
@@ -96,7 +102,7 @@ class LoaderStats:
                 "epoch": self.epoch, "batches": self.batches, "wait_seconds": wait, "wall_seconds": wall,
                 "data_stall_ratio": wait / wall if wall > 0 else 0.0,
                 "batches_per_second": self.batches / wall if wall > 0 else 0.0,
-                "batches_by_server": list(self.by_server),
+                "batches_by_server": list(self.by_server), "resumes": self.resumes,
                 "total": {"batches": self._done["batches"] + self.batches,
                           "wait_seconds": self._done["wait_seconds"] + wait,
                           "wall_seconds": self._done["wall_seconds"] + wall},
@@ -112,7 +118,7 @@ class _LoaderCollector:
 
         families = [(CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily)(
             name, spec.help, labels=list(spec.labels)) for name, spec in CLIENT_METRICS.items()]
-        batches, wait, wall, stall, rate = families
+        batches, wait, wall, stall, rate, resumes = families
         per_name: dict[str, list[dict]] = {}
         for stats in list(_LOADERS):
             per_name.setdefault(stats.name, []).append(stats.snapshot())
@@ -123,6 +129,7 @@ class _LoaderCollector:
             wall.add_metric([name], sum(s["total"]["wall_seconds"] for s in snaps))
             stall.add_metric([name], max(s["data_stall_ratio"] for s in snaps))
             rate.add_metric([name], sum(s["batches_per_second"] for s in snaps))
+            resumes.add_metric([name], sum(s["resumes"] for s in snaps))
         return families
 
 

@@ -29,5 +29,8 @@ CLIENT_METRICS: dict[str, MetricSpec] = {
                                                     ("loader",)),
     "graphfeed_client_batches_per_second": MetricSpec("gauge", "Batches per wall second of the current epoch.",
                                                       ("loader",)),
+    "graphfeed_client_resumes_total": MetricSpec("counter", "Epochs the loader resumed at its cursor after the "
+                                                            "client re-formed its group (a server restarted).",
+                                                 ("loader",)),
 }
 CLIENT_METRIC_NAMES: tuple[str, ...] = tuple(CLIENT_METRICS)

@@ -193,14 +193,16 @@ class OpenSessionReply(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., local_input_nodes: _Optional[int] = ..., session_secret: _Optional[bytes] = ...) -> None: ...
 
 class StartEpochRequest(_message.Message):
-    __slots__ = ("session_id", "epoch", "part_input_counts")
+    __slots__ = ("session_id", "epoch", "part_input_counts", "start_seq")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PART_INPUT_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    START_SEQ_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     epoch: int
     part_input_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., part_input_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    start_seq: int
+    def __init__(self, session_id: _Optional[str] = ..., epoch: _Optional[int] = ..., part_input_counts: _Optional[_Iterable[int]] = ..., start_seq: _Optional[int] = ...) -> None: ...
 
 class StartEpochReply(_message.Message):
     __slots__ = ("num_batches",)

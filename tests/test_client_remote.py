@@ -162,7 +162,7 @@ def test_bad_requests_raise_clear_errors_and_server_stays_up(cluster):
 def test_server_killed_mid_epoch_names_it_within_bound(parts_dir, tmp_path):
     with running_cluster(parts_dir, log_dir=tmp_path) as servers:
         victim = servers[1]
-        with gf.connect([s.address for s in servers], timeout=60) as client:
+        with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=0) as client:
             loader = client.neighbor_loader("train", FANOUTS, batch_size=8, prefetch=1)
             it = iter(loader)
             next(it)

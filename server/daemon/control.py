@@ -312,12 +312,14 @@ class ControlServicer(pb_grpc.ControlServicer):
         if not 0 <= request.epoch <= MAX_EPOCH:
             raise _invalid(f"epoch = {request.epoch} is out of range: give 0..{MAX_EPOCH}")
         group.renew(self.registry.clock())
+        if request.start_seq < 0:
+            raise _invalid(f"start_seq = {request.start_seq} is negative: give 0..the epoch's number of batches")
         started = await self._call(group, StartEpoch(session.session_id, request.epoch,
-                                                     tuple(request.part_input_counts)))
+                                                     tuple(request.part_input_counts), int(request.start_seq)))
         n = int(started.num_batches)
         session.epoch = request.epoch
         self.log.debug("epoch_start", session=session.session_id, group=group.group_id, epoch=request.epoch,
-                       num_batches=n)
+                       start_seq=request.start_seq, num_batches=n)
         return pb.StartEpochReply(num_batches=n)
 
     @rpc

@@ -11,7 +11,9 @@ from typing import Iterator, Sequence
 import torch
 
 from graphfeed.core import batch as batch_codec
+from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
@@ -28,7 +30,9 @@ class LocalNeighborLoader:
     ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
     ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
 
-    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).
+    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
+    time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
+    loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
@@ -41,23 +45,56 @@ class LocalNeighborLoader:
                                   drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                                   rank=rank, world_size=world_size)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
-        self._epoch = 0
+        self.counts = [t.numel() for t in self.inputs]
+        self._progress = EpochProgress()
+        check_ranks_agree(self.spec, self.counts)
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = int(epoch)
+        self._progress.set_epoch(epoch)
 
     def _plan(self, epoch: int) -> EpochPlan:
-        return EpochPlan(self.spec, [t.numel() for t in self.inputs], epoch)
+        return EpochPlan(self.spec, self.counts, epoch)
 
     def __len__(self) -> int:
-        return len(self._plan(self._epoch))
+        return len(self._plan(self._progress.next_epoch))
 
     def __iter__(self) -> Iterator:
-        epoch = self._epoch
-        self._epoch += 1
+        """The next epoch's batches (a loaded state's epoch from its cursor); RuntimeError while an
+        earlier iterator is live; collective under DDP (:mod:`graphfeed.core.agreement`)."""
+        epoch, start = self._progress.begin()
         plan = self._plan(epoch)
-        for seq, entry, seeds in planned_batches(plan, self.inputs):
-            yield batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, epoch, seq))
+        check_cursor(epoch, start, len(plan))
+        check_ranks_agree(self.spec, self.counts, epoch=epoch)
+        batches = self._batches(plan, start)
+        self._progress.attach(batches, epoch, start, len(plan))
+        return batches
+
+    def _batches(self, plan: EpochPlan, start: int) -> Iterator:
+        progress = self._progress
+        try:
+            for seq, entry, seeds in planned_batches(plan, self.inputs, start):
+                data = batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, plan.epoch,
+                                                        seq))
+                progress.delivered += 1
+                yield data
+        except GeneratorExit:
+            progress.finish("abandoned")
+            raise
+        except BaseException:
+            progress.finish("failed")
+            raise
+        progress.finish("done")
+
+    def state_dict(self) -> dict:
+        """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""
+        return self._progress.state_dict(self.spec.seed, *self._fingerprints())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue ``state``'s epoch at its cursor on the next ``iter()``; ValueError for another loader's."""
+        self._progress.load_state_dict(state, self.spec.seed, *self._fingerprints())
+
+    def _fingerprints(self) -> tuple[int, int]:
+        return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
 
 
 def part_inputs(parts: Sequence[Partition], node_input: NodeInput) -> list[torch.Tensor]:

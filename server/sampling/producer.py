@@ -42,9 +42,11 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
                                   epoch=epoch, seq=seq, index=plan_entry.index)
 
 
-def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor]) -> Iterator[tuple[int, BatchSpec, torch.Tensor]]:
-    """``(seq, entry, seeds)`` of every batch of ``plan``, in delivery order, where ``inputs[p]`` are
-    part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)."""
+def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor],
+                    start: int = 0) -> Iterator[tuple[int, BatchSpec, torch.Tensor]]:
+    """``(seq, entry, seeds)`` of the batches of ``plan`` at positions ``>= start``, in delivery order,
+    where ``inputs[p]`` are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)."""
     orders = [plan.order(part, ids) for part, ids in enumerate(inputs)]
     for seq, entry in enumerate(plan.entries):
-        yield seq, entry, plan.seeds(orders[entry.part], entry)
+        if seq >= start:
+            yield seq, entry, plan.seeds(orders[entry.part], entry)

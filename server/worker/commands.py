@@ -9,7 +9,7 @@ Commands and their replies:
 
 ==============================================  ======================================
 :class:`OpenSession` (session id, secret, spec)  :class:`SessionOpened` (local input nodes)
-:class:`StartEpoch` (session id, epoch, counts)  :class:`EpochStarted` (number of batches)
+:class:`StartEpoch` (session, epoch, counts, start) :class:`EpochStarted` (number of batches)
 :class:`CloseSession` (session id)               :class:`SessionClosed`
 :class:`Stats`                                   :class:`SessionRows` (one row per session)
 :class:`Metrics`                                 :class:`MetricsSnapshot` (cumulative figures)
@@ -142,6 +142,7 @@ class StartEpoch(Command):
     session_id: str
     epoch: int
     counts: tuple[int, ...] = ()   # every part's local_input_nodes; () only for a one-part graph
+    start: int = 0                 # first position of the rank's list still wanted (resume); 0 = all
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ class SessionWorker:
     def start_epoch(self, cmd: StartEpoch) -> EpochStarted:
         session = self.session(cmd.session_id)
         self.wait_joined()
-        return EpochStarted(session.start_epoch(int(cmd.epoch), cmd.counts))
+        return EpochStarted(session.start_epoch(int(cmd.epoch), cmd.counts, start=int(cmd.start)))
 
     def close_session(self, cmd: CloseSession) -> SessionClosed:
         with self.lock:

@@ -64,18 +64,23 @@ class Session:
     def local_input_nodes(self) -> int:
         return int(self.inputs.numel())
 
-    def start_epoch(self, epoch: int, counts: Sequence[int] | None) -> int:
-        """Plan ``epoch`` and start producing this part's batches; returns how many there are.
+    def start_epoch(self, epoch: int, counts: Sequence[int] | None, start: int = 0) -> int:
+        """Plan ``epoch`` and start producing this part's batches at positions ``>= start`` of the
+        rank's list (a resumed epoch); returns how many this part produces.
 
-        :class:`BadRequest` when ``counts`` disagree with this part or the loader's arguments
-        leave no valid plan for them (e.g. fewer input nodes than ranks).
+        :class:`BadRequest` when ``counts`` disagree with this part, the loader's arguments
+        leave no valid plan for them (e.g. fewer input nodes than ranks), or ``start`` is not
+        in ``0..len(plan)``.
         """
         counts = self._check_counts(counts)
         try:
             plan = EpochPlan(self.spec, counts, epoch)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None  # the plan's own message names the fix
-        mine = plan.owned_by(self.part_id)
+        if not 0 <= start <= len(plan):
+            raise BadRequest(f"start_seq = {start} is outside epoch {epoch}'s {len(plan)} batches for rank "
+                             f"{self.spec.rank}: give 0..{len(plan)}")
+        mine = [(seq, e) for seq, e in plan.owned_by(self.part_id) if seq >= start]
         run = EpochRun(plan.epoch, mine, plan.order(self.part_id, self.inputs),
                        BatchBuffer(self.buffer_batches, self.buffer_bytes))
         with self._lock:
