@@ -130,8 +130,8 @@ def test_fused_equals_reference_driver(graph, name, direction, replace):
 
 def _citation_graph() -> TypedGraph:
     """author -writes-> paper -cites-> paper -has_topic-> field: ``author`` has no in-edges and
-    ``field`` no out-edges, so each is never a frontier in one direction; a venue-less paper tail
-    and the last two nodes of every type are isolated."""
+    ``field`` no out-edges, so each is never a frontier in one direction; the last two nodes of
+    every type are isolated."""
     r = np.random.default_rng(3)
     n = {"author": 30, "field": 6, "paper": 50}
     edges = {("author", "writes", "paper"): _random_edges(n["author"], n["paper"], 90, r),
