@@ -36,10 +36,10 @@ class RemoteNeighborLoader:
     ``NeighborLoader``) or :meth:`graphfeed.client.Client.open_loader` (a :class:`LoaderSpec`),
     kept as ``self.spec``.  Input "every node" (``input_nodes=None`` or ``(node_type, None)``)
     travels as the ids ``0..num_nodes-1`` of that type, so batches then equal the local
-    loader's with ``input_nodes=torch.arange(num_nodes)``.  A typed graph gives ``HeteroData``.  ``prefetch``: pulls in flight per server.
-    Each ``iter()`` is one epoch (0, 1, ...; :meth:`set_epoch` overrides).  Raises
-    :class:`ServerError` naming the server when a server fails or dies mid-epoch (within
-    ``rpc_timeout``, usually at once).
+    loader's with ``input_nodes=torch.arange(num_nodes)``.  A typed graph gives ``HeteroData``.
+    ``prefetch``: pulls in flight per server.  Each ``iter()`` is one epoch (0, 1, ...;
+    :meth:`set_epoch` overrides).  Raises :class:`ServerError` naming the server when a server
+    fails or dies mid-epoch (within ``rpc_timeout``, usually at once).
     """
 
     def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4):

@@ -219,8 +219,8 @@ def test_check_accepts_what_encode_builds(typed_wire):
     (lambda w: w.update({"x@venue": torch.zeros(1, 2)}), "node type 'venue' lacks n_id"),
     (lambda w: w.update({"meta": torch.tensor([2, 7, 3, 11])}), r"meta has shape \[4\]"),
     (lambda w: w.update({"meta": torch.tensor([2, 7, 3, 11, 3])}), "valid input type"),
-], ids=["node-field", "node-count", "edge-field", "meta", "input-id", "unknown-field", "bare-key", "no-type", "bad-edge-type",
-        "scoped-meta", "unknown-type", "short-meta", "input-type"])
+], ids=["node-field", "node-count", "edge-field", "meta", "input-id", "unknown-field", "bare-key", "no-type",
+        "bad-edge-type", "scoped-meta", "unknown-type", "short-meta", "input-type"])
 def test_check_rejects_a_mismatched_batch(typed_wire, mutate, problem):
     mutate(typed_wire)
     with pytest.raises(batch.BatchSchemaError, match=problem) as err:
