@@ -15,6 +15,7 @@ from helpers_graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 from graphfeed.core.spec import NodeInput, SamplingSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition.store import open_parts
+from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import PartitionedGraph
 
 WRITES, CITES, TOPIC_OF = ("author", "writes", "paper"), ("paper", "cites", "paper"), ("field", "topic_of", "paper")
@@ -119,3 +120,18 @@ def test_bad_typed_input_is_one_line_naming_the_type(mag, input_nodes, num_neigh
     with pytest.raises(ValueError, match=match) as info:
         LocalNeighborLoader(parts, num_neighbors, batch_size=8, input_nodes=input_nodes)
     assert "\n" not in str(info.value)
+
+
+def test_one_part_typed_graph_fused_op_equals_the_driver(tmp_path, monkeypatch):
+    """One part holds every node: the fused native typed op (when the op library is loaded) gives the
+    driver's batches on every key, and both hold the sampler invariants."""
+    graph = mag_tiny_parts(tmp_path / "p", parts=1, method="random")
+    args = dict(batch_size=300, input_nodes=("paper", "val"), shuffle=True, seed=2)
+    fused = list(LocalNeighborLoader(tmp_path / "p", [4, 3], **args))
+    for batch in fused:
+        check_typed_batch(batch, graph, {e: [4, 3] for e in graph.edge_types})
+    monkeypatch.setattr(dispatch, "has_fused_typed_sampler", lambda topos=None: False)
+    driver = list(LocalNeighborLoader(tmp_path / "p", [4, 3], **args))
+    assert len(fused) == len(driver) > 1
+    for a, b in zip(fused, driver):
+        assert_same_batch(a, b)

@@ -19,6 +19,8 @@ import torch
 from helpers_graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 
 import graphfeed.client as gf
+from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
+from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto.convert import open_session_request
 from graphfeed.server.loader.local import LocalNeighborLoader
@@ -96,9 +98,27 @@ def test_bad_typed_input_is_invalid_argument_and_the_servers_stay_up(cluster):
     assert all(health_status(a, "graphfeed.control.v1.Control") == SERVING for a in addresses)
 
 
+def test_bench_sample_and_remote_on_the_typed_graph_count_the_same_batches(cluster, mag):
+    parts, graph = mag
+    common = dict(num_neighbors=(4, 2), batch_size=128, epochs=1)
+    sampled = bench_sample(SampleBenchConfig(str(parts), features=False, **common))
+    produced = bench_sample(SampleBenchConfig(str(parts), features=True, **common))
+    remote = bench_remote(RemoteBenchConfig(tuple(s.address for s in cluster), prefetch=2, **common))
+    n_train = len(graph.splits["train"])
+    assert sampled["input_type"] == produced["input_type"] == "paper"
+    assert sampled["seeds_per_epoch"] == produced["seeds_per_epoch"] == remote["seeds_per_epoch"] == n_train
+    assert sampled["batches_per_epoch"] == produced["batches_per_epoch"] == remote["batches_per_epoch"]
+    # the same batches in-process and through the servers: the same edges over every edge type
+    assert sampled["sampled_edges_per_epoch"] == produced["sampled_edges_per_epoch"] \
+        == remote["sampled_edges_per_epoch"] > n_train
+    assert remote["seeds_per_s"] > 0 and sampled["seeds_per_s"] > 0
+
+
 DDP_RANK = textwrap.dedent("""
     import json, sys, torch.distributed as dist
     import graphfeed.client as gf
+from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
+from graphfeed.bench.sample import SampleBenchConfig, bench_sample
     rank, world, store, out, servers = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3], sys.argv[4].split(",")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     with gf.connect(servers, timeout=60) as client:

@@ -158,10 +158,9 @@ class PartitionedGraph:
     def _sample_one_part(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec,
                          fanouts: Mapping[EdgeType, Sequence[int]], seed: int,
                          input_type: str | None) -> TypedSubgraph:
-        """Every hop on the one local part: the fused homogeneous op for the one-type graph.
-
-        A one-part *typed* graph runs the driver over the part's hops; this is the one place a
-        fused native typed op (``dispatch.fused_sample_typed``) would be called instead.
+        """Every hop on the one local part, in one native call when the op library is loaded: the fused
+        homogeneous op for the one-type graph, the fused typed op (``dispatch.fused_sample_typed``)
+        otherwise; else the driver over the part's hops (the same sample either way).
         """
         assert self._whole is not None
         part = self._whole.part
@@ -169,6 +168,12 @@ class PartitionedGraph:
             if self.is_homogeneous and not spec.is_typed and set(seeds) == {self.label_type}:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
+            topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
+            if dispatch.has_fused_typed_sampler(topos):
+                stores = {t: part.nodes(t) for t in self.node_types}
+                return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
+                                                   spec.direction, spec.replace, seed, input_type,
+                                                   node_bounds={t: n.stop for t, n in stores.items()})
             whole = self._whole
 
             def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
