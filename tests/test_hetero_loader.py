@@ -126,8 +126,12 @@ def test_one_part_typed_graph_fused_op_equals_the_driver(tmp_path, monkeypatch):
     """One part holds every node: the fused native typed op (when the op library is loaded) gives the
     driver's batches on every key, and both hold the sampler invariants."""
     graph = mag_tiny_parts(tmp_path / "p", parts=1, method="random")
-    args = dict(batch_size=300, input_nodes=("paper", "val"), shuffle=True, seed=2)
+    args = dict(batch_size=128, input_nodes=("paper", "val"), shuffle=True, seed=2)
+    calls = []
+    op = dispatch.fused_sample_typed
+    monkeypatch.setattr(dispatch, "fused_sample_typed", lambda *a, **k: calls.append(1) or op(*a, **k))
     fused = list(LocalNeighborLoader(tmp_path / "p", [4, 3], **args))
+    assert len(calls) == (len(fused) if dispatch.has_fused_typed_sampler() else 0)
     for batch in fused:
         check_typed_batch(batch, graph, {e: [4, 3] for e in graph.edge_types})
     monkeypatch.setattr(dispatch, "has_fused_typed_sampler", lambda topos=None: False)
