@@ -117,8 +117,6 @@ def test_bench_sample_and_remote_on_the_typed_graph_count_the_same_batches(clust
 DDP_RANK = textwrap.dedent("""
     import json, sys, torch.distributed as dist
     import graphfeed.client as gf
-from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
-from graphfeed.bench.sample import SampleBenchConfig, bench_sample
     rank, world, store, out, servers = int(sys.argv[1]), 2, sys.argv[2], sys.argv[3], sys.argv[4].split(",")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     with gf.connect(servers, timeout=60) as client:
