@@ -14,7 +14,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LoaderSpec, NodeInput
+from graphfeed.core.spec import LinkInput, LoaderSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
@@ -97,11 +97,14 @@ class LocalNeighborLoader:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
 
 
-def part_inputs(parts: Sequence[Partition], node_input: NodeInput) -> list[torch.Tensor]:
-    """Each part's seeds for ``node_input`` (global ids, :meth:`Partition.input_nodes`).
+def part_inputs(parts: Sequence[Partition], node_input: SeedInput) -> list[torch.Tensor]:
+    """Each part's seeds for ``node_input`` (global ids, :meth:`Partition.input_nodes`; for a
+    :class:`LinkInput` the positions of the seed edges each part owns).
 
     Ids that no part holds raise :func:`resolve_original_ids`'s ValueError, which names them.
     """
+    if isinstance(node_input, LinkInput):
+        return [part.input_nodes(node_input) for part in parts]
     try:
         inputs = [part.input_nodes(node_input) for part in parts]
     except ValueError:

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.spec import NodeInput
+from graphfeed.core.spec import LinkInput, NodeInput, SeedInput
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
@@ -226,12 +226,27 @@ class Partition:
                              f"{', '.join(map(repr, self._edges))}; use one of them")
         return store
 
-    def input_nodes(self, node_input: NodeInput) -> torch.Tensor:
+    def input_nodes(self, node_input: SeedInput) -> torch.Tensor:
         """Global ids (of ``node_input``'s node type; None = the label type) of the seeds ``node_input``
         names that this part owns, in input order (a split's stored order; ``ids``' given order; every
-        node in id order)."""
+        node in id order).  For a :class:`LinkInput`: the positions (in ``edge_label_index``, ascending)
+        of the seed edges whose source this part owns; ValueError for ids outside the graph."""
+        if isinstance(node_input, LinkInput):
+            return self.input_edges(node_input)
         ntype = getattr(node_input, "node_type", None)
         return self.nodes(ntype if ntype is not None else self.label_type).input_nodes(node_input)
+
+    def input_edges(self, link: LinkInput) -> torch.Tensor:
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending)."""
+        if not self.meta.is_homogeneous:
+            raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
+                             "supported yet; use a homogeneous graph")
+        n = self.book.num_nodes
+        if int(link.index.max()) >= n:
+            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
+                             f"node ids are 0..{n - 1}")
+        mask, _ = self.to_global(link.index[0])
+        return mask.nonzero().view(-1)
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
 

@@ -24,6 +24,8 @@ class SamplingGraph(Protocol):
 
     def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
+    def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
+
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
                   epoch: int, seq: int, *, stage: Callable[[str], ContextManager] | None = None
@@ -35,11 +37,12 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
     """
     sub = graph.sample(seeds, spec, plan_entry.seed)
     x, y, orig = graph.gather(sub.nodes)
+    edge_attr = graph.edge_attr(sub, spec)
     with stage("encode") if stage is not None else nullcontext():
         return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
                                   num_sampled_nodes=sub.num_sampled_nodes,
                                   num_sampled_edges=sub.num_sampled_edges, batch_size=sub.batch_size,
-                                  epoch=epoch, seq=seq, index=plan_entry.index)
+                                  epoch=epoch, seq=seq, index=plan_entry.index, edge_attr=edge_attr)
 
 
 def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor],

@@ -13,6 +13,9 @@ calls, it is not a sandbox.
   compared in constant time: a process that did not open the session cannot pull.
 * ``one_hop(...)`` / ``gather(gids)`` -- peer workers sample a frontier / read features
   of nodes this worker's part owns.
+* ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
+  drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
+* ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
 
 The worker process hosts exactly one :class:`SessionWorker`; :func:`bind` registers it
 here once at start-up (torch RPC calls module-level functions, so this module is the one
@@ -89,7 +92,25 @@ def gather(gids: torch.Tensor):
     return worker.graph.sources[worker.part.part_id].gather(gids)   # LocalSource.gather checks ownership
 
 
-ALLOWED = frozenset({pull, one_hop, gather})
+def has_edges(pairs: torch.Tensor, kind: str) -> torch.Tensor:
+    """bool [n]: which ``(src, dst)`` pairs are edges, looked up in this part's ``kind`` topology."""
+    worker = _bound()
+    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind))   # checks ownership
+
+
+def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Edge features of ``(center node, edge id)`` pairs whose center this worker's part owns."""
+    worker = _bound()
+    return worker.graph.sources[worker.part.part_id].edge_attr(pairs, str(kind))   # checks ownership
+
+
+def to_global(orig_ids: torch.Tensor):
+    """``(mask, gids)``: which original ids this worker's part owns, and their global ids."""
+    worker = _bound()
+    return worker.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
+
+
+ALLOWED = frozenset({pull, one_hop, gather, has_edges, edge_attr, to_global})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
@@ -109,7 +130,8 @@ def install_guard() -> None:
                 and getattr(func, "__module__", None) != _TORCH_INTERNAL):
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
             return rpc_internal.RemoteException(
-                f"{name} is not callable on a graphfeed session worker (allowed: pull, one_hop, gather)",
+                f"{name} is not callable on a graphfeed session worker (allowed: "
+                f"{', '.join(sorted(f.__name__ for f in ALLOWED))})",
                 PermissionError)
         return original(python_udf)
 
