@@ -125,16 +125,28 @@ class SamplingSpec:
 
     ``direction="in"`` samples in-edges (PyG's default: messages flow from sampled
     neighbors to the seeds); ``"out"`` samples out-edges.
+
+    ``weight_attr`` (PyG's argument) samples neighbors with probability proportional to an edge
+    weight: ``"edge_attr"`` (the edge features' only column) or ``"edge_attr:K"`` (column ``K``);
+    see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
+    edges (checked when a loader opens).
     """
 
     num_neighbors: Fanouts | TypedFanouts
     replace: bool = False
     direction: str = "in"
+    weight_attr: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
+        if self.weight_attr is not None:
+            weight_column(self.weight_attr)
+
+    @property
+    def weighted(self) -> bool:
+        return self.weight_attr is not None
 
     @property
     def topology(self) -> str:
@@ -168,6 +180,22 @@ class SamplingSpec:
                              f"types are {', '.join(map(str, known))}: use those as the dict's keys")
         zeros = (0,) * self.num_hops
         return {etype: given.get(etype, zeros) for etype in known}
+
+
+WEIGHT_SOURCE = "edge_attr"
+
+
+def weight_column(weight_attr) -> int | None:
+    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column), ``K`` for
+    ``"edge_attr:K"``; ValueError naming the accepted forms otherwise."""
+    if isinstance(weight_attr, str) and weight_attr == WEIGHT_SOURCE:
+        return None
+    if isinstance(weight_attr, str) and weight_attr.startswith(WEIGHT_SOURCE + ":"):
+        column = weight_attr[len(WEIGHT_SOURCE) + 1:]
+        if column.isdigit():
+            return int(column)
+    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column) or "
+                     f"'edge_attr:K' (column K), got {weight_attr!r}")
 
 
 def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
@@ -489,12 +517,13 @@ class LoaderSpec:
     @classmethod
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
-           rank: int | None = None, world_size: int | None = None, kind: str = "") -> LoaderSpec:
+           rank: int | None = None, world_size: int | None = None, kind: str = "",
+           weight_attr: str | None = None) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
         a link loader); ``rank``/``world_size`` default to
         ``torch.distributed``'s (:func:`resolve_rank`)."""
         rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr)
         return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind)
 

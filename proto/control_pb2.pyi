@@ -137,16 +137,18 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     EDGE_TYPE_FANOUTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_ATTR_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
     edge_type_fanouts: _containers.RepeatedCompositeFieldContainer[EdgeTypeFanouts]
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ...) -> None: ...
+    weight_attr: str
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)

@@ -37,7 +37,7 @@ def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
 
 
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction)
+    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction, weight_attr=spec.weight_attr or "")
     if not spec.is_typed:
         msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
         return msg
@@ -55,7 +55,8 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
     else:
         num_neighbors = tuple(msg.num_neighbors)
     try:
-        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in")
+        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in",
+                            weight_attr=msg.weight_attr or None)
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
 

@@ -25,9 +25,9 @@ def graph():
 
 
 def _edge_attr(ei) -> np.ndarray:
-    """Edge features that name their edge: row e is (e, -2e)."""
+    """Edge features that name their edge: row e is (e, -2e, 1 + e mod 5) (the last a valid weight)."""
     e = np.arange(ei.shape[1], dtype=np.float32)
-    return np.stack([e, -2 * e], axis=1)
+    return np.stack([e, -2 * e, 1 + e % 5], axis=1)
 
 
 def _partition(graph, out, topologies):
@@ -204,7 +204,7 @@ def test_node_batches_carry_edge_attr_of_e_id_in_both_directions(parts_csr_dir, 
     for direction in ("in", "out"):
         loader = LocalNeighborLoader(parts_csr_dir, FANOUTS, batch_size=64, direction=direction)
         for b in loader:
-            assert b.edge_attr.shape == (b.e_id.numel(), 2) and torch.equal(b.edge_attr, attr[b.e_id])
+            assert b.edge_attr.shape == (b.e_id.numel(), 3) and torch.equal(b.edge_attr, attr[b.e_id])
 
 
 # ---- through 2 servers ------------------------------------------------------------------------------
@@ -215,9 +215,11 @@ def cluster(parts_dir, tmp_path_factory):
         yield servers
 
 
-@pytest.mark.parametrize("neg", [{"mode": "binary", "amount": 1.5}, {"mode": "triplet", "amount": 2}])
-def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_edges, edge_set, neg):
-    kw = dict(edge_label_index=seed_edges, neg_sampling=neg, batch_size=48, shuffle=True, seed=4)
+@pytest.mark.parametrize("neg, weight_attr", [({"mode": "binary", "amount": 1.5}, None),
+                                              ({"mode": "triplet", "amount": 2}, "edge_attr:2")])
+def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_edges, edge_set, neg, weight_attr):
+    kw = dict(edge_label_index=seed_edges, neg_sampling=neg, batch_size=48, shuffle=True, seed=4,
+              weight_attr=weight_attr)
     local = LocalLinkNeighborLoader(parts_dir, FANOUTS, **kw)
     owner_parts = set()
     with gf.connect([s.address for s in cluster], timeout=60) as client:
@@ -250,6 +252,8 @@ def test_remote_bad_link_input_is_invalid_argument_and_server_stays_up(cluster, 
         spec = LoaderSpec.of(LinkInput.of(torch.tensor([[0, N + 5], [1, 1]])), FANOUTS)
         with pytest.raises(InvalidRequest, match=f"edge_label_index has node id {N + 5}, outside the graph"):
             client.open_loader(spec)
+        with pytest.raises(InvalidRequest, match="weight_attr='edge_attr:1': edge weights must be finite and >= 0"):
+            client.link_neighbor_loader(FANOUTS, edge_label_index=seed_edges, weight_attr="edge_attr:1")
         ok = client.link_neighbor_loader(FANOUTS, edge_label_index=seed_edges[:, :10], batch_size=5)
         assert sum(b.input_id.numel() for b in ok) == 10, "the same client's next loader works"
     for s in cluster:

@@ -15,7 +15,7 @@ import torch
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.spec import LinkInput, LoaderSpec
-from graphfeed.server.loader.local import part_inputs
+from graphfeed.server.loader.local import check_sampling, part_inputs
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
@@ -38,11 +38,14 @@ class LocalLinkNeighborLoader:
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
-                 direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None):
+                 direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 weight_attr: str | None = None):
         self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
         self.spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                                  replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size)
+                                  replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
+                                  weight_attr=weight_attr)
+        check_sampling(self.graph.parts, self.spec.sampling)
         self.inputs = part_inputs(self.graph.parts, link)
         self.seeds = LinkSeeds(link).resolve(self.graph, torch.cat(self.inputs))
         self._epoch = 0

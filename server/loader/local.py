@@ -14,7 +14,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LinkInput, LoaderSpec, SeedInput
+from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
@@ -29,6 +29,7 @@ class LocalNeighborLoader:
     ``iter()`` unless :meth:`set_epoch` is called (as with ``DistributedSampler``).
     ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
     ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
+    ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight.
 
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
@@ -39,11 +40,12 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes: str | torch.Tensor | None = "train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, weight_attr: str | None = None):
         self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                                   drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                                  rank=rank, world_size=world_size)
+                                  rank=rank, world_size=world_size, weight_attr=weight_attr)
+        check_sampling(self.graph.parts, self.spec.sampling)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
@@ -95,6 +97,12 @@ class LocalNeighborLoader:
 
     def _fingerprints(self) -> tuple[int, int]:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
+
+
+def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec) -> None:
+    """ValueError unless every part can serve ``sampling``'s options (:meth:`Partition.check_sampling`)."""
+    for part in parts:
+        part.check_sampling(sampling)
 
 
 def part_inputs(parts: Sequence[Partition], node_input: SeedInput) -> list[torch.Tensor]:

@@ -105,7 +105,7 @@ class PartitionedGraph:
 
     def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
         """``len(spec.num_neighbors)`` hops from ``seeds`` (distinct global ids) with batch seed ``seed``."""
-        if self._whole is not None:
+        if self._whole is not None and not spec.weighted:   # the fused op samples uniformly only
             with self.telemetry.stage("local_sample"):
                 part = self._whole.part
                 return sample_topology(part.topology(spec.topology), part.start, seeds, spec, seed)

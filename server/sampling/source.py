@@ -117,6 +117,10 @@ class LocalSource:
     def one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
         """One hop of ``spec``'s topology for nodes ``gids`` (owned by this part)."""
         topo = self.part.topology(spec.topology)
+        if spec.weight_attr is not None:
+            weight = self.part.weights.get(spec.topology, spec.weight_attr)
+            return dispatch.weighted_one_hop(topo, weight, gids - self.part.start, gids, fanout, spec.replace, seed,
+                                             hop)
         return dispatch.one_hop(topo, gids - self.part.start, gids, fanout, spec.replace, seed, hop)
 
     def edge_attr(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -173,10 +177,10 @@ class LocalSource:
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
     def serve_one_hop(self, gids, fanout: int, replace: bool, direction: str, seed: int,
-                      hop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      hop: int, weight_attr: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(counts, neighbors, eids)`` of one hop for ``gids`` (checked to be this part's)."""
         gids = self.check_owned(gids)
-        spec = SamplingSpec((fanout,), replace=replace, direction=direction)
+        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr)
         res = self.one_hop(gids, spec, fanout, seed, hop)
         return res.counts, res.neighbors, res.eids
 

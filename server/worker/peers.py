@@ -53,7 +53,8 @@ class RemoteSource:
 
     def start_one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int) -> PeerCall[OneHop]:
-        fut = self._call("one_hop", rpc_api.one_hop, gids, fanout, spec.replace, spec.direction, seed, hop)
+        fut = self._call("one_hop", rpc_api.one_hop, gids, fanout, spec.replace, spec.direction, seed, hop,
+                         spec.weight_attr)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
     def start_gather(self, gids: torch.Tensor) -> PeerCall[Rows]:

@@ -79,11 +79,14 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
     return out
 
 
-def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
-    """``(counts, neighbors, eids)`` of one hop for nodes ``gids`` owned by this worker's part."""
+def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,
+            weight_attr: str | None = None):
+    """``(counts, neighbors, eids)`` of one hop for nodes ``gids`` owned by this worker's part
+    (weighted by the edge feature column ``weight_attr`` when given)."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
-    return own.serve_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
+    return own.serve_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop),
+                             None if weight_attr is None else str(weight_attr))
 
 
 def gather(gids: torch.Tensor):
