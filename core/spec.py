@@ -380,6 +380,7 @@ class LinkInput:
     index: torch.Tensor
     label: torch.Tensor | None = None
     neg: NegativeSampling | None = None
+    _shift_labels: bool = field(default=False, init=False, repr=False)   # set from the fields above
 
     def __post_init__(self):
         object.__setattr__(self, "index", check_edge_label_index(self.index))
@@ -387,6 +388,8 @@ class LinkInput:
             object.__setattr__(self, "label", _edge_labels(self.label, self.index.size(1)))
         if self.neg is not None and not isinstance(self.neg, NegativeSampling):
             raise ValueError(f"neg must be a NegativeSampling record, got {type(self.neg).__name__}")
+        binary = self.neg is not None and self.neg.mode == "binary"
+        object.__setattr__(self, "_shift_labels", binary and self.label is not None and bool(self.label.min() == 0))
 
     @classmethod
     def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None) -> LinkInput:
@@ -405,8 +408,7 @@ class LinkInput:
         if self.label is None:
             return torch.ones(positions.numel(), dtype=torch.float32)
         out = self.label.index_select(0, positions)
-        binary = self.neg is not None and self.neg.mode == "binary"
-        return out + 1 if binary and self.label.numel() and bool(self.label.min() == 0) else out
+        return out + 1 if self._shift_labels else out
 
     @property
     def split(self) -> None:        # the NodeInput attributes code that handles either record reads

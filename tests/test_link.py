@@ -99,7 +99,7 @@ def test_link_input_validates_index_and_labels_and_round_trips_through_protobuf(
                                                                                             "amount": 2,
                                                                                             "strict": False})
     assert link.labels(torch.tensor([0, 1])).tolist() == [1, 3], "binary shifts 0-based labels (0 = negative)"
-    spec = LoaderSpec.of(link, [3, 2], batch_size=2, shuffle=True, seed=5)
+    spec = LoaderSpec.of(link, [3, 2], batch_size=2, shuffle=True, seed=5, weight_attr="edge_attr:1")
     assert spec.is_link and spec.kind == "link"
     assert loader_spec_from_proto(open_session_request(spec, "g")) == spec
 
