@@ -11,7 +11,7 @@ from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
-from graphfeed.core.spec import LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
@@ -90,7 +90,8 @@ class Client:
     def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *,
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
-                        world_size: int | None = None, kind: str | None = None) -> RemoteNeighborLoader:
+                        world_size: int | None = None, kind: str | None = None,
+                        weight_attr: str | None = None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -105,7 +106,30 @@ class Client:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, kind=kind or "")
+                             rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr)
+        return self.open_loader(spec, prefetch=prefetch)
+
+    def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
+                             edge_label=None, neg_sampling=None, neg_sampling_ratio=None, batch_size: int = 1,
+                             shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
+                             replace: bool = False, direction: str = "in", rank: int | None = None,
+                             world_size: int | None = None, kind: str | None = None,
+                             weight_attr: str | None = None) -> RemoteNeighborLoader:
+        """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
+        :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
+        ``edge_label_index`` ([2, E] original node ids), ``edge_label``, ``neg_sampling`` (``"binary"``,
+        ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
+        ``batch_size`` counts seed edges.  ValueError (one line, naming the argument) for bad input."""
+        self._check_usable()
+        if num_neighbors is None:
+            raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        if int(link.index.max()) >= self.num_nodes:
+            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
+                             f"node ids are 0..{self.num_nodes - 1}")
+        spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                             replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
+                             kind=kind or "", weight_attr=weight_attr)
         return self.open_loader(spec, prefetch=prefetch)
 
     def num_nodes_of(self, ntype: str | None) -> int:

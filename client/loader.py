@@ -21,7 +21,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LoaderSpec, NodeInput
+from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 from graphfeed.transport.pending import Pending
@@ -290,7 +290,7 @@ class RemoteNeighborLoader:
 def every_node_as_ids(spec: LoaderSpec, num_nodes: int) -> LoaderSpec:
     """``spec`` with input "every node" spelled out as the ids ``0..num_nodes-1``, which is how it
     travels to the servers (see :func:`graphfeed.proto.convert.open_session_request`)."""
-    if spec.input.split is not None or spec.input.ids is not None:
+    if isinstance(spec.input, LinkInput) or spec.input.split is not None or spec.input.ids is not None:
         return spec
     return dataclasses.replace(spec, input=NodeInput(ids=torch.arange(num_nodes), node_type=spec.input.node_type))
 

@@ -8,6 +8,7 @@ graph is the one-type case (node type ``"_N"``, edge type ``("_N", "to", "_N")``
     {field}@{src}__{rel}__{dst}      an edge field, e.g. ``edge_index@author__writes__paper``
     input_id                         a batch field (no type): positions of the seeds in the loader's input
     meta                             [batch_size, epoch, seq, batch index, input type position]
+    {field}                          a batch field (the seeds' input_id; a link batch's labelled edges)
 
 Every node type and every edge type of the graph carries its required fields, as empty
 tensors where nothing of it was sampled, so a batch's key set is a function of the graph's
@@ -53,6 +54,8 @@ BATCH_FIELDS: dict[str, Field] = {
     "y": Field(NODE, False, None, "labels of the type's batch nodes, [num_nodes]; only for types with labels"),
     "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
                                                  "source type's n_id, col the destination type's"),
+    "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "
+                                          "edge types with features"),
     "n_id": Field(NODE, True, torch.int64, "original ids of the type's batch nodes, the input type's seeds first"),
     "e_id": Field(EDGE, True, torch.int64, "original ids (input positions) of the type's sampled edges"),
     "num_sampled_nodes": Field(NODE, True, torch.int64, "new nodes of the type per hop, [hops + 1]; the input "
@@ -62,11 +65,22 @@ BATCH_FIELDS: dict[str, Field] = {
                                                 "PyG: input_nodes[input_id] are the seeds when input_nodes are ids)"),
     META: Field(BATCH, True, torch.int64, "[batch_size, epoch, seq, batch index in the epoch, position of the "
                                           "input node type among the batch's sorted node types]"),
+    # link batches (seeds are edges; batch_size counts the seed *nodes*: the labelled edges' endpoints, while
+    # input_id holds each seed edge's position in the loader's edge_label_index)
+    "edge_label_index": Field(BATCH, False, torch.int64, "labelled edges in local ids of the input type, [2, K]: "
+                                                         "the seed edges, then the binary negatives"),
+    "edge_label": Field(BATCH, False, None, "labels of edge_label_index's edges; negatives are 0"),
+    "src_index": Field(BATCH, False, torch.int64, "triplet mode: local id of each seed edge's source, [B]"),
+    "dst_pos_index": Field(BATCH, False, torch.int64, "triplet mode: local id of each seed edge's destination"),
+    "dst_neg_index": Field(BATCH, False, torch.int64, "triplet mode: local ids of the negative destinations, "
+                                                      "[B] (amount 1) or [B, amount]"),
 }
 META_LENGTH = 5
 
 
 _BATCH_KEYS = frozenset(name for name, f in BATCH_FIELDS.items() if f.scope == BATCH)   # keys without a type
+_REQUIRED_BATCH_KEYS = frozenset(name for name in _BATCH_KEYS if BATCH_FIELDS[name].required)
+_LINK_KEYS = frozenset(("edge_label_index", "src_index"))   # a batch with one of these is a link batch
 
 
 def fields_of(scope: str) -> dict[str, Field]:
@@ -108,16 +122,20 @@ def edge_key(name: str, etype: Iterable[str]) -> str:
 
 def encode_typed(*, nodes: Mapping[str, Mapping[str, torch.Tensor | None]],
                  edges: Mapping[EdgeType, Mapping[str, torch.Tensor | None]], input_type: str,
-                 batch_size: int, epoch: int, seq: int, index: int, input_id) -> dict[str, torch.Tensor]:
+                 batch_size: int, epoch: int, seq: int, index: int, input_id,
+                 extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a typed graph.
 
     ``nodes[t]`` holds node type ``t``'s fields by name (``n_id``, ``num_sampled_nodes``; ``x``,
     ``y`` or None), ``edges[(src, rel, dst)]`` an edge type's (``edge_index``, ``e_id``,
     ``num_sampled_edges``).  Pass every node and edge type of the graph (empty tensors for those
     not sampled).  Tensors are stored as given (no copy); the per-hop counts become int64
-    tensors.  ``input_id`` holds the seeds' positions in the loader's input (``batch_size`` of
-    them).  ValueError for a missing or unknown field, an edge type whose endpoint is not in
-    ``nodes``, an ``input_type`` that is not, or an ``input_id`` of the wrong length.
+    tensors.  ``input_id`` holds the seeds' positions in the loader's input: ``batch_size`` of
+    them for a node batch; for a link batch (``extra`` has ``edge_label_index`` or
+    ``src_index``) one per seed edge, while ``batch_size`` counts its seed nodes.  ``extra``
+    holds the other batch fields (a link batch's labelled edges).  ValueError for a missing or
+    unknown field, an edge type whose endpoint is not in ``nodes``, an ``input_type`` that is
+    not, or a node batch's ``input_id`` of the wrong length.
     """
     node_types = sorted(nodes)
     if input_type not in nodes:
@@ -132,11 +150,16 @@ def encode_typed(*, nodes: Mapping[str, Mapping[str, torch.Tensor | None]],
                              f"node type of the graph in nodes")
         wire.update(_encode_scope(EDGE, edges[etype], edge_type_name(etype), f"edge type {etype}"))
     input_id = torch.as_tensor(input_id, dtype=torch.int64).reshape(-1)
-    if input_id.numel() != batch_size:
+    if input_id.numel() != batch_size and not _LINK_KEYS & set(extra or {}):
         raise ValueError(f"input_id has {input_id.numel()} entries for a batch of {batch_size} seeds: give one "
                          f"input position per seed")
     wire["input_id"] = input_id
     wire[META] = torch.tensor([batch_size, epoch, seq, index, node_types.index(input_type)], dtype=torch.int64)
+    batch_fields = {name for name in _BATCH_KEYS if name not in (META, "input_id")}
+    for name, value in (extra or {}).items():
+        if name not in batch_fields:
+            raise ValueError(f"unknown batch field {name!r}; the schema's batch fields are {sorted(batch_fields)}")
+        wire[name] = value
     return wire
 
 
@@ -160,13 +183,15 @@ def _encode_scope(scope: str, values: Mapping[str, torch.Tensor | None], suffix:
 
 def encode(*, x: torch.Tensor | None, y: torch.Tensor | None, edge_index: torch.Tensor, n_id: torch.Tensor,
            e_id: torch.Tensor, num_sampled_nodes, num_sampled_edges, batch_size: int, epoch: int,
-           seq: int, index: int, input_id) -> dict[str, torch.Tensor]:
+           seq: int, index: int, input_id, extra: Mapping[str, torch.Tensor] | None = None,
+           edge_attr: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a homogeneous graph: :func:`encode_typed` with node type
     ``"_N"`` and edge type ``("_N", "to", "_N")``."""
     nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes}}
-    edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges}}
+    edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges,
+                                 "edge_attr": edge_attr}}
     return encode_typed(nodes=nodes, edges=edges, input_type=DEFAULT_NODE_TYPE, batch_size=batch_size,
-                        epoch=epoch, seq=seq, index=index, input_id=input_id)
+                        epoch=epoch, seq=seq, index=index, input_id=input_id, extra=extra)
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -220,7 +245,7 @@ def layout(batch: Mapping[str, torch.Tensor]) -> BatchLayout:
     """The :class:`BatchLayout` of a wire batch; :class:`BatchSchemaError` (a version mismatch between
     the peers) for an unknown key, a type missing a required field, or a missing or malformed meta."""
     nodes, edges = _scoped_fields(batch)
-    missing = sorted(_BATCH_KEYS - set(batch))
+    missing = sorted(_REQUIRED_BATCH_KEYS - set(batch))
     if missing:
         raise _mismatch(f"no {', '.join(missing)}")
     if not nodes:
@@ -278,11 +303,6 @@ def to_pyg(batch: Mapping[str, torch.Tensor]):
     return _hetero_data(batch, lay, size, position)
 
 
-def _input_fields(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The batch fields PyG puts beside ``batch_size`` (the input type's store, or the ``Data``)."""
-    return {name: batch[name] for name in _BATCH_KEYS if name != META}
-
-
 def _store_values(batch: Mapping[str, torch.Tensor], scope: str, suffix: str) -> tuple[dict, dict]:
     """(tensor fields, per-hop count lists) of one node or edge type (keys ``{name}@{suffix}``), in schema order."""
     tensors, counts = {}, {}
@@ -297,6 +317,11 @@ def _store_values(batch: Mapping[str, torch.Tensor], scope: str, suffix: str) ->
     return tensors, counts
 
 
+def _batch_values(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch-scope fields a batch carries (besides meta), in schema order."""
+    return {name: batch[name] for name, f in fields_of(BATCH).items() if name != META and name in batch}
+
+
 def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     from torch_geometric.data import Data
 
@@ -304,7 +329,7 @@ def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     etensors, ecounts = _store_values(batch, EDGE, edge_type_name(DEFAULT_EDGE_TYPE))
     present = {**ntensors, **etensors}
     tensors = {name: present[name] for name in BATCH_FIELDS if name in present}   # today's attribute order
-    return Data(**tensors, batch_size=size, **_input_fields(batch), **ncounts, **ecounts, **position)
+    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **_batch_values(batch), **position)
 
 
 def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
@@ -324,7 +349,7 @@ def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int,
         for name, value in {**tensors, **counts}.items():
             setattr(store, name, value)
     data[lay.input_type].batch_size = size
-    for name, value in _input_fields(batch).items():
+    for name, value in _batch_values(batch).items():   # on the input type's store, as PyG puts input_id
         setattr(data[lay.input_type], name, value)
     for name, value in position.items():
         setattr(data, name, value)

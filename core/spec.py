@@ -4,8 +4,10 @@
   direction).  Fanouts are one list for every edge type or a dict per edge type, as PyG's
   ``NeighborLoader`` takes them.  Sampling options (weights, time, disjoint) are fields here.
 * :class:`NodeInput` -- which seeds an epoch covers (a split, explicit ids, or every node),
-  of which node type.  Other seed kinds (link seeds with negatives) are records beside it.
-* :class:`LoaderSpec` -- one loader: the two above plus the epoch contract's arguments
+  of which node type.
+* :class:`LinkInput` -- the other seed kind: seed edges (``edge_label_index``), their labels
+  and :class:`NegativeSampling`.  The epoch contract is the same over seed edges.
+* :class:`LoaderSpec` -- one loader: the sampling spec and one seed record plus the epoch contract's arguments
   (batch size, shuffle, drop_last, seed, rank, world size) and a metrics label.
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
@@ -14,6 +16,7 @@ conversion) and torch RPC / the worker pipe as themselves (pickled).
 """
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -122,16 +125,28 @@ class SamplingSpec:
 
     ``direction="in"`` samples in-edges (PyG's default: messages flow from sampled
     neighbors to the seeds); ``"out"`` samples out-edges.
+
+    ``weight_attr`` (PyG's argument) samples neighbors with probability proportional to an edge
+    weight: ``"edge_attr"`` (the edge features' only column) or ``"edge_attr:K"`` (column ``K``);
+    see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
+    edges (checked when a loader opens).
     """
 
     num_neighbors: Fanouts | TypedFanouts
     replace: bool = False
     direction: str = "in"
+    weight_attr: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
+        if self.weight_attr is not None:
+            weight_column(self.weight_attr)
+
+    @property
+    def weighted(self) -> bool:
+        return self.weight_attr is not None
 
     @property
     def topology(self) -> str:
@@ -165,6 +180,22 @@ class SamplingSpec:
                              f"types are {', '.join(map(str, known))}: use those as the dict's keys")
         zeros = (0,) * self.num_hops
         return {etype: given.get(etype, zeros) for etype in known}
+
+
+WEIGHT_SOURCE = "edge_attr"
+
+
+def weight_column(weight_attr) -> int | None:
+    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column), ``K`` for
+    ``"edge_attr:K"``; ValueError naming the accepted forms otherwise."""
+    if isinstance(weight_attr, str) and weight_attr == WEIGHT_SOURCE:
+        return None
+    if isinstance(weight_attr, str) and weight_attr.startswith(WEIGHT_SOURCE + ":"):
+        column = weight_attr[len(WEIGHT_SOURCE) + 1:]
+        if column.isdigit():
+            return int(column)
+    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column) or "
+                     f"'edge_attr:K' (column K), got {weight_attr!r}")
 
 
 def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
@@ -219,7 +250,8 @@ class NodeInput:
     @classmethod
     def of(cls, input_nodes) -> NodeInput:
         """From what a user passes as ``input_nodes`` (as PyG's ``NeighborLoader``): a split name, a
-        tensor/list of ids, None (every node), or a tuple ``(node_type, split | ids | None)``."""
+        tensor/list of ids, a boolean mask tensor (its True positions are the ids), None (every node),
+        or a tuple ``(node_type, split | ids | mask | None)``."""
         if isinstance(input_nodes, NodeInput):
             return input_nodes
         node_type = None
@@ -229,6 +261,11 @@ class NodeInput:
             return cls(node_type=node_type)
         if isinstance(input_nodes, str):
             return cls(split=input_nodes, node_type=node_type)
+        if isinstance(input_nodes, torch.Tensor) and input_nodes.dtype == torch.bool:
+            if input_nodes.dim() != 1:
+                raise ValueError(f"input_nodes as a boolean mask must be 1-D (one entry per node), got shape "
+                                 f"{list(input_nodes.shape)}")
+            return cls(ids=input_nodes.nonzero().view(-1), node_type=node_type)   # PyG's mask form
         return cls(ids=input_nodes, node_type=node_type)
 
     def type_or(self, label_type: str) -> str:
@@ -259,13 +296,194 @@ class NodeInput:
         return hash((self.split, self.node_type, None if self.ids is None else self.ids.numel()))
 
 
+NEG_MODES = ("binary", "triplet")
+MAX_NEG_AMOUNT = 1 << 10      # negatives per seed edge
+
+
+@dataclass(frozen=True)
+class NegativeSampling:
+    """How a link loader draws negative edges for its seed edges (PyG's ``NegativeSampling``).
+
+    ``"binary"``: ``ceil(amount * batch_size)`` negative pairs per batch, labelled 0 in
+    ``edge_label``; negative ``j`` keeps the source of seed edge ``j mod batch_size`` and draws its
+    destination.  ``"triplet"``: ``amount`` (an integer) negative destinations per seed edge's
+    source (``dst_neg_index``).  Destinations are uniform over all nodes.  ``strict`` (default on):
+    a drawn pair that is an edge of the graph is redrawn (see :mod:`graphfeed.server.sampling.link`
+    for the bound on redraws and what happens when it is reached).
+    """
+
+    mode: str
+    amount: float = 1.0
+    strict: bool = True
+
+    def __post_init__(self):
+        mode = getattr(self.mode, "value", self.mode)     # PyG's NegativeSamplingMode enum
+        if mode not in NEG_MODES:
+            raise ValueError(f"neg_sampling mode {mode!r} does not exist: use 'binary' or 'triplet' "
+                             f"(or a dict {{'mode': 'binary', 'amount': 1}})")
+        object.__setattr__(self, "mode", mode)
+        amount = self.amount
+        if isinstance(amount, bool) or not isinstance(amount, numbers.Real) or not 0 < amount <= MAX_NEG_AMOUNT:
+            raise ValueError(f"neg_sampling amount must be a number in (0, {MAX_NEG_AMOUNT}], got {amount!r}")
+        if mode == "triplet" and float(amount) != int(amount):
+            raise ValueError(f"neg_sampling amount must be a whole number in triplet mode (negatives per seed "
+                             f"edge), got {amount!r}")
+        object.__setattr__(self, "amount", float(amount))
+        object.__setattr__(self, "strict", bool(self.strict))
+
+    @classmethod
+    def of(cls, neg_sampling=None, neg_sampling_ratio=None) -> NegativeSampling | None:
+        """From PyG's forms: ``"binary"``/``"triplet"``, a dict with ``mode``/``amount`` (and
+        ``strict``), a PyG ``NegativeSampling`` object, or the older ``neg_sampling_ratio`` (binary
+        with that amount).  None (or a ratio of 0) means no negatives."""
+        if neg_sampling is not None and neg_sampling_ratio is not None:
+            raise ValueError("give neg_sampling or neg_sampling_ratio, not both (neg_sampling_ratio=r is "
+                             "neg_sampling=dict(mode='binary', amount=r))")
+        if neg_sampling is None:
+            if neg_sampling_ratio is None or neg_sampling_ratio == 0:
+                return None
+            return cls("binary", neg_sampling_ratio)
+        if isinstance(neg_sampling, cls):
+            return neg_sampling
+        if isinstance(neg_sampling, str):
+            return cls(neg_sampling)
+        if isinstance(neg_sampling, Mapping):
+            unknown = sorted(set(neg_sampling) - {"mode", "amount", "strict"})
+            if unknown or "mode" not in neg_sampling:
+                raise ValueError(f"neg_sampling dict needs 'mode' and may have 'amount' and 'strict', got keys "
+                                 f"{sorted(neg_sampling)}")
+            return cls(**neg_sampling)
+        if hasattr(neg_sampling, "mode") and hasattr(neg_sampling, "amount"):   # PyG's NegativeSampling
+            return cls(neg_sampling.mode, neg_sampling.amount)
+        raise ValueError(f"neg_sampling must be 'binary', 'triplet' or a dict with 'mode' and 'amount', "
+                         f"got {neg_sampling!r}")
+
+    def count(self, batch_size: int) -> int:
+        """Negatives drawn for a batch of ``batch_size`` seed edges."""
+        if self.mode == "triplet":
+            return batch_size * int(self.amount)
+        return math.ceil(self.amount * batch_size)
+
+
+@dataclass(frozen=True, eq=False)
+class LinkInput:
+    """The seed edges of a link loader: ``index`` ([2, E] original node ids, row 0 = sources;
+    PyG's ``edge_label_index``), ``label`` ([E] or None: every seed edge is a positive, label 1.0)
+    and ``neg`` (None: no negatives).
+
+    A seed edge belongs to the part that owns its source node; its position in ``index`` is its
+    ``input_id``.  With binary negatives and labels whose minimum is 0, the labels are shifted by
+    one so that 0 means "negative" (as PyG does).  Labels are stored as float32 when given as
+    floats, otherwise int64.
+    """
+
+    index: torch.Tensor
+    label: torch.Tensor | None = None
+    neg: NegativeSampling | None = None
+    _shift_labels: bool = field(default=False, init=False, repr=False)   # set from the fields above
+
+    def __post_init__(self):
+        object.__setattr__(self, "index", check_edge_label_index(self.index))
+        if self.label is not None:
+            object.__setattr__(self, "label", _edge_labels(self.label, self.index.size(1)))
+        if self.neg is not None and not isinstance(self.neg, NegativeSampling):
+            raise ValueError(f"neg must be a NegativeSampling record, got {type(self.neg).__name__}")
+        binary = self.neg is not None and self.neg.mode == "binary"
+        object.__setattr__(self, "_shift_labels", binary and self.label is not None and bool(self.label.min() == 0))
+
+    @classmethod
+    def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None) -> LinkInput:
+        """From PyG ``LinkNeighborLoader``'s arguments."""
+        if edge_label_index is None:
+            raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
+                             "sources), e.g. data.edge_index for every edge")
+        return cls(edge_label_index, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio))
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.index.size(1))
+
+    def labels(self, positions: torch.Tensor) -> torch.Tensor:
+        """The labels of the seed edges at ``positions`` as batches carry them (see the class doc)."""
+        if self.label is None:
+            return torch.ones(positions.numel(), dtype=torch.float32)
+        out = self.label.index_select(0, positions)
+        return out + 1 if self._shift_labels else out
+
+    @property
+    def split(self) -> None:        # the NodeInput attributes code that handles either record reads
+        return None
+
+    @property
+    def node_type(self) -> None:
+        return None
+
+    def type_or(self, label_type: str) -> str:
+        """The seed edges' endpoints are of the label type (link loaders serve homogeneous graphs so far)."""
+        return label_type
+
+    @property
+    def label_name(self) -> str:
+        return "link"
+
+    def describe(self) -> str:
+        neg = "" if self.neg is None else f", {self.neg.mode} negatives x{self.neg.amount:g}"
+        return f"{self.num_edges} seed edges{neg}"
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, LinkInput):
+            return NotImplemented
+        if self.neg != other.neg or (self.label is None) != (other.label is None):
+            return False
+        same_label = self.label is None or other.label is None or (
+            self.label.dtype == other.label.dtype and torch.equal(self.label, other.label))
+        return torch.equal(self.index, other.index) and same_label
+
+    def __hash__(self) -> int:
+        return hash((self.num_edges, self.neg))
+
+
+def check_edge_label_index(index) -> torch.Tensor:
+    """``index`` as a contiguous int64 [2, E] tensor (E >= 1) of non-negative ids; ValueError naming the fix."""
+    index = torch.as_tensor(index)
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise ValueError(f"edge_label_index must hold integer node ids, got dtype {index.dtype}")
+    if index.dim() != 2 or index.size(0) != 2 or index.size(1) == 0:
+        raise ValueError(f"edge_label_index must have shape [2, E] with E >= 1 (row 0 = sources, row 1 = "
+                         f"destinations), got {list(index.shape)}")
+    index = index.to(torch.int64).contiguous()
+    if int(index.min()) < 0:
+        raise ValueError(f"edge_label_index has id {int(index.min())}: node ids are >= 0 (original ids)")
+    return index
+
+
+def _edge_labels(label, num_edges: int) -> torch.Tensor:
+    label = torch.as_tensor(label).reshape(-1)
+    if label.numel() != num_edges:
+        raise ValueError(f"edge_label has {label.numel()} entries, edge_label_index has {num_edges} edges: "
+                         f"give one label per seed edge")
+    if label.dtype.is_complex:
+        raise ValueError(f"edge_label must be real numbers, got dtype {label.dtype}")
+    if label.dtype.is_floating_point:
+        return label.to(torch.float32).contiguous()
+    return label.to(torch.int64).contiguous()
+
+
+SeedInput = NodeInput | LinkInput
+
+
+def seed_input(value) -> SeedInput:
+    """A :class:`LinkInput` as it is; anything else through :meth:`NodeInput.of`."""
+    return value if isinstance(value, LinkInput) else NodeInput.of(value)
+
+
 @dataclass(frozen=True)
 class LoaderSpec:
     """Everything a loader asks for.  The batches of an epoch are a function of this record,
     the epoch number and the partition (see :mod:`graphfeed.core.epoch`)."""
 
     sampling: SamplingSpec
-    input: NodeInput = field(default_factory=NodeInput)
+    input: SeedInput = field(default_factory=NodeInput)
     batch_size: int = 1
     shuffle: bool = False
     drop_last: bool = False
@@ -286,7 +504,12 @@ class LoaderSpec:
         for name in ("batch_size", "seed", "rank", "world_size"):
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
-            object.__setattr__(self, "kind", self.input.label)
+            object.__setattr__(self, "kind", self.input.label_name if self.is_link else self.input.label)
+
+    @property
+    def is_link(self) -> bool:
+        """True when the seeds are edges (:class:`LinkInput`)."""
+        return isinstance(self.input, LinkInput)
 
     def check_schema(self, node_types: Iterable[str], edge_types: Iterable) -> None:
         """ValueError unless the types this spec names exist in a graph with these node and edge types:
@@ -300,12 +523,14 @@ class LoaderSpec:
     @classmethod
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
-           rank: int | None = None, world_size: int | None = None, kind: str = "") -> LoaderSpec:
-        """From PyG ``NeighborLoader``-style arguments; ``rank``/``world_size`` default to
+           rank: int | None = None, world_size: int | None = None, kind: str = "",
+           weight_attr: str | None = None) -> LoaderSpec:
+        """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
+        a link loader); ``rank``/``world_size`` default to
         ``torch.distributed``'s (:func:`resolve_rank`)."""
         rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction)
-        return cls(sampling, NodeInput.of(input_nodes), batch_size=batch_size, shuffle=shuffle,
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr)
+        return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind)
 
 

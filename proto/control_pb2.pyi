@@ -146,16 +146,18 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     EDGE_TYPE_FANOUTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_ATTR_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
     edge_type_fanouts: _containers.RepeatedCompositeFieldContainer[EdgeTypeFanouts]
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ...) -> None: ...
+    weight_attr: str
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)
@@ -163,12 +165,37 @@ class NodeIds(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class NegativeSampling(_message.Message):
+    __slots__ = ("mode", "amount", "strict")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    amount: float
+    strict: bool
+    def __init__(self, mode: _Optional[str] = ..., amount: _Optional[float] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class LinkSeeds(_message.Message):
+    __slots__ = ("src", "dst", "float_label", "int_label", "neg")
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_LABEL_FIELD_NUMBER: _ClassVar[int]
+    INT_LABEL_FIELD_NUMBER: _ClassVar[int]
+    NEG_FIELD_NUMBER: _ClassVar[int]
+    src: _containers.RepeatedScalarFieldContainer[int]
+    dst: _containers.RepeatedScalarFieldContainer[int]
+    float_label: _containers.RepeatedScalarFieldContainer[float]
+    int_label: _containers.RepeatedScalarFieldContainer[int]
+    neg: NegativeSampling
+    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ...) -> None: ...
+
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +208,7 @@ class OpenSessionRequest(_message.Message):
     spec: SamplingSpec
     split: str
     node_ids: NodeIds
+    link: LinkSeeds
     batch_size: int
     shuffle: bool
     drop_last: bool
@@ -189,7 +217,7 @@ class OpenSessionRequest(_message.Message):
     world_size: int
     kind: str
     node_type: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ...) -> None: ...
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")

@@ -13,7 +13,17 @@ import numpy as np
 import torch
 
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
-from graphfeed.core.spec import EdgeType, Fanouts, LoaderSpec, NodeInput, SamplingSpec, TypedFanouts
+from graphfeed.core.spec import (
+    EdgeType,
+    Fanouts,
+    LinkInput,
+    LoaderSpec,
+    NegativeSampling,
+    NodeInput,
+    SamplingSpec,
+    SeedInput,
+    TypedFanouts,
+)
 from graphfeed.proto import control_pb2 as pb
 
 
@@ -27,7 +37,7 @@ def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
 
 
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction)
+    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction, weight_attr=spec.weight_attr or "")
     if not spec.is_typed:
         msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
         return msg
@@ -45,7 +55,8 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
     else:
         num_neighbors = tuple(msg.num_neighbors)
     try:
-        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in")
+        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in",
+                            weight_attr=msg.weight_attr or None)
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
 
@@ -57,13 +68,40 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
                                 batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
                                 seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind,
                                 node_type=spec.input.node_type or "")
-    if spec.input.split is not None:
+    if isinstance(spec.input, LinkInput):
+        req.link.CopyFrom(link_to_proto(spec.input))
+    elif spec.input.split is not None:
         req.split = spec.input.split
     elif spec.input.ids is not None:
         req.node_ids.ids.extend(spec.input.ids.tolist())
     else:
         raise ValueError("a remote session needs explicit input nodes: a split or ids (every node = all ids)")
     return req
+
+
+def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
+    msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist())
+    if link.label is not None:
+        (msg.float_label if link.label.dtype.is_floating_point else msg.int_label).extend(link.label.tolist())
+    if link.neg is not None:
+        msg.neg.CopyFrom(pb.NegativeSampling(mode=link.neg.mode, amount=link.neg.amount, strict=link.neg.strict))
+    return msg
+
+
+def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
+    """The :class:`LinkInput` of a LinkSeeds message; ValueError naming the field."""
+    if len(msg.src) != len(msg.dst):
+        raise ValueError(f"link: src has {len(msg.src)} ids, dst {len(msg.dst)}: give one of each per seed edge")
+    if msg.float_label and msg.int_label:
+        raise ValueError("link: set float_label or int_label, not both")
+    index = torch.from_numpy(np.asarray([msg.src, msg.dst], dtype=np.int64).reshape(2, -1))
+    label = None
+    if msg.float_label:
+        label = torch.from_numpy(np.asarray(msg.float_label, dtype=np.float32))
+    elif msg.int_label:
+        label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
+    neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict) if msg.HasField("neg") else None
+    return LinkInput(index, label, neg)
 
 
 def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
@@ -80,8 +118,10 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
                          f"{exc}") from None
 
 
-def _node_input(req: pb.OpenSessionRequest) -> NodeInput:
+def _node_input(req: pb.OpenSessionRequest) -> SeedInput:
     which = req.WhichOneof("input")
+    if which == "link":
+        return link_from_proto(req.link)
     node_type = req.node_type or None   # "" = the graph's label type
     if which == "split":
         return NodeInput(split=req.split, node_type=node_type)

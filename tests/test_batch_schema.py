@@ -211,7 +211,7 @@ def test_check_accepts_what_encode_builds(typed_wire):
     (lambda w: w.pop("e_id@paper__cites__paper"), r"edge type \('paper', 'cites', 'paper'\) lacks e_id"),
     (lambda w: w.pop("meta"), "no meta"),
     (lambda w: w.pop("input_id"), "no input_id"),
-    (lambda w: w.update({"edge_attr@paper__cites__paper": torch.zeros(1)}), "unknown key 'edge_attr@"),
+    (lambda w: w.update({"edge_weight@paper__cites__paper": torch.zeros(1)}), "unknown key 'edge_weight@"),
     (lambda w: w.update({"x": torch.zeros(1)}), "unknown key 'x'"),
     (lambda w: w.update({"x@": torch.zeros(1)}), "unknown key 'x@'"),
     (lambda w: w.update({"edge_index@paper_cites": torch.zeros(2, 0)}), "unknown key 'edge_index@paper_cites'"),

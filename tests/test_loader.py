@@ -138,8 +138,11 @@ def test_replace_and_out_direction_arguments(parts):
 def test_bad_arguments_are_clear_errors(parts, tiny):
     with pytest.raises(ValueError, match="not in the graph"):
         LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([0, 10_000_000]))
-    with pytest.raises(ValueError, match="integer node ids"):
-        LocalNeighborLoader(parts, FANOUT, input_nodes=torch.ones(tiny["x"].shape[0], dtype=torch.bool))
+    mask = torch.zeros(tiny["x"].shape[0], dtype=torch.bool)
+    mask[[3, 70, 900]] = True       # a boolean mask is PyG's other form: its True positions are the seeds
+    seeds = [s for b in LocalNeighborLoader(parts, FANOUT, input_nodes=mask, batch_size=8)
+             for s in b.n_id[:b.batch_size].tolist()]
+    assert sorted(seeds) == [3, 70, 900]
     with pytest.raises(ValueError, match="integer node ids"):
         LocalNeighborLoader(parts, FANOUT, input_nodes=torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="1 repeated id"):

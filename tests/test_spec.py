@@ -274,3 +274,11 @@ def test_epoch_plan_covers_every_input_once_across_ranks(counts, world_size, shu
         assert sum(len(plan.owned_by(p)) for p in range(2)) == len(plan)
     assert len(lengths) == 1                          # every rank gets as many batches
     assert sorted(seen) == list(range(sum(counts)))   # every input position exactly once
+
+
+def test_bool_mask_input_nodes_are_the_true_positions():
+    mask = torch.tensor([False, True, True, False, True])
+    assert torch.equal(NodeInput.of(mask).ids, torch.tensor([1, 2, 4]))
+    assert NodeInput.of(("paper", mask)) == NodeInput(ids=torch.tensor([1, 2, 4]), node_type="paper")
+    with pytest.raises(ValueError, match="boolean mask must be 1-D"):
+        NodeInput.of(torch.ones(2, 2, dtype=torch.bool))

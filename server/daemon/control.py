@@ -21,7 +21,7 @@ from typing import Any, Callable
 import grpc
 
 from graphfeed.core.constants import SPLITS, worker_name
-from graphfeed.core.spec import LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import edge_type_to_proto, loader_spec_from_proto
@@ -270,6 +270,9 @@ class ControlServicer(pb_grpc.ControlServicer):
     def _check_input(self, spec: LoaderSpec) -> None:
         """The split exists in this partition; the ids are original node ids of the graph."""
         node_input, meta = spec.input, self.served.meta
+        if isinstance(node_input, LinkInput):
+            self._check_link(node_input)
+            return
         if node_input.split is not None:
             label = _label_type(meta)
             if node_input.node_type is not None and node_input.node_type != label:
@@ -288,6 +291,15 @@ class ControlServicer(pb_grpc.ControlServicer):
             bad = lo if lo < 0 else hi
             what = "node" if meta.is_homogeneous else f"{ntype!r} node"
             raise _invalid(f"node_ids has id {bad}, outside the graph: original {what} ids are 0..{n - 1}")
+
+    def _check_link(self, link: LinkInput) -> None:
+        """Link seeds: a homogeneous graph; edge_label_index's ids are original node ids of the graph."""
+        if not self.served.meta.is_homogeneous:
+            raise _invalid("link loaders serve homogeneous graphs only so far: typed seed edges are not supported "
+                           "yet; use a homogeneous graph")
+        n, hi = self.served.num_nodes, int(link.index.max())
+        if hi >= n:
+            raise _invalid(f"edge_label_index has node id {hi}, outside the graph: original node ids are 0..{n - 1}")
 
     @rpc
     async def OpenSession(self, request, context):

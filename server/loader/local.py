@@ -12,9 +12,9 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
-from graphfeed.core.epoch import EpochPlan, input_positions
+from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LoaderSpec, NodeInput
+from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
@@ -33,6 +33,8 @@ class LocalNeighborLoader:
     :meth:`set_epoch` is called (as with ``DistributedSampler``).  ``rank``/``world_size``
     default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
     :mod:`graphfeed.core.epoch` for ``drop_last``).
+    ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight
+    (homogeneous graphs so far).
 
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  ValueError (one line,
     naming the type and the fix) for a node type or fanout edge type the graph lacks.  One live
@@ -44,13 +46,20 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None):
-        self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
-                                  drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                                  rank=rank, world_size=world_size)
-        self.spec.check_schema(self.graph.node_types, self.graph.edge_types)
-        self.input_type = self.spec.input.type_or(self.graph.label_type)
+                 world_size: int | None = None, weight_attr: str | None = None):
+        graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+        spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
+                             drop_last=drop_last, replace=replace, direction=direction, seed=seed,
+                             rank=rank, world_size=world_size, weight_attr=weight_attr)
+        self._setup(graph, spec)
+
+    def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
+        """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
+        its positions, and start the epoch bookkeeping (shared with the link loader)."""
+        self.graph, self.spec = graph, spec
+        spec.check_schema(graph.node_types, graph.edge_types)
+        check_sampling(graph.parts, spec.sampling)
+        self.input_type = spec.input.type_or(graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
@@ -82,8 +91,7 @@ class LocalNeighborLoader:
         progress = self._progress
         try:
             for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
-                data = batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, plan.epoch,
-                                                        seq, input_type=self.input_type, input_id=input_id))
+                data = batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
                 progress.delivered += 1
                 yield data
         except GeneratorExit:
@@ -93,6 +101,12 @@ class LocalNeighborLoader:
             progress.finish("failed")
             raise
         progress.finish("done")
+
+    def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
+                 input_id: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The wire form of batch ``seq`` (plan entry ``entry``, ``seeds`` at input positions ``input_id``)."""
+        return produce_batch(self.graph, seeds, self.spec.sampling, entry, epoch, seq, input_type=self.input_type,
+                             input_id=input_id)
 
     def state_dict(self) -> dict:
         """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""
@@ -106,11 +120,20 @@ class LocalNeighborLoader:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
 
 
-def part_inputs(parts: Sequence[Partition], node_input: NodeInput) -> list[torch.Tensor]:
-    """Each part's seeds for ``node_input`` (global ids, :meth:`Partition.input_nodes`).
+def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec) -> None:
+    """ValueError unless every part can serve ``sampling``'s options (:meth:`Partition.check_sampling`)."""
+    for part in parts:
+        part.check_sampling(sampling)
+
+
+def part_inputs(parts: Sequence[Partition], node_input: SeedInput) -> list[torch.Tensor]:
+    """Each part's seeds for ``node_input`` (global ids, :meth:`Partition.input_nodes`; for a
+    :class:`LinkInput` the positions of the seed edges each part owns).
 
     Ids that no part holds raise :func:`resolve_original_ids`'s ValueError, which names them.
     """
+    if isinstance(node_input, LinkInput):
+        return [part.input_nodes(node_input) for part in parts]
     ntype = node_input.type_or(parts[0].label_type)
     try:
         inputs = [part.input_nodes(node_input) for part in parts]

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.spec import NodeInput
+from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, SeedInput, weight_column
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
@@ -169,6 +169,48 @@ class EdgeStore:
         return _tensor(self.paths.edge_file(self.part_id, kind, "edge_attr", self.etype))
 
 
+class EdgeWeights:
+    """Checked edge weights of one part's topologies, per ``(kind, weight_attr)`` (made once each)."""
+
+    def __init__(self, store: EdgeStore):
+        self.store = store
+        self._cache: dict[tuple[str, str], torch.Tensor] = {}
+
+    def get(self, kind: str, weight_attr: str) -> torch.Tensor:
+        """float64 weights aligned with ``topology(kind).indices``; ValueError (naming ``weight_attr``
+        and the fix) when the graph has no such column, a weight is negative or NaN, or a node with
+        edges has only zero weights."""
+        key = (kind, weight_attr)
+        if key not in self._cache:
+            self._cache[key] = self._load(kind, weight_attr)
+        return self._cache[key]
+
+    def _load(self, kind: str, weight_attr: str) -> torch.Tensor:
+        attr, column = self.store.edge_attr(kind), weight_column(weight_attr)
+        if attr is None:
+            raise ValueError(f"weight_attr={weight_attr!r}: the graph has no edge features; partition it with "
+                             f"edge_attr.npy holding the weights, or drop weight_attr")
+        cols = 1 if attr.dim() == 1 else int(attr.shape[1]) if attr.dim() == 2 else -1
+        if column is None and cols != 1 or column is not None and not 0 <= column < cols:
+            raise ValueError(f"weight_attr={weight_attr!r}: the edge features have shape {list(attr.shape[1:])}; "
+                             f"name one column as 'edge_attr:K' with K in 0..{max(cols, 1) - 1}")
+        w = (attr if attr.dim() == 1 else attr[:, column or 0]).to(torch.float64)
+        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+            raise ValueError(f"weight_attr={weight_attr!r}: edge weights must be finite and >= 0 (found negative, "
+                             f"NaN or infinite ones); fix the edge_attr column")
+        indptr = self.store.topology(kind).indptr.to(torch.int64)
+        deg = indptr[1:] - indptr[:-1]
+        sums = torch.zeros(deg.numel(), dtype=torch.float64).index_add_(
+            0, torch.repeat_interleave(torch.arange(deg.numel()), deg), w)
+        dead = ((deg > 0) & (sums == 0)).nonzero().view(-1)
+        if dead.numel():
+            side = "in" if kind == "csc" else "out"
+            raise ValueError(f"weight_attr={weight_attr!r}: {dead.numel()} node(s) have {side}-edges whose weights "
+                             f"are all zero (they could never be sampled); give them a positive weight or drop "
+                             f"weight_attr")
+        return w
+
+
 def default_edge_type(meta: PartitionMeta, ntype: str) -> EdgeType:
     """The edge type ``Partition.topology`` reads: the homogeneous one, else the first whose destination is
     ``ntype``, else the first one."""
@@ -197,6 +239,7 @@ class Partition:
             default_edge_type(self.meta, self.ntype)
         node = self.nodes(self.ntype)
         self.book, self.start, self.stop = node.book, node.start, node.stop
+        self.weights = EdgeWeights(self.edges(self.etype))
 
     # ---- the typed API
 
@@ -226,21 +269,47 @@ class Partition:
                              f"{', '.join(map(repr, self._edges))}; use one of them")
         return store
 
-    def input_nodes(self, node_input: NodeInput) -> torch.Tensor:
+    def input_nodes(self, node_input: SeedInput) -> torch.Tensor:
         """Global ids (of ``node_input``'s node type; None = the label type) of the seeds ``node_input``
         names that this part owns, in input order (a split's stored order; ``ids``' given order; every
-        node in id order)."""
+        node in id order).  For a :class:`LinkInput`: the positions (in ``edge_label_index``, ascending)
+        of the seed edges whose source this part owns; ValueError for ids outside the graph."""
+        if isinstance(node_input, LinkInput):
+            return self.input_edges(node_input)
         ntype = getattr(node_input, "node_type", None)
         return self.nodes(ntype if ntype is not None else self.label_type).input_nodes(node_input)
 
-    def input_positions(self, node_input: NodeInput) -> torch.Tensor | None:
+    def input_positions(self, node_input: SeedInput) -> torch.Tensor | None:
         """Positions in ``node_input.ids`` of the seeds :meth:`input_nodes` returns (same order), or None
         for a split or every node (whose positions follow from the parts' counts:
         :func:`graphfeed.core.epoch.input_positions`)."""
+        if isinstance(node_input, LinkInput):   # a link loader's seeds are already positions
+            return self.input_edges(node_input)
         if node_input.ids is None:
             return None
         ntype = node_input.type_or(self.label_type)
         mask, _ = self.nodes(ntype).to_global(node_input.ids)
+        return mask.nonzero().view(-1)
+
+    def check_sampling(self, sampling: SamplingSpec) -> None:
+        """ValueError (naming the argument and the fix) unless this part can serve ``sampling``'s
+        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`)."""
+        if sampling.weight_attr is not None:
+            if not self.meta.is_homogeneous:
+                raise ValueError("weight_attr is not supported yet for typed graphs: sample typed graphs "
+                                 "uniformly (weight_attr=None) or use a homogeneous graph")
+            self.weights.get(sampling.topology, sampling.weight_attr)
+
+    def input_edges(self, link: LinkInput) -> torch.Tensor:
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending)."""
+        if not self.meta.is_homogeneous:
+            raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
+                             "supported yet; use a homogeneous graph")
+        n = self.book.num_nodes
+        if int(link.index.max()) >= n:
+            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
+                             f"node ids are 0..{n - 1}")
+        mask, _ = self.to_global(link.index[0])
         return mask.nonzero().view(-1)
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)

@@ -160,16 +160,17 @@ class PartitionedGraph:
                          input_type: str | None) -> TypedSubgraph:
         """Every hop on the one local part, in one native call when the op library is loaded: the fused
         homogeneous op for the one-type graph, the fused typed op (``dispatch.fused_sample_typed``)
-        otherwise; else the driver over the part's hops (the same sample either way).
+        otherwise; else (or when ``spec.weighted``: the fused ops sample uniformly) the driver over the
+        part's hops (the same sample either way).
         """
         assert self._whole is not None
         part = self._whole.part
         with self.telemetry.stage("local_sample"):
-            if self.is_homogeneous and not spec.is_typed and set(seeds) == {self.label_type}:
+            if self.is_homogeneous and not spec.is_typed and not spec.weighted and set(seeds) == {self.label_type}:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
             topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
-            if dispatch.has_fused_typed_sampler(topos):
+            if not spec.weighted and dispatch.has_fused_typed_sampler(topos):   # the fused ops sample uniformly
                 stores = {t: part.nodes(t) for t in self.node_types}
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
                                                    spec.direction, spec.replace, seed, input_type,
@@ -180,6 +181,62 @@ class PartitionedGraph:
                 return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
 
             return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type)
+
+    # ---- what link loaders ask: edge membership and id resolution -------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return self.book.num_nodes
+
+    def edge_check_topology(self) -> str:
+        """The topology :meth:`has_edges` searches: ``"csr"`` (the source's part answers) when the
+        partition has it, else ``"csc"`` (the destination's part answers)."""
+        topologies = self._like.part.meta.topologies
+        return "csr" if "csr" in topologies else "csc"
+
+    def has_edges(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        """bool [n]: whether each ``(src[i], dst[i])`` (global ids) is an edge of the graph, asked of the
+        part that owns ``src[i]`` (``dst[i]`` without CSR topology) -- a peer worker when not local."""
+        kind = self.edge_check_topology()
+        pairs = torch.stack([src.to(torch.int64), dst.to(torch.int64)], dim=1)
+        split = self.book.split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
+        out = torch.zeros(pairs.size(0), dtype=torch.bool)
+        for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind)):
+            out[pos] = found
+        return out
+
+    @property
+    def has_edge_features(self) -> bool:
+        return bool(self._like.part.meta.edge_features)
+
+    def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None:
+        """Edge features of ``sub``'s sampled edges, aligned with ``sub.eids`` (None when the graph has
+        none), read from the part that sampled each edge: the owner of its destination for
+        ``direction="in"`` (CSC), of its source for ``"out"`` (CSR) -- a peer worker when not local."""
+        if not self.has_edge_features:
+            return None
+        kind = spec.topology
+        center = sub.nodes.index_select(0, sub.col if kind == "csc" else sub.row)
+        pairs = torch.stack([center, sub.eids.to(torch.int64)], dim=1)
+        like = self._like.part.edges(self._like.part.etype).edge_attr(kind)
+        assert like is not None
+        out = torch.empty((pairs.size(0),) + tuple(like.shape[1:]), dtype=like.dtype)
+        if pairs.size(0) == 0:
+            return out
+        with self.telemetry.stage("feature_gather"):
+            for pos, rows in self._pieces(pairs, self.book.split(center),
+                                          lambda source, ids: source.start_edge_attr(ids, kind)):
+                out.index_copy_(0, pos, rows)
+        return out
+
+    def to_global(self, orig_ids: torch.Tensor) -> torch.Tensor:
+        """Global ids of original ids ``orig_ids`` (-1 where no part holds one), asking every part."""
+        orig_ids = torch.as_tensor(orig_ids, dtype=torch.int64).reshape(-1)
+        out = torch.full_like(orig_ids, -1)
+        every = [(p, torch.arange(orig_ids.numel())) for p in range(self.book.num_parts)]
+        for _, (mask, gids) in self._pieces(orig_ids, every, lambda source, ids: source.start_to_global(ids)):
+            out[mask] = gids
+        return out
 
     # ---- the multi-part driver ------------------------------------------------------------------
 

@@ -16,18 +16,23 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan
 from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.sampling.source import Rows
-from graphfeed.server.sampling.types import TypedSubgraph
+from graphfeed.server.sampling.types import SampledSubgraph, TypedSubgraph
 
 
 class SamplingGraph(Protocol):
-    """What a batch producer needs: typed multi-hop sampling and a feature lookup by node type and global id."""
+    """What a batch producer needs: typed multi-hop sampling, a feature lookup by node type and global id,
+    and the edge features of a homogeneous sample (None when the graph has none)."""
 
     node_types: list[str]
+    edge_types: list[EdgeType]
+    is_homogeneous: bool
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
                      input_type: str | None = None) -> TypedSubgraph: ...
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows: ...
+
+    def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
 
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
@@ -41,8 +46,11 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
     """
     sub = graph.sample_typed({input_type: seeds}, spec, plan_entry.seed, input_type)
     nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
+    edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
         edges = {e: _edge_fields(sub, e) for e in sub.row}
+        if edge_attr is not None:   # edge features: the default edge type's (homogeneous graphs)
+            edges[graph.edge_types[0]]["edge_attr"] = edge_attr
         return batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id)

@@ -64,6 +64,14 @@ class PartSource(Protocol):
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
 
+    # link loaders and edge features: the default edge type (a homogeneous graph's one edge type)
+
+    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
+
+    def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
+
+    def start_to_global(self, orig_ids: torch.Tensor) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
+
 
 def center_type(etype: EdgeType, direction: str) -> str:
     """The node type a hop of ``etype`` expands: its destination for in-edges, its source for out-edges."""
@@ -95,15 +103,69 @@ class LocalSource:
         return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
                       store.orig_id.index_select(0, local)))
 
+    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
+        return Ready(self.has_edges(pairs, kind))
+
+    def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
+        return Ready(self.edge_attr(pairs, kind))
+
+    def start_to_global(self, orig_ids: torch.Tensor) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
+        return Ready(self.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64)))
+
     # ---- the work ---------------------------------------------------------------------------------
+
+    def has_edges(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
+        """bool [n]: whether each ``pairs[i] = (src, dst)`` (global ids) is an edge of the graph.
+
+        ``kind="csr"`` looks in the out-edges of ``src`` (this part must own every ``src``),
+        ``"csc"`` in the in-edges of ``dst`` (this part must own every ``dst``).  A binary search
+        per pair: neighbor lists are sorted by global id (the partition format's invariant).
+        ValueError for an unknown kind or ids the part does not own.
+        """
+        if kind not in ("csr", "csc"):
+            raise ValueError(f"kind must be 'csr' or 'csc', got {kind!r}")
+        pairs = torch.as_tensor(pairs, dtype=torch.int64).reshape(-1, 2)
+        own, other = (pairs[:, 0], pairs[:, 1]) if kind == "csr" else (pairs[:, 1], pairs[:, 0])
+        topo = self.part.topology(kind)
+        rows = check_owned(self.part.nodes(self.part.ntype), own) - self.part.start
+        return _contains_sorted(topo.indptr, topo.indices, rows, other)
 
     def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                 hop: int) -> OneHop:
         """One hop of ``etype`` in ``spec``'s direction for nodes ``gids`` (of the hop's center type,
-        owned by this part); ``hop`` is the RNG hop."""
+        owned by this part); ``hop`` is the RNG hop.  Weighted by ``spec.weight_attr`` when set
+        (homogeneous graphs only: ValueError for a typed graph)."""
         topo = self.part.edges(etype).topology(spec.topology)
         start = self.part.nodes(center_type(etype, spec.direction)).start
+        if spec.weight_attr is not None:
+            self.part.check_sampling(spec)   # typed graphs: not supported yet
+            weight = self.part.weights.get(spec.topology, spec.weight_attr)
+            return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.replace, seed, hop)
         return dispatch.one_hop(topo, gids - start, gids, fanout, spec.replace, seed, hop)
+
+    def edge_attr(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
+        """Edge features of ``pairs[i] = (center node, original edge id)``, in order: the edges of the
+        ``kind`` topology of center nodes this part owns (the center is the destination for ``"csc"``,
+        the source for ``"csr"``).  ValueError when the graph has no edge features, a center is not
+        this part's, or an edge id is not among its edges."""
+        attr = self.part.edges(self.part.etype).edge_attr(kind)
+        if attr is None:
+            raise ValueError("the graph has no edge features (partition it with edge_attr.npy)")
+        pairs = torch.as_tensor(pairs, dtype=torch.int64).reshape(-1, 2)
+        check_owned(self.part.nodes(self.part.ntype), pairs[:, 0])
+        sorted_eid, perm = self._eid_lookup(kind)
+        eids = pairs[:, 1].contiguous()
+        pos = torch.searchsorted(sorted_eid, eids).clamp(max=max(sorted_eid.numel() - 1, 0))
+        if sorted_eid.numel() == 0 or not bool((sorted_eid.index_select(0, pos) == eids).all()):
+            raise ValueError(f"part {self.part_id} holds no {kind.upper()} edge with some of the edge ids asked for")
+        return attr.index_select(0, perm.index_select(0, pos))
+
+    def _eid_lookup(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``kind`` topology's edge ids sorted, and their positions (made once per topology)."""
+        cache = self.__dict__.setdefault("_eid_sorted", {})
+        if kind not in cache:
+            cache[kind] = torch.sort(self.part.topology(kind).eid.to(torch.int64))
+        return cache[kind]
 
     def gather(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of nodes ``gids`` of type ``ntype`` as the answer (no second copy
@@ -119,11 +181,12 @@ class LocalSource:
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
     def serve_one_hop(self, etype, gids, fanout: int, replace: bool, direction: str, seed: int,
-                      hop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      hop: int, weight_attr: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` for ``gids`` (checked to be
-        this part's nodes of the hop's center type); ValueError for an unknown edge type."""
+        this part's nodes of the hop's center type; weighted by the edge feature column ``weight_attr``
+        when given); ValueError for an unknown edge type."""
         etype = self.part.edges(tuple(etype)).etype     # ValueError naming the graph's edge types
-        spec = SamplingSpec((fanout,), replace=replace, direction=direction)
+        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr)
         gids = check_owned(self.part.nodes(center_type(etype, direction)), gids)
         res = self.one_hop(etype, gids, spec, fanout, seed, hop)
         return res.counts, res.neighbors, res.eids
@@ -137,3 +200,24 @@ def check_owned(store: NodeStore, gids) -> torch.Tensor:
         raise ValueError(f"part {store.part_id} owns {what} ids {store.start}..{store.stop - 1}, "
                          f"got ids in {int(gids.min())}..{int(gids.max())}")
     return gids
+
+
+def _contains_sorted(indptr: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor,
+                     targets: torch.Tensor) -> torch.Tensor:
+    """bool [n]: whether ``targets[i]`` is in row ``rows[i]`` (``indices[indptr[r]:indptr[r+1]]``, sorted).
+
+    A vectorized lower-bound search: ``log2(max degree) + 1`` steps over all pairs at once.
+    """
+    indptr = indptr.to(torch.int64)
+    lo, end = indptr.index_select(0, rows), indptr.index_select(0, rows + 1)
+    if indices.numel() == 0 or rows.numel() == 0:
+        return torch.zeros(rows.numel(), dtype=torch.bool)
+    hi, last = end.clone(), indices.numel() - 1
+    active = lo < hi
+    while bool(active.any()):
+        mid = (lo + hi) // 2
+        less = indices.index_select(0, mid.clamp(max=last)).to(torch.int64) < targets
+        lo = torch.where(active & less, mid + 1, lo)
+        hi = torch.where(active & ~less, mid, hi)
+        active = lo < hi
+    return (lo < end) & (indices.index_select(0, lo.clamp(max=last)).to(torch.int64) == targets)

@@ -54,11 +54,20 @@ class RemoteSource:
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int) -> PeerCall[OneHop]:
         fut = self._call("one_hop", rpc_api.one_hop, tuple(etype), gids, fanout, spec.replace, spec.direction,
-                         seed, hop)
+                         seed, hop, spec.weight_attr)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
         return PeerCall(self, self._call("gather", rpc_api.gather, ntype, gids), "gather", tuple)
+
+    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> PeerCall[torch.Tensor]:
+        return PeerCall(self, self._call("has_edges", rpc_api.has_edges, pairs, kind), "has_edges", _same)
+
+    def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> PeerCall[torch.Tensor]:
+        return PeerCall(self, self._call("edge_attr", rpc_api.edge_attr, pairs, kind), "edge_attr", _same)
+
+    def start_to_global(self, orig_ids: torch.Tensor) -> PeerCall[tuple[torch.Tensor, torch.Tensor]]:
+        return PeerCall(self, self._call("to_global", rpc_api.to_global, orig_ids), "to_global", tuple)
 
     def _call(self, call: str, func, *args) -> torch.futures.Future:
         """``func(*args)`` on the peer; its latency and outcome are recorded when it completes."""
@@ -93,6 +102,10 @@ class PeerCall(Generic[T]):
             raise PeerError(f"{self.what} on peer worker part{self.source.part_id} failed: {_first_line(exc)}") \
                 from exc
         return self.convert(res)
+
+
+def _same(value):
+    return value
 
 
 def _first_line(exc: BaseException) -> str:

@@ -102,9 +102,10 @@ class SessionWorker:
         if not isinstance(cmd.secret, bytes) or len(cmd.secret) < 16:
             raise BadRequest("the session secret must be at least 16 random bytes")
         try:
+            self.part.check_sampling(cmd.spec.sampling)
             inputs = self.part.input_nodes(cmd.spec.input)
             positions = self.part.input_positions(cmd.spec.input)
-        except ValueError as exc:  # ids out of range, unknown split: the request's fault
+        except ValueError as exc:  # ids out of range, unknown split, bad weights: the request's fault
             raise BadRequest(str(exc)) from None
         s = self.spec
         session = Session(cmd.session_id, cmd.spec, inputs, self.graph, s.part_id, self.part.meta.num_parts,

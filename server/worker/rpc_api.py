@@ -14,6 +14,9 @@ calls, it is not a sandbox.
 * ``one_hop(etype, gids, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
   through one edge type / read features of nodes of one type that this worker's part owns
   (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
+* ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
+  drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
+* ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
 
 The worker process hosts exactly one :class:`SessionWorker`; :func:`bind` registers it
 here once at start-up (torch RPC calls module-level functions, so this module is the one
@@ -77,12 +80,15 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
     return out
 
 
-def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
+def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,
+            weight_attr: str | None = None):
     """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` (``(src, rel, dst)``) for nodes
-    ``gids`` (of the hop's center type) owned by this worker's part; ValueError for an unknown type."""
+    ``gids`` (of the hop's center type) owned by this worker's part, weighted by the edge feature
+    column ``weight_attr`` when given; ValueError for an unknown type."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
-    return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
+    return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop),
+                             None if weight_attr is None else str(weight_attr))
 
 
 def gather(ntype: str, gids: torch.Tensor):
@@ -92,7 +98,25 @@ def gather(ntype: str, gids: torch.Tensor):
     return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
 
 
-ALLOWED = frozenset({pull, one_hop, gather})
+def has_edges(pairs: torch.Tensor, kind: str) -> torch.Tensor:
+    """bool [n]: which ``(src, dst)`` pairs are edges, looked up in this part's ``kind`` topology."""
+    worker = _bound()
+    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind))   # checks ownership
+
+
+def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Edge features of ``(center node, edge id)`` pairs whose center this worker's part owns."""
+    worker = _bound()
+    return worker.graph.sources[worker.part.part_id].edge_attr(pairs, str(kind))   # checks ownership
+
+
+def to_global(orig_ids: torch.Tensor):
+    """``(mask, gids)``: which original ids this worker's part owns, and their global ids."""
+    worker = _bound()
+    return worker.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
+
+
+ALLOWED = frozenset({pull, one_hop, gather, has_edges, edge_attr, to_global})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
@@ -112,7 +136,8 @@ def install_guard() -> None:
                 and getattr(func, "__module__", None) != _TORCH_INTERNAL):
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
             return rpc_internal.RemoteException(
-                f"{name} is not callable on a graphfeed session worker (allowed: pull, one_hop, gather)",
+                f"{name} is not callable on a graphfeed session worker (allowed: "
+                f"{', '.join(sorted(f.__name__ for f in ALLOWED))})",
                 PermissionError)
         return original(python_udf)
 

@@ -16,6 +16,7 @@ import torch
 
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec
+from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import produce_batch
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.commands import BadRequest
@@ -48,7 +49,8 @@ class EpochRun:
 
 
 class Session:
-    """``spec`` is the loader; ``inputs`` the global ids of this part's input nodes, in input order;
+    """``spec`` is the loader; ``inputs`` the global ids of this part's input nodes, in input order
+    (for a link loader: the positions of the seed edges whose source this part owns);
     ``positions`` their positions in the loader's input ids, or None for a split or every node
     (:func:`graphfeed.core.epoch.input_positions`).  The seeds are of the input's node type
     (``spec.input.node_type``, else the graph's label type)."""
@@ -65,6 +67,17 @@ class Session:
         self.run: EpochRun | None = None
         self._lock = threading.Lock()
         self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
+        self._link_seeds: LinkSeeds | None = None
+
+    def _resolve_link_seeds(self) -> None:
+        """A link loader's seed edges in global ids (their destinations may be any part's: asked of every
+        peer, once, when the first epoch starts, since the peers are reachable only by then)."""
+        if not self.spec.is_link or self._link_seeds is not None:
+            return
+        try:
+            self._link_seeds = LinkSeeds(self.spec.input).resolve(self.graph, self.inputs)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
 
     @property
     def local_input_nodes(self) -> int:
@@ -79,6 +92,7 @@ class Session:
         in ``0..len(plan)``.
         """
         counts = self._check_counts(counts)
+        self._resolve_link_seeds()
         try:
             plan = EpochPlan(self.spec, counts, epoch)
         except ValueError as exc:
@@ -128,9 +142,13 @@ class Session:
             try:
                 seeds = EpochPlan.seeds(run.order, entry)
                 with tel.stage("batch"):
-                    batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
-                                          input_type=self.input_type,
-                                          input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage)
+                    if self._link_seeds is not None:
+                        batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
+                                                   run.epoch, seq)
+                    else:
+                        batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
+                                              input_type=self.input_type,
+                                              input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "

@@ -1,0 +1,54 @@
+"""Single-process link loader: PyG ``LinkNeighborLoader`` over a partition folder.
+
+The reference the remote link loader (``Client.link_neighbor_loader``) equals batch for batch:
+the same :class:`LoaderSpec` (its input a :class:`LinkInput`), the same
+:class:`~graphfeed.core.epoch.EpochPlan` over seed-edge positions, and the same producer
+(:func:`graphfeed.server.sampling.link.produce_link_batch`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from graphfeed.core.epoch import BatchSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec
+from graphfeed.server.loader.local import LocalNeighborLoader
+from graphfeed.server.partition.store import open_parts
+from graphfeed.server.sampling.graph import PartitionedGraph
+from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
+
+
+class LocalLinkNeighborLoader(LocalNeighborLoader):
+    """Iterate PyG ``Data`` link batches sampled from a partitioned graph.
+
+    Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
+    ids, row 0 = sources), ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
+    ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
+    ``batch_size`` counts seed edges.  Batches carry ``edge_label_index`` (local ids) and
+    ``edge_label``, or in triplet mode ``src_index``, ``dst_pos_index``, ``dst_neg_index``;
+    ``input_id`` (positions of the seed edges); ``n_id`` starts with the ``batch_size`` endpoint
+    nodes (sorted by global id).  Epochs, ranks and ``drop_last`` follow the epoch contract over
+    seed edges (every seed edge once per epoch across ranks).  Iteration, ``set_epoch``,
+    ``len``, one live iterator, ``state_dict``/``load_state_dict`` and the DDP agreement check
+    are :class:`LocalNeighborLoader`'s (only the batch producer differs).
+    """
+
+    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
+                 edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
+                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
+                 direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 weight_attr: str | None = None):
+        graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                             replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
+                             weight_attr=weight_attr)
+        self._setup(graph, spec)
+        self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
+
+    def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
+                 input_id: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A link batch: ``seeds`` are the positions of its seed edges (also its ``input_id``)."""
+        return produce_link_batch(self.graph, self.seeds, seeds, self.spec.sampling, entry, epoch, seq)

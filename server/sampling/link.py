@@ -1,0 +1,135 @@
+"""Link batches: seed edges, their negatives, and the batch a link loader yields.
+
+A link batch is the node batch's pipeline with a different seed record
+(:class:`graphfeed.core.spec.LinkInput`): the plan slices seed-edge *positions* (each part's
+are the seed edges whose source it owns, :meth:`Partition.input_nodes`), this module turns
+them into endpoint pairs, draws the negatives, samples the neighborhood of every endpoint
+with :meth:`PartitionedGraph.sample` and encodes the batch with the link fields of
+:mod:`graphfeed.core.batch` (``input_id``, ``edge_label_index``/``edge_label``, or
+``src_index``/``dst_pos_index``/``dst_neg_index`` in triplet mode).
+
+Negatives.  The destination of negative ``j`` of a batch (paired with seed edge
+``i = j mod B``, draw ``a = j div B``) is ``draw(seed, position of seed edge i, a * ROUNDS + r)
+mod num_nodes`` with the counter-based RNG of :mod:`graphfeed.server.sampling.rng`, round ``r``
+starting at 0: a pure function of the batch seed and the seed edge, so the local loader and
+the servers draw the same negatives bit for bit.  With ``strict`` every drawn pair is
+checked against the graph (:meth:`PartitionedGraph.has_edges`: the part owning the source,
+a peer worker when that part is elsewhere) and the pairs that are edges are redrawn, up to
+:data:`ROUNDS` draws in all.  A pair still an edge after that -- its source is linked to
+nearly every node, so a non-edge is (almost) impossible to draw -- fails the batch with
+:class:`StrictNegativeError`, naming the seed edge and the fix (``strict=False``, or leave
+such edges out of ``edge_label_index``): no silent non-strict fallback.
+"""
+from __future__ import annotations
+
+import torch
+
+from graphfeed.core import batch as batch_codec
+from graphfeed.core.epoch import BatchSpec
+from graphfeed.core.spec import LinkInput, SamplingSpec
+from graphfeed.server.sampling import rng
+
+ROUNDS = 32               # draws per negative with strict (the first plus 31 redraws)
+NEG_HOP = 1 << 20         # the RNG "hop" of negatives: above any sampling hop, so the streams differ
+
+
+class StrictNegativeError(ValueError):
+    """Strict negative sampling drew only edges of the graph for some seed edge's source."""
+
+
+class LinkSeeds:
+    """A link loader's seed edges in global ids: ``src[i]``, ``dst[i]`` for every position ``i``
+    of the input's ``edge_label_index`` that :meth:`resolve` was asked for (-1 elsewhere)."""
+
+    def __init__(self, link: LinkInput):
+        self.link = link
+        self.src = torch.full((link.num_edges,), -1, dtype=torch.int64)
+        self.dst = torch.full((link.num_edges,), -1, dtype=torch.int64)
+
+    def resolve(self, graph, positions: torch.Tensor) -> LinkSeeds:
+        """Resolve the endpoints of the seed edges at ``positions`` through ``graph.to_global`` (every
+        part is asked: an endpoint may live anywhere).  ValueError naming an id outside the graph."""
+        if positions.numel() == 0:
+            return self
+        ends = self.link.index[:, positions]
+        gids = graph.to_global(ends.reshape(-1)).view(2, -1)
+        missing = gids < 0
+        if bool(missing.any()):
+            bad = int(ends[missing][0])
+            raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original node ids "
+                             f"are 0..{graph.num_nodes - 1}")
+        self.src[positions], self.dst[positions] = gids[0], gids[1]
+        return self
+
+
+def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int, strict: bool,
+                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(neg_src, neg_dst)`` global ids of ``count`` negatives for seed edges ``positions`` (sources
+    ``src``), drawn as the module doc says.  :class:`StrictNegativeError` when ``strict`` and
+    :data:`ROUNDS` draws give an edge of the graph every time."""
+    b = positions.numel()
+    j = torch.arange(count, dtype=torch.int64)
+    which, draw = j % b, j // b
+    neg_src = src.index_select(0, which)
+    keys = rng.node_keys(rng.hop_base(seed, NEG_HOP), positions.index_select(0, which))
+    n = graph.num_nodes
+    neg_dst = rng.draws(keys, draw * ROUNDS) % n
+    if not strict:
+        return neg_src, neg_dst
+    todo = torch.arange(count, dtype=torch.int64)
+    for r in range(1, ROUNDS + 1):
+        todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo])]
+        if todo.numel() == 0:
+            return neg_src, neg_dst
+        if r < ROUNDS:
+            neg_dst[todo] = rng.draws(keys[todo], draw[todo] * ROUNDS + r) % n
+    first = int(positions[which[todo[0]]])
+    raise StrictNegativeError(
+        f"strict negative sampling drew {ROUNDS} destinations for seed edge {first} of edge_label_index and every "
+        f"one is an edge of the graph (its source is linked to nearly every node): pass "
+        f"neg_sampling=dict(mode=..., amount=..., strict=False), or leave such edges out of edge_label_index")
+
+
+def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The link batch fields besides ``input_id`` (the seed edges' ``positions``); ``local`` holds the
+    local ids of ``[src, dst, negatives...]`` endpoints
+    (binary: ``[src, dst, neg_src, neg_dst]``; triplet: ``[src, dst, neg_dst]``)."""
+    b, neg = positions.numel(), link.neg
+    out: dict[str, torch.Tensor] = {}
+    if neg is not None and neg.mode == "triplet":
+        amount = int(neg.amount)
+        dst_neg = local[2 * b:].view(amount, b).t().contiguous()
+        out.update(src_index=local[:b], dst_pos_index=local[b:2 * b],
+                   dst_neg_index=dst_neg.view(-1) if amount == 1 else dst_neg)
+        return out
+    labels = link.labels(positions)
+    if neg is None:
+        out.update(edge_label_index=local.view(2, b), edge_label=labels)
+        return out
+    k = (local.numel() - 2 * b) // 2
+    src = torch.cat([local[:b], local[2 * b:2 * b + k]])
+    index = torch.stack([src, torch.cat([local[b:2 * b], local[2 * b + k:]])])
+    out.update(edge_label_index=index, edge_label=torch.cat([labels, torch.zeros(k, dtype=labels.dtype)]))
+    return out
+
+
+def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
+                       epoch: int, seq: int) -> dict[str, torch.Tensor]:
+    """Batch ``seq`` of ``epoch`` of a link loader: the seed edges at ``positions`` (resolved in
+    ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
+    first ``batch_size`` nodes), encoded.  :class:`StrictNegativeError` as :func:`draw_negatives`."""
+    link, seed = seeds.link, plan_entry.seed
+    src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
+    ends = [src, dst]
+    if link.neg is not None:
+        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(positions.numel()),
+                                          link.neg.strict, seed)
+        ends += [neg_dst] if link.neg.mode == "triplet" else [neg_src, neg_dst]
+    nodes, local = torch.unique(torch.cat(ends), return_inverse=True)
+    sub = graph.sample(nodes, spec, seed)
+    x, y, orig = graph.gather(sub.nodes)
+    return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
+                              num_sampled_nodes=sub.num_sampled_nodes, num_sampled_edges=sub.num_sampled_edges,
+                              batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
+                              input_id=positions, extra=link_fields(link, positions, local),
+                              edge_attr=graph.edge_attr(sub, spec))
