@@ -314,3 +314,46 @@ def test_version_flag():
     from importlib import metadata
 
     assert run.returncode == 0 and run.stdout.strip() == f"graphfeed {metadata.version('graphfeed')}", run
+
+
+# ---- the trainer's close() ------------------------------------------------------------------------------
+
+def test_leave_group_drops_only_the_closing_pipe_warnings(monkeypatch, capfd):
+    import os
+
+    import torch.distributed.rpc as rpc
+
+    from graphfeed.transport import rpc_group
+
+    def fake_shutdown(graceful):
+        assert graceful is False
+        os.write(2, b"[W tensorpipe_agent.cpp:723] RPC agent for trainer encountered error when reading incoming "
+                    b"request from part0: pipe closed (this error originated at pipe_impl.cc:356)\n")
+        os.write(2, b"something else went wrong\n")
+
+    monkeypatch.setattr(rpc, "shutdown", fake_shutdown)
+    rpc_group.leave_group()
+    err = capfd.readouterr().err
+    assert err == "something else went wrong\n"
+
+
+TRAINER_CLOSE = """
+import sys, graphfeed.client as gf
+with gf.connect(sys.argv[1].split(","), timeout=120) as client:
+    n = sum(b.batch_size for b in client.neighbor_loader("train", [3, 2], batch_size=32))
+print(n, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_normal_close_prints_no_tensorpipe_warning(tmp_path):
+    from graphfeed.testing.cluster import running_cluster
+
+    parts = synthetic_parts(tmp_path / "parts", nodes=400, avg_degree=4, features=4, classes=3, parts=2,
+                            name="close-400")
+    with running_cluster(parts, log_dir=tmp_path / "logs") as servers:
+        run = subprocess.run([sys.executable, "-c", TRAINER_CLOSE, ",".join(s.address for s in servers)],
+                             capture_output=True, text=True, timeout=WAIT_S, env=hermetic_env())
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) == loader_size(parts)
+    assert run.stderr == "", run.stderr
