@@ -35,6 +35,7 @@ def _run(argv, timeout, **kw) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(INSTALL_TIMEOUT_S + BUILD_TIMEOUT_S + 900)
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "c++") is None, reason="no C++ compiler")
 def test_plain_pip_install_builds_the_native_ops_on_first_use(tmp_path):
     src = tmp_path / "src"
