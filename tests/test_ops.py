@@ -225,7 +225,8 @@ def test_daemon_notifies_ready_watchdog_and_stopping(parts_dir, tmp_path):
 
 def test_forced_fallback_is_logged_once_shown_in_status_and_metrics_and_logs_stay_json(parts_dir, tmp_path):
     """GRAPHFEED_SAMPLER=reference: one sampler_fallback warning, native="false", status says reference;
-    every stderr line of the daemon and its worker (which serves a real epoch) is JSON."""
+    every stderr line of the daemon and its worker (which serves a real epoch) is JSON; the worker's
+    data path listens on the configured data_address only."""
     import urllib.request
 
     import grpc
@@ -236,12 +237,19 @@ def test_forced_fallback_is_logged_once_shown_in_status_and_metrics_and_logs_sta
     from graphfeed.server.daemon.app import READY_PREFIX
     from graphfeed.testing.cluster import start_server
 
-    server = start_server(parts_dir, 0, log_dir=tmp_path, args=("--log-format", "json", "--metrics-port", "0"),
+    import psutil
+
+    server = start_server(parts_dir, 0, log_dir=tmp_path, args=("--log-format", "json", "--metrics-port", "0",
+                                                                "--data-address", "127.0.0.1"),
                           env={"GRAPHFEED_SAMPLER": "reference"}, start_timeout=WAIT_S)
     try:
         with gf.connect([server.address], timeout=WAIT_S) as client:
             loader = client.neighbor_loader("train", [3, 2], batch_size=64, shuffle=True, seed=1, prefetch=2)
             assert sum(b.batch_size for b in loader) == loader_size(parts_dir)
+            # the data path (the worker's TensorPipe listeners) binds the configured data_address only
+            worker = psutil.Process(client.servers[0].extra["worker_pid"])
+            listening = {c.laddr.ip for c in worker.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+            assert listening == {"127.0.0.1"}, listening
         row = probe(server.address, grpc.insecure_channel, 30.0)
         assert row.sampler == "reference" and row.health == "SERVING", row
         with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30) as reply:
