@@ -230,14 +230,13 @@ def test_forced_fallback_is_logged_once_shown_in_status_and_metrics_and_logs_sta
     import urllib.request
 
     import grpc
+    import psutil
     from prometheus_client.parser import text_string_to_metric_families
 
     import graphfeed.client as gf
     from graphfeed.cli.status import probe
     from graphfeed.server.daemon.app import READY_PREFIX
     from graphfeed.testing.cluster import start_server
-
-    import psutil
 
     server = start_server(parts_dir, 0, log_dir=tmp_path, args=("--log-format", "json", "--metrics-port", "0",
                                                                 "--data-address", "127.0.0.1"),
