@@ -1,5 +1,7 @@
 """A plain ``pip install .`` (build isolation on, as users run it) gets the native sampling ops.
 
+The end-to-end test is opt-in (``GRAPHFEED_TEST_INSTALL=1``): it compiles the whole op library.
+
 The isolated build environment has no torch, so the wheel carries no op library; graphfeed
 builds it on first use against the installed torch, into the per-user cache.  The fresh
 venv takes its dependencies (torch, PyG, grpc, ...) from this test's environment through a
@@ -36,6 +38,8 @@ def _run(argv, timeout, **kw) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + BUILD_TIMEOUT_S + 900)
+@pytest.mark.skipif(os.environ.get("GRAPHFEED_TEST_INSTALL") != "1",
+                    reason="opt-in (GRAPHFEED_TEST_INSTALL=1): a fresh venv and a full compile of the native ops")
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "c++") is None, reason="no C++ compiler")
 def test_plain_pip_install_builds_the_native_ops_on_first_use(tmp_path):
     src = tmp_path / "src"
