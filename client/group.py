@@ -168,11 +168,8 @@ class DataGroup:
         if self._channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
             self._channel.close()
         if self.joined:
-            import torch.distributed.rpc as rpc
-
-            # Not graceful: a graceful shutdown is a barrier over the group and would hang on a dead worker.
-            rpc.shutdown(graceful=False)
-            self.joined = False
+            rpc_group.leave_group()   # not graceful (a dead worker would hang it), without TensorPipe's
+            self.joined = False       # warnings about the pipes it closes
 
         def close_one(s: ServerConn):
             try:

@@ -256,7 +256,7 @@ class SessionStats(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., kind: _Optional[str] = ..., epoch: _Optional[int] = ..., batches_produced: _Optional[int] = ..., batches_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds", "batches_served_total", "bytes_served_total", "buffered_batches", "buffered_bytes", "sessions_closed_total", "metrics_port")
+    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds", "batches_served_total", "bytes_served_total", "buffered_batches", "buffered_bytes", "sessions_closed_total", "metrics_port", "sampler")
     STATE_FIELD_NUMBER: _ClassVar[int]
     PART_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,7 @@ class ServerStats(_message.Message):
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_CLOSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
     state: str
     part_id: int
     groups_open: int
@@ -285,4 +286,5 @@ class ServerStats(_message.Message):
     buffered_bytes: int
     sessions_closed_total: int
     metrics_port: int
-    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    sampler: str
+    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ..., sampler: _Optional[str] = ...) -> None: ...
