@@ -78,11 +78,16 @@ class DataGroup:
             _ACTIVE.append(self)
         try:
             self._open_all()
+            # Heartbeats start as soon as the servers hold the group: a join that is slow on a loaded
+            # host (seconds) must not let a short lease expire before the first renewal.
+            self._start_heartbeats()
             self._join()
             self._channel = self._open_channel()
         except BaseException:
             self.close()
             raise
+
+    def _start_heartbeats(self) -> None:
         for s in self.servers:
             t = threading.Thread(target=self._heartbeat, args=(s,), name=f"graphfeed-heartbeat-{s.part}",
                                  daemon=True)
