@@ -156,9 +156,9 @@ def run_epoch(loader, server_pids: Sequence[int] = ()) -> tuple[EpochStats, floa
     """
     t0, own0, srv0 = time.perf_counter(), time.process_time(), tree_cpu_s(server_pids)
     seeds = batches = edges = 0
-    for batch in loader:
-        seeds += int(batch.batch_size)
-        edges += int(batch.edge_index.size(1))
+    for batch in loader:   # Data, or HeteroData (batch_size on the input type; edges of every edge type)
+        seeds += sum(int(store.batch_size) for store in batch.node_stores if "batch_size" in store)
+        edges += int(batch.num_edges)
         batches += 1
     wall, own = time.perf_counter() - t0, time.process_time() - own0
     return EpochStats(wall, seeds, batches, edges, own + tree_cpu_s(server_pids) - srv0), own

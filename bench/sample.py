@@ -2,11 +2,13 @@
 
 Definitions (keep them stable: later issues report against them):
 
-* one **epoch** is one pass over the input nodes (``train`` by default), shuffled, cut into
+* one **epoch** is one pass over the input nodes (``train`` by default; on a typed graph those
+  of the label type, and seeds are of that type), shuffled, cut into
   batches by :func:`graphfeed.core.epoch.plan_epoch` exactly as the loaders do (one rank);
 * ``seeds_per_s`` = input nodes of the epoch / wall time of the epoch;
 * ``batches_per_s`` = batches of the epoch / wall time;
-* ``sampled_edges_per_s`` = sum over the epoch's batches of ``edge_index.size(1)`` / wall time;
+* ``sampled_edges_per_s`` = sum over the epoch's batches of ``edge_index.size(1)`` (over every
+  edge type) / wall time;
 * the reported value of each rate is the median over the measured epochs, after one
   unmeasured warm-up epoch (page cache, allocator, lazy imports), with the min and max;
 * with ``features`` every batch goes through the full :func:`produce_batch` path (sample,
@@ -30,7 +32,7 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, SPLITS
-from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.epoch import EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 from graphfeed.server.loader.local import part_inputs
 from graphfeed.server.partition.store import open_parts
@@ -113,14 +115,18 @@ def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBe
               clock: Callable[[], float] = time.perf_counter) -> EpochStats:
     """One pass of ``cfg.loader`` over ``inputs`` (each part's input nodes), batches as the loaders plan them."""
     t0, cpu0 = clock(), time.process_time()
-    plan = EpochPlan(cfg.loader, [t.numel() for t in inputs], epoch)
-    sampling = cfg.loader.sampling
+    counts = [t.numel() for t in inputs]
+    plan = EpochPlan(cfg.loader, counts, epoch)
+    sampling, ntype = cfg.loader.sampling, cfg.loader.input.type_or(graph.label_type)
+    positions = [input_positions(counts, p) for p in range(len(inputs))]
     seeds = edges = 0
-    for seq, entry, batch_seeds in planned_batches(plan, inputs):
+    for seq, entry, batch_seeds, input_id in planned_batches(plan, inputs, positions):
         if cfg.features:
-            edges += batch_codec.num_edges(produce_batch(graph, batch_seeds, sampling, entry, epoch, seq))
+            edges += batch_codec.num_edges(produce_batch(graph, batch_seeds, sampling, entry, epoch, seq,
+                                                         input_type=ntype, input_id=input_id))
         else:
-            edges += graph.sample(batch_seeds, sampling, entry.seed).row.numel()
+            sub = graph.sample_typed({ntype: batch_seeds}, sampling, entry.seed, ntype)
+            edges += sum(row.numel() for row in sub.row.values())
         seeds += batch_seeds.numel()
     return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
 
@@ -161,7 +167,8 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
         "implementation": dispatch.IMPLEMENTATION,
         "threads": torch.get_num_threads(),
         "graph": os.fspath(cfg.graph),
-        "num_parts": graph.book.num_parts,
+        "num_parts": graph.num_parts,
+        "input_type": cfg.loader.input.type_or(graph.label_type),
         "features": cfg.features,
         **workload_fields(cfg),
     })

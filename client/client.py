@@ -12,6 +12,7 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
 from graphfeed.core.spec import LoaderSpec
+from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
 DEFAULT_RECONNECT_TIMEOUT = 180.0   # seconds a running epoch waits for a restarted server
@@ -75,7 +76,10 @@ class Client:
         self._recover_lock = threading.Lock()
         info = self.servers[0].cluster_info
         self.num_parts = int(info.num_parts)
-        self.num_nodes = int(info.node_ranges[-1])
+        self.num_nodes = int(info.node_ranges[-1])   # of the label type (the graph's, when homogeneous)
+        self.node_types, self.edge_types, self.label_type = graph_schema(info)
+        # servers that predate num_nodes_by_type hold a homogeneous graph
+        self.num_nodes_by_type = dict(info.num_nodes_by_type) or {self.label_type: self.num_nodes}
         self.num_classes = int(info.num_classes)
         self.features = {f.name: (tuple(f.shape), f.dtype) for f in info.features}
         self.split_sizes = dict(info.split_sizes)
@@ -90,7 +94,9 @@ class Client:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
-        original node ids or ``None`` (every node); ``rank``/``world_size`` default to
+        original node ids or ``None`` (every node), or on a typed graph a tuple
+        ``(node_type, split | ids | None)``; ``num_neighbors`` one list of per-hop fanouts or a dict
+        ``{(src, rel, dst): [...]}``; ``rank``/``world_size`` default to
         ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
         name, else ``"nodes"``).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
         """
@@ -101,6 +107,14 @@ class Client:
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, kind=kind or "")
         return self.open_loader(spec, prefetch=prefetch)
+
+    def num_nodes_of(self, ntype: str | None) -> int:
+        """Nodes of type ``ntype`` (None: the label type); ValueError naming the graph's types for an unknown one."""
+        ntype = self.label_type if ntype is None else ntype
+        if ntype not in self.num_nodes_by_type:
+            raise ValueError(f"input_nodes names node type {ntype!r}, which the graph does not have; its node types "
+                             f"are {', '.join(map(repr, self.node_types))}")
+        return int(self.num_nodes_by_type[ntype])
 
     def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls

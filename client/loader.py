@@ -47,16 +47,15 @@ class RemoteNeighborLoader:
 
     Made by :meth:`graphfeed.client.Client.neighbor_loader` (arguments as PyG's
     ``NeighborLoader``) or :meth:`graphfeed.client.Client.open_loader` (a :class:`LoaderSpec`),
-    kept as ``self.spec``.  Input "every node" (``input_nodes=None``) travels as the ids
-    ``0..num_nodes-1``, so batches then equal the local loader's with
-    ``input_nodes=torch.arange(num_nodes)``.  ``prefetch``: pulls in flight per server.
+    kept as ``self.spec``.  Input "every node" (``input_nodes=None`` or ``(node_type, None)``)
+    travels as the ids ``0..num_nodes-1`` of that type, so batches then equal the local
+    loader's with ``input_nodes=torch.arange(num_nodes)``.  A typed graph gives ``HeteroData``.
+    ``prefetch``: pulls in flight per server.
     Each ``iter()`` is one epoch (0, 1, ...; :meth:`set_epoch` overrides); one iterator at a
     time (a second live one is a RuntimeError at ``iter()``).  :meth:`state_dict` /
     :meth:`load_state_dict` checkpoint the position.  Under DDP, creating a loader and
     starting an epoch are collective: every rank must pass the same arguments (only
     ``rank`` differs), else every rank raises ValueError.  Raises
-    :class:`ServerError` naming the server when a server fails or dies mid-epoch (within
-    ``rpc_timeout``, usually at once).
     """
 
     def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4):
@@ -66,7 +65,7 @@ class RemoteNeighborLoader:
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
         self.client = client
-        self.spec = every_node_as_ids(spec, client.num_nodes)
+        self.spec = every_node_as_ids(spec, client.num_nodes_of(spec.input.node_type))
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
@@ -292,7 +291,7 @@ def every_node_as_ids(spec: LoaderSpec, num_nodes: int) -> LoaderSpec:
     travels to the servers (see :func:`graphfeed.proto.convert.open_session_request`)."""
     if spec.input.split is not None or spec.input.ids is not None:
         return spec
-    return dataclasses.replace(spec, input=NodeInput(ids=torch.arange(num_nodes)))
+    return dataclasses.replace(spec, input=NodeInput(ids=torch.arange(num_nodes), node_type=spec.input.node_type))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -6,6 +6,7 @@ graph is the one-type case (node type ``"_N"``, edge type ``("_N", "to", "_N")``
 
     {field}@{node type}              a node field of :data:`BATCH_FIELDS`, e.g. ``x@paper``
     {field}@{src}__{rel}__{dst}      an edge field, e.g. ``edge_index@author__writes__paper``
+    input_id                         a batch field (no type): positions of the seeds in the loader's input
     meta                             [batch_size, epoch, seq, batch index, input type position]
 
 Every node type and every edge type of the graph carries its required fields, as empty
@@ -57,10 +58,15 @@ BATCH_FIELDS: dict[str, Field] = {
     "num_sampled_nodes": Field(NODE, True, torch.int64, "new nodes of the type per hop, [hops + 1]; the input "
                                                         "type's first entry = batch_size", as_list=True),
     "num_sampled_edges": Field(EDGE, True, torch.int64, "sampled edges of the type per hop, [hops]", as_list=True),
+    "input_id": Field(BATCH, True, torch.int64, "position of each seed in the loader's input, [batch_size] (as "
+                                                "PyG: input_nodes[input_id] are the seeds when input_nodes are ids)"),
     META: Field(BATCH, True, torch.int64, "[batch_size, epoch, seq, batch index in the epoch, position of the "
                                           "input node type among the batch's sorted node types]"),
 }
 META_LENGTH = 5
+
+
+_BATCH_KEYS = frozenset(name for name, f in BATCH_FIELDS.items() if f.scope == BATCH)   # keys without a type
 
 
 def fields_of(scope: str) -> dict[str, Field]:
@@ -102,15 +108,16 @@ def edge_key(name: str, etype: Iterable[str]) -> str:
 
 def encode_typed(*, nodes: Mapping[str, Mapping[str, torch.Tensor | None]],
                  edges: Mapping[EdgeType, Mapping[str, torch.Tensor | None]], input_type: str,
-                 batch_size: int, epoch: int, seq: int, index: int) -> dict[str, torch.Tensor]:
+                 batch_size: int, epoch: int, seq: int, index: int, input_id) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a typed graph.
 
     ``nodes[t]`` holds node type ``t``'s fields by name (``n_id``, ``num_sampled_nodes``; ``x``,
     ``y`` or None), ``edges[(src, rel, dst)]`` an edge type's (``edge_index``, ``e_id``,
     ``num_sampled_edges``).  Pass every node and edge type of the graph (empty tensors for those
     not sampled).  Tensors are stored as given (no copy); the per-hop counts become int64
-    tensors.  ValueError for a missing or unknown field, an edge type whose endpoint is not in
-    ``nodes``, or an ``input_type`` that is not.
+    tensors.  ``input_id`` holds the seeds' positions in the loader's input (``batch_size`` of
+    them).  ValueError for a missing or unknown field, an edge type whose endpoint is not in
+    ``nodes``, an ``input_type`` that is not, or an ``input_id`` of the wrong length.
     """
     node_types = sorted(nodes)
     if input_type not in nodes:
@@ -124,6 +131,11 @@ def encode_typed(*, nodes: Mapping[str, Mapping[str, torch.Tensor | None]],
             raise ValueError(f"edge type {etype} joins node type(s) {missing} that the batch lacks: pass every "
                              f"node type of the graph in nodes")
         wire.update(_encode_scope(EDGE, edges[etype], edge_type_name(etype), f"edge type {etype}"))
+    input_id = torch.as_tensor(input_id, dtype=torch.int64).reshape(-1)
+    if input_id.numel() != batch_size:
+        raise ValueError(f"input_id has {input_id.numel()} entries for a batch of {batch_size} seeds: give one "
+                         f"input position per seed")
+    wire["input_id"] = input_id
     wire[META] = torch.tensor([batch_size, epoch, seq, index, node_types.index(input_type)], dtype=torch.int64)
     return wire
 
@@ -148,13 +160,13 @@ def _encode_scope(scope: str, values: Mapping[str, torch.Tensor | None], suffix:
 
 def encode(*, x: torch.Tensor | None, y: torch.Tensor | None, edge_index: torch.Tensor, n_id: torch.Tensor,
            e_id: torch.Tensor, num_sampled_nodes, num_sampled_edges, batch_size: int, epoch: int,
-           seq: int, index: int) -> dict[str, torch.Tensor]:
+           seq: int, index: int, input_id) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a homogeneous graph: :func:`encode_typed` with node type
     ``"_N"`` and edge type ``("_N", "to", "_N")``."""
     nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes}}
     edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges}}
     return encode_typed(nodes=nodes, edges=edges, input_type=DEFAULT_NODE_TYPE, batch_size=batch_size,
-                        epoch=epoch, seq=seq, index=index)
+                        epoch=epoch, seq=seq, index=index, input_id=input_id)
 
 
 # ---- reading --------------------------------------------------------------------------------------
@@ -182,7 +194,7 @@ def _scoped_fields(batch: Mapping[str, torch.Tensor]) -> tuple[dict[str, set], d
     nodes: dict[str, set] = {}
     edges: dict[EdgeType, set] = {}
     for key in batch:
-        if key == META:
+        if key in _BATCH_KEYS:
             continue
         name, sep, where = key.partition(TYPE_SEP)
         f = BATCH_FIELDS.get(name)
@@ -208,8 +220,9 @@ def layout(batch: Mapping[str, torch.Tensor]) -> BatchLayout:
     """The :class:`BatchLayout` of a wire batch; :class:`BatchSchemaError` (a version mismatch between
     the peers) for an unknown key, a type missing a required field, or a missing or malformed meta."""
     nodes, edges = _scoped_fields(batch)
-    if META not in batch:
-        raise _mismatch("no meta")
+    missing = sorted(_BATCH_KEYS - set(batch))
+    if missing:
+        raise _mismatch(f"no {', '.join(missing)}")
     if not nodes:
         raise _mismatch("no node type")
     _require(nodes, NODE, "node type")
@@ -249,11 +262,12 @@ def num_edges(batch: Mapping[str, torch.Tensor]) -> int:
 def to_pyg(batch: Mapping[str, torch.Tensor]):
     """The PyG form of a batch, with ``NeighborLoader``'s attributes.
 
-    The one-type graph gives a ``Data``: ``x, y, edge_index, n_id, e_id, batch_size,
+    The one-type graph gives a ``Data``: ``x, y, edge_index, n_id, e_id, batch_size, input_id,
     num_sampled_nodes, num_sampled_edges`` (lists), ``epoch, seq, batch_index``.  Any other
     gives a ``HeteroData``: per node type ``x``, ``y`` (where present), ``n_id``,
     ``num_sampled_nodes`` (list) and ``num_nodes`` for types without features; per edge type
-    ``edge_index``, ``e_id``, ``num_sampled_edges`` (list); ``batch_size`` on the input type;
+    ``edge_index``, ``e_id``, ``num_sampled_edges`` (list); ``batch_size`` and ``input_id`` on
+    the input type;
     ``epoch, seq, batch_index`` on the graph.  BatchSchemaError as :func:`check`.
     """
     lay = layout(batch)
@@ -262,6 +276,11 @@ def to_pyg(batch: Mapping[str, torch.Tensor]):
     if lay.is_homogeneous:
         return _data(batch, size, position)
     return _hetero_data(batch, lay, size, position)
+
+
+def _input_fields(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch fields PyG puts beside ``batch_size`` (the input type's store, or the ``Data``)."""
+    return {name: batch[name] for name in _BATCH_KEYS if name != META}
 
 
 def _store_values(batch: Mapping[str, torch.Tensor], scope: str, suffix: str) -> tuple[dict, dict]:
@@ -285,7 +304,7 @@ def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     etensors, ecounts = _store_values(batch, EDGE, edge_type_name(DEFAULT_EDGE_TYPE))
     present = {**ntensors, **etensors}
     tensors = {name: present[name] for name in BATCH_FIELDS if name in present}   # today's attribute order
-    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **position)
+    return Data(**tensors, batch_size=size, **_input_fields(batch), **ncounts, **ecounts, **position)
 
 
 def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
@@ -305,6 +324,8 @@ def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int,
         for name, value in {**tensors, **counts}.items():
             setattr(store, name, value)
     data[lay.input_type].batch_size = size
+    for name, value in _input_fields(batch).items():
+        setattr(data[lay.input_type], name, value)
     for name, value in position.items():
         setattr(data, name, value)
     return data

@@ -95,6 +95,21 @@ def rank_batches(plan: Sequence[BatchSpec], rank: int, world_size: int) -> list[
     return list(plan[rank::world_size])
 
 
+def input_positions(counts: Sequence[int], part: int, given: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions in the loader's input of part ``part``'s input nodes, in the part's input order.
+
+    ``given``: the positions the part resolved (input given as ids: each id's position in
+    that tensor, as PyG's ``input_id``).  Otherwise (a split, or every node) the input is the
+    parts' lists one after another in part order, so part ``p``'s nodes are at
+    ``sum(counts[:p]) + 0, 1, ...``.  ValueError when ``given`` disagrees with ``counts[part]``.
+    """
+    if given is not None:
+        if given.numel() != counts[part]:
+            raise ValueError(f"part {part} has {counts[part]} input nodes but {given.numel()} input positions")
+        return given
+    return torch.arange(counts[part], dtype=torch.int64) + int(sum(counts[:part]))
+
+
 def partition_order(gids: torch.Tensor, *, seed: int, epoch: int, part: int, shuffle: bool) -> torch.Tensor:
     """Partition ``part``'s input nodes in the epoch's order (the list batches slice)."""
     if not shuffle:

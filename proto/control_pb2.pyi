@@ -31,7 +31,7 @@ class EdgeType(_message.Message):
     def __init__(self, src: _Optional[str] = ..., rel: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address", "node_types", "edge_types", "label_type")
+    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address", "node_types", "edge_types", "label_type", "num_nodes_by_type")
     class SplitSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,13 @@ class ClusterInfo(_message.Message):
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     class LocalSplitSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class NumNodesByTypeEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +70,7 @@ class ClusterInfo(_message.Message):
     NODE_TYPES_FIELD_NUMBER: _ClassVar[int]
     EDGE_TYPES_FIELD_NUMBER: _ClassVar[int]
     LABEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_NODES_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     format_version: int
     graph_name: str
@@ -80,7 +88,8 @@ class ClusterInfo(_message.Message):
     node_types: _containers.RepeatedScalarFieldContainer[str]
     edge_types: _containers.RepeatedCompositeFieldContainer[EdgeType]
     label_type: str
-    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ...) -> None: ...
+    num_nodes_by_type: _containers.ScalarMap[str, int]
+    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ..., num_nodes_by_type: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class OpenGroupRequest(_message.Message):
     __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds")

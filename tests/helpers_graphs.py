@@ -84,3 +84,89 @@ def hetero_data(arrays: dict):
         for name, value in named.items():
             data[etype][name] = torch.from_numpy(value)
     return data
+
+
+def mag_tiny_parts(out: Path, *, parts: int = 2, method: str = "metis"):
+    """The ``mag-tiny`` preset (papers, authors, fields; 5 edge types) partitioned into ``out`` with CSC and
+    CSR topology; returns its :class:`GraphInput` (the original arrays the tests check against)."""
+    graph = synth.generate_mag_preset("mag-tiny", seed=0)
+    builder.partition_graph(graph, parts, out, method=method, topologies=("csc", "csr"), seed=0)
+    return graph
+
+
+def check_typed_batch(batch, graph, fanouts: dict, *, direction: str = "in", replace: bool = False) -> None:
+    """Sampler invariants of one ``HeteroData`` batch against ``graph`` (a typed :class:`GraphInput`).
+
+    Every sampled edge is edge ``e_id`` of its relation in original ids; per edge type and hop,
+    every frontier node of the hop's center type got exactly ``min(degree, fanout)`` edges
+    (``fanout`` -1: all; with replacement ``fanout`` when it has any edge; 0: none); node ids are
+    distinct per type; without replacement no edge repeats; features and labels are the
+    original rows of ``n_id``; types without features carry no ``x``.
+    """
+    import numpy as np
+    import torch
+
+    for ntype in batch.node_types:
+        n_id = batch[ntype].n_id
+        assert n_id.unique().numel() == n_id.numel(), f"{ntype}: repeated nodes"
+        node = graph.nodes[ntype]
+        for name in ("x", "y"):
+            want = getattr(node, name)
+            if want is None:
+                assert name not in batch[ntype], f"{ntype} has no {name} in the graph but the batch has one"
+            else:
+                assert torch.equal(batch[ntype][name], torch.from_numpy(np.asarray(want)[n_id.numpy()])), \
+                    f"{ntype}.{name} rows differ from the graph's"
+    for etype in batch.edge_types:
+        _check_edge_type(batch, graph, etype, fanouts[etype], direction, replace)
+
+
+def _check_edge_type(batch, graph, etype, fanouts, direction: str, replace: bool) -> None:
+    import numpy as np
+    import torch
+
+    src, _, dst = etype
+    ei, e_id = batch[etype].edge_index, batch[etype].e_id
+    orig = torch.from_numpy(np.asarray(graph.edges[etype].edge_index, dtype=np.int64))
+    assert torch.equal(batch[src].n_id[ei[0]], orig[0, e_id]) and torch.equal(batch[dst].n_id[ei[1]], orig[1, e_id]), \
+        f"{etype}: a sampled edge is not edge e_id of the relation"
+    if not replace:
+        assert e_id.unique().numel() == e_id.numel(), f"{etype}: an edge was sampled twice without replacement"
+    center_type, side = (dst, 1) if direction == "in" else (src, 0)
+    degree = torch.bincount(orig[side], minlength=graph.nodes[center_type].num_nodes)
+    per_hop = batch[etype].num_sampled_edges
+    nsn = batch[center_type].num_sampled_nodes
+    assert len(per_hop) == len(fanouts) and sum(per_hop) == e_id.numel()
+    start = 0
+    for hop, (k, count) in enumerate(zip(fanouts, per_hop)):
+        centers = ei[side, start:start + count]
+        start += count
+        lo, hi = sum(nsn[:hop]), sum(nsn[:hop + 1])          # the center type's frontier at this hop
+        assert bool(((centers >= lo) & (centers < hi)).all()), f"{etype} hop {hop}: edge of a non-frontier node"
+        got = torch.bincount(centers - lo, minlength=hi - lo)
+        deg = degree[batch[center_type].n_id[lo:hi]]
+        if k == 0:
+            want = torch.zeros_like(deg)
+        elif k == -1:
+            want = deg
+        else:
+            want = torch.where(deg > 0, torch.full_like(deg, k), deg) if replace else deg.clamp(max=k)
+        assert torch.equal(got, want), f"{etype} hop {hop}: per-node edge counts differ from min(degree, {k})"
+
+
+def assert_same_batch(a, b) -> None:
+    """``Data`` / ``HeteroData`` batches equal on every key of every store."""
+    assert type(a) is type(b)
+    if hasattr(a, "node_types"):
+        assert a.node_types == b.node_types and a.edge_types == b.edge_types
+    for sa, sb in zip(a.stores, b.stores):
+        assert set(sa.keys()) == set(sb.keys()), (sa.keys(), sb.keys())
+        for key in sb.keys():
+            va, vb = sa[key], sb[key]
+            assert torch_equal(va, vb), key
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b) if torch.is_tensor(b) else a == b

@@ -73,7 +73,8 @@ def sample_all(seeds: list[int], hops: int, input_type: str = PAPER) -> tuple[di
 @pytest.fixture
 def typed_wire():
     nodes, edges = sample_all([0, 2], hops=2)
-    return batch.encode_typed(nodes=nodes, edges=edges, input_type=PAPER, batch_size=2, epoch=7, seq=3, index=11)
+    return batch.encode_typed(nodes=nodes, edges=edges, input_type=PAPER, batch_size=2, epoch=7, seq=3, index=11,
+                              input_id=torch.tensor([5, 1]))
 
 
 # ---- the one-type graph: today's Data ----------------------------------------------------------
@@ -86,9 +87,9 @@ def homogeneous_inputs():
 
 
 def test_one_type_batch_keys_are_the_default_types():
-    wire = batch.encode(**homogeneous_inputs(), batch_size=1, epoch=0, seq=0, index=0)
+    wire = batch.encode(**homogeneous_inputs(), batch_size=1, epoch=0, seq=0, index=0, input_id=[0])
     assert set(wire) == {"x@_N", "y@_N", "n_id@_N", "num_sampled_nodes@_N", "edge_index@_N__to___N",
-                         "e_id@_N__to___N", "num_sampled_edges@_N__to___N", "meta"}
+                         "e_id@_N__to___N", "num_sampled_edges@_N__to___N", "input_id", "meta"}
     assert wire["meta"].tolist() == [1, 0, 0, 0, 0]
     lay = batch.layout(wire)
     assert lay == batch.BatchLayout((DEFAULT_NODE_TYPE,), (DEFAULT_EDGE_TYPE,), DEFAULT_NODE_TYPE)
@@ -97,10 +98,11 @@ def test_one_type_batch_keys_are_the_default_types():
 
 def test_one_type_to_pyg_is_todays_data():
     given = homogeneous_inputs()
-    wire = batch.encode(**given, batch_size=1, epoch=4, seq=2, index=9)
+    wire = batch.encode(**given, batch_size=1, epoch=4, seq=2, index=9, input_id=[3])
     got = batch.to_pyg(wire)
     expected = Data(x=given["x"], y=given["y"], edge_index=given["edge_index"], n_id=given["n_id"],
-                    e_id=given["e_id"], batch_size=1, num_sampled_nodes=[1, 2], num_sampled_edges=[2],
+                    e_id=given["e_id"], batch_size=1, input_id=torch.tensor([3]), num_sampled_nodes=[1, 2],
+                    num_sampled_edges=[2],
                     epoch=4, seq=2, batch_index=9)
     assert type(got) is Data
     assert list(got.keys()) == list(expected.keys())          # the same attributes, in the same order
@@ -108,7 +110,8 @@ def test_one_type_to_pyg_is_todays_data():
         want, have = expected[key], got[key]
         if isinstance(want, torch.Tensor):
             assert have.dtype == want.dtype and torch.equal(have, want), key
-            assert have.data_ptr() == want.data_ptr(), f"{key} was copied"   # bit-identical: the same storage
+            if key != "input_id":   # made by encode from the given list
+                assert have.data_ptr() == want.data_ptr(), f"{key} was copied"   # bit-identical: the same storage
         else:
             assert type(have) is type(want) and have == want, key
     assert got.num_nodes == 3 and got.num_edges == 2
@@ -117,7 +120,7 @@ def test_one_type_to_pyg_is_todays_data():
 def test_one_type_to_pyg_without_features():
     given = homogeneous_inputs()
     given["x"] = given["y"] = None
-    data = batch.to_pyg(batch.encode(**given, batch_size=1, epoch=0, seq=0, index=0))
+    data = batch.to_pyg(batch.encode(**given, batch_size=1, epoch=0, seq=0, index=0, input_id=[0]))
     assert "x" not in data and "y" not in data and torch.equal(data.n_id, given["n_id"])
 
 
@@ -127,7 +130,7 @@ def test_typed_wire_keys_cover_the_whole_schema(typed_wire):
     node_keys = {f"{f}@{t}" for t in NUM_NODES for f in ("n_id", "num_sampled_nodes")}
     feature_keys = {"x@author", "x@paper", "y@paper"}
     edge_keys = {f"{f}@{'__'.join(e)}" for e in EDGES for f in ("edge_index", "e_id", "num_sampled_edges")}
-    assert set(typed_wire) == node_keys | feature_keys | edge_keys | {"meta"}
+    assert set(typed_wire) == node_keys | feature_keys | edge_keys | {"input_id", "meta"}
     # paper is at position 2 among the sorted node types author, field, paper
     assert typed_wire["meta"].tolist() == [2, 7, 3, 11, 2]
     lay = batch.layout(typed_wire)
@@ -139,7 +142,8 @@ def test_typed_to_pyg_is_heterodata_with_pygs_attributes(typed_wire):
     data = batch.to_pyg(typed_wire)
     assert isinstance(data, HeteroData)
     assert sorted(data.node_types) == [AUTHOR, FIELD, PAPER] and sorted(data.edge_types) == sorted(EDGES)
-    assert set(data[PAPER].keys()) == {"x", "y", "n_id", "num_sampled_nodes", "batch_size"}
+    assert set(data[PAPER].keys()) == {"x", "y", "n_id", "num_sampled_nodes", "batch_size", "input_id"}
+    assert data[PAPER].input_id.tolist() == [5, 1]
     assert set(data[AUTHOR].keys()) == {"x", "n_id", "num_sampled_nodes"}
     assert set(data[FIELD].keys()) == {"n_id", "num_sampled_nodes", "num_nodes"}   # featureless: size stated
     for etype in EDGES:
@@ -189,7 +193,7 @@ def test_a_graph_with_one_named_type_is_heterodata():
     edges = {("user", "follows", "user"): {"edge_index": torch.tensor([[1], [0]]), "e_id": torch.tensor([8]),
                                            "num_sampled_edges": [1]}}
     data = batch.to_pyg(batch.encode_typed(nodes=nodes, edges=edges, input_type="user", batch_size=1,
-                                           epoch=0, seq=0, index=0))
+                                           epoch=0, seq=0, index=0, input_id=[0]))
     assert isinstance(data, HeteroData) and data["user"].batch_size == 1
     assert data["user", "follows", "user"].e_id.tolist() == [8]
 
@@ -198,7 +202,7 @@ def test_a_graph_with_one_named_type_is_heterodata():
 
 def test_check_accepts_what_encode_builds(typed_wire):
     batch.check(typed_wire)
-    batch.check(batch.encode(**homogeneous_inputs(), batch_size=1, epoch=0, seq=0, index=0))
+    batch.check(batch.encode(**homogeneous_inputs(), batch_size=1, epoch=0, seq=0, index=0, input_id=[0]))
 
 
 @pytest.mark.parametrize("mutate, problem", [
@@ -206,6 +210,7 @@ def test_check_accepts_what_encode_builds(typed_wire):
     (lambda w: w.pop("num_sampled_nodes@field"), "node type 'field' lacks num_sampled_nodes"),
     (lambda w: w.pop("e_id@paper__cites__paper"), r"edge type \('paper', 'cites', 'paper'\) lacks e_id"),
     (lambda w: w.pop("meta"), "no meta"),
+    (lambda w: w.pop("input_id"), "no input_id"),
     (lambda w: w.update({"edge_attr@paper__cites__paper": torch.zeros(1)}), "unknown key 'edge_attr@"),
     (lambda w: w.update({"x": torch.zeros(1)}), "unknown key 'x'"),
     (lambda w: w.update({"x@": torch.zeros(1)}), "unknown key 'x@'"),
@@ -214,8 +219,8 @@ def test_check_accepts_what_encode_builds(typed_wire):
     (lambda w: w.update({"x@venue": torch.zeros(1, 2)}), "node type 'venue' lacks n_id"),
     (lambda w: w.update({"meta": torch.tensor([2, 7, 3, 11])}), r"meta has shape \[4\]"),
     (lambda w: w.update({"meta": torch.tensor([2, 7, 3, 11, 3])}), "valid input type"),
-], ids=["node-field", "node-count", "edge-field", "meta", "unknown-field", "bare-key", "no-type", "bad-edge-type",
-        "scoped-meta", "unknown-type", "short-meta", "input-type"])
+], ids=["node-field", "node-count", "edge-field", "meta", "input-id", "unknown-field", "bare-key", "no-type",
+        "bad-edge-type", "scoped-meta", "unknown-type", "short-meta", "input-type"])
 def test_check_rejects_a_mismatched_batch(typed_wire, mutate, problem):
     mutate(typed_wire)
     with pytest.raises(batch.BatchSchemaError, match=problem) as err:
@@ -245,7 +250,7 @@ def test_check_rejects_the_previous_wire_format():
 
 def test_encode_typed_refuses_bad_input():
     nodes, edges = sample_all([1], hops=1)
-    common = dict(batch_size=1, epoch=0, seq=0, index=0)
+    common = dict(batch_size=1, epoch=0, seq=0, index=0, input_id=[0])
     with pytest.raises(ValueError, match="input type 'venue' is not one of the batch's node types"):
         batch.encode_typed(nodes=nodes, edges=edges, input_type="venue", **common)
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['features'\]"):
@@ -257,6 +262,8 @@ def test_encode_typed_refuses_bad_input():
     with pytest.raises(ValueError, match=r"joins node type\(s\) \['field'\] that the batch lacks"):
         batch.encode_typed(nodes={t: v for t, v in nodes.items() if t != FIELD}, edges=edges, input_type=PAPER,
                            **common)
+    with pytest.raises(ValueError, match="input_id has 2 entries for a batch of 1 seeds"):
+        batch.encode_typed(nodes=nodes, edges=edges, input_type=PAPER, **{**common, "input_id": [0, 1]})
     bad = {("paper_", "x", "paper"): edges[CITES]}
     with pytest.raises(ValueError, match="cannot be written as src__rel__dst"):
         batch.encode_typed(nodes={"paper_": nodes[PAPER], PAPER: nodes[PAPER]}, edges=bad, input_type=PAPER,

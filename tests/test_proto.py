@@ -25,7 +25,7 @@ def test_every_batch_field_is_documented_and_encoded():
     wire = batch.encode(x=torch.zeros(3, 2), y=torch.zeros(3, dtype=torch.int64),
                         edge_index=torch.zeros(2, 1, dtype=torch.int64), n_id=torch.arange(3),
                         e_id=torch.zeros(1, dtype=torch.int64), num_sampled_nodes=[1, 2], num_sampled_edges=[1],
-                        batch_size=1, epoch=0, seq=0, index=0)
+                        batch_size=1, epoch=0, seq=0, index=0, input_id=[0])
     # with features and labels, a one-type batch carries every field once
     assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
     for key, tensor in wire.items():

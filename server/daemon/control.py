@@ -30,7 +30,6 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.partition.format import DEFAULT_NODE_TYPE
 from graphfeed.server.worker.commands import (
     BadRequest,
     CloseSession,
@@ -171,7 +170,8 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     @rpc
     async def GetClusterInfo(self, request, context):
-        meta, ntype = self.served.meta, DEFAULT_NODE_TYPE
+        meta = self.served.meta
+        ntype = _label_type(meta) or meta.node_types[0]
         features = [pb.FeatureInfo(name=name, shape=[int(s) for s in f["shape"]], dtype=str(f["dtype"]))
                     for name, f in sorted(meta.features.get(ntype, {}).items())]
         return pb.ClusterInfo(
@@ -182,7 +182,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             split_sizes={k: int(v) for k, v in meta.split_sizes.items()},
             local_split_sizes=dict(self.served.local_split_sizes), topologies=list(meta.topologies),
             data_address=self.config.effective_data_address, node_types=list(meta.node_types),
-            edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta))
+            edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta),
+            num_nodes_by_type={t: int(r[-1]) for t, r in meta.node_ranges.items()})
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -268,19 +269,25 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     def _check_input(self, spec: LoaderSpec) -> None:
         """The split exists in this partition; the ids are original node ids of the graph."""
-        node_input = spec.input
+        node_input, meta = spec.input, self.served.meta
         if node_input.split is not None:
+            label = _label_type(meta)
+            if node_input.node_type is not None and node_input.node_type != label:
+                raise _invalid(f"node type {node_input.node_type!r} has no splits (they are on {label!r}); use "
+                               f"input_nodes=({label!r}, {node_input.split!r}) or pass {node_input.node_type!r} ids")
             known = [s for s in SPLITS if s in self.served.meta.split_sizes]
             if node_input.split not in known:
                 raise _invalid(f"unknown split {node_input.split!r}: use one of {', '.join(known)} or pass node_ids")
             return
-        ids, n = node_input.ids, self.served.num_nodes
+        ntype = node_input.type_or(_label_type(meta) or meta.node_types[0])
+        ids, n = node_input.ids, int(meta.node_ranges[ntype][-1])
         if ids is None:   # the conversion always gives a split or ids
             raise _invalid("no input nodes: set split (train/val/test) or node_ids")
         lo, hi = int(ids.min()), int(ids.max())   # never empty: the conversion refuses empty node_ids
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi
-            raise _invalid(f"node_ids has id {bad}, outside the graph: original node ids are 0..{n - 1}")
+            what = "node" if meta.is_homogeneous else f"{ntype!r} node"
+            raise _invalid(f"node_ids has id {bad}, outside the graph: original {what} ids are 0..{n - 1}")
 
     @rpc
     async def OpenSession(self, request, context):

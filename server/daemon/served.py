@@ -43,9 +43,12 @@ def load_partition(config: ServerConfig) -> ServedPartition:
                            f"part = {config.part} is invalid: {config.partition} has parts 0..{meta.num_parts - 1}")
     try:
         part = Partition(config.partition, config.part, meta)
-        for kind in meta.topologies:  # maps indptr/indices/eid and checks their sizes
-            part.topology(kind)
-        _ = part.x, part.y, part.orig_id
+        for kind in meta.topologies:  # maps indptr/indices/eid of every edge type and checks their sizes
+            for etype in part.edge_types:
+                part.edges(etype).topology(kind)
+        for ntype in part.node_types:
+            store = part.nodes(ntype)
+            _ = store.x, store.y, store.orig_id
         local = {name: int(part.split(name).numel()) for name in SPLITS if name in meta.split_sizes}
     except (PartitionFormatError, OSError) as exc:
         raise StartupError(ExitCode.PARTITION, f"partition cannot be loaded: {exc}") from None

@@ -12,7 +12,7 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
-from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.epoch import EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec, NodeInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
@@ -21,22 +21,28 @@ from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 
 class LocalNeighborLoader:
-    """Iterate PyG ``Data`` mini-batches sampled from a partitioned graph.
+    """Iterate PyG mini-batches sampled from a partitioned graph: ``Data`` for a homogeneous graph,
+    ``HeteroData`` for a typed one.
 
     Arguments follow PyG's ``NeighborLoader``.  ``input_nodes`` is a split name
-    (``"train"``, ``"val"``, ``"test"``), a tensor of original node ids, or ``None``
-    (all nodes).  Each ``iter()`` is one epoch; epochs count from 0 and advance by one per
-    ``iter()`` unless :meth:`set_epoch` is called (as with ``DistributedSampler``).
-    ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
-    ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
+    (``"train"``, ``"val"``, ``"test"``), a tensor of original node ids, ``None`` (all nodes),
+    or for a typed graph a tuple ``(node_type, split | ids | None)`` (a bare split or ``None``
+    means the label type).  ``num_neighbors`` is one list of per-hop fanouts for every edge
+    type, or a dict ``{(src, rel, dst): [...]}`` (edge types left out are not sampled).
+    Each ``iter()`` is one epoch; epochs count from 0 and advance by one per ``iter()`` unless
+    :meth:`set_epoch` is called (as with ``DistributedSampler``).  ``rank``/``world_size``
+    default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
+    :mod:`graphfeed.core.epoch` for ``drop_last``).
 
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
+    ValueError (one line, naming the type and the fix) for a node type or fanout edge type the graph
+    lacks.
     """
 
-    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
-                 batch_size: int = 1, input_nodes: str | torch.Tensor | None = "train",
+    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *,
+                 batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None):
@@ -44,10 +50,14 @@ class LocalNeighborLoader:
         self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                                   drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                                   rank=rank, world_size=world_size)
+        self.spec.check_schema(self.graph.node_types, self.graph.edge_types)
+        self.input_type = self.spec.input.type_or(self.graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
         check_ranks_agree(self.spec, self.counts)
+        self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
+                          for p, part in enumerate(self.graph.parts)]
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
@@ -72,9 +82,9 @@ class LocalNeighborLoader:
     def _batches(self, plan: EpochPlan, start: int) -> Iterator:
         progress = self._progress
         try:
-            for seq, entry, seeds in planned_batches(plan, self.inputs, start):
+            for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
                 data = batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, plan.epoch,
-                                                        seq))
+                                                        seq, input_type=self.input_type, input_id=input_id))
                 progress.delivered += 1
                 yield data
         except GeneratorExit:
@@ -102,12 +112,13 @@ def part_inputs(parts: Sequence[Partition], node_input: NodeInput) -> list[torch
 
     Ids that no part holds raise :func:`resolve_original_ids`'s ValueError, which names them.
     """
+    ntype = node_input.type_or(parts[0].label_type)
     try:
         inputs = [part.input_nodes(node_input) for part in parts]
     except ValueError:
         if node_input.ids is not None:
-            resolve_original_ids(list(parts), node_input.ids)  # raises, naming the ids not in the graph
+            resolve_original_ids(list(parts), node_input.ids, ntype)  # raises, naming the ids not in the graph
         raise
     if node_input.ids is not None and sum(t.numel() for t in inputs) != node_input.ids.numel():
-        resolve_original_ids(list(parts), node_input.ids)      # raises, naming the ids not in the graph
+        resolve_original_ids(list(parts), node_input.ids, ntype)      # raises, naming the ids not in the graph
     return inputs

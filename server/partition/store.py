@@ -233,6 +233,16 @@ class Partition:
         ntype = getattr(node_input, "node_type", None)
         return self.nodes(ntype if ntype is not None else self.label_type).input_nodes(node_input)
 
+    def input_positions(self, node_input: NodeInput) -> torch.Tensor | None:
+        """Positions in ``node_input.ids`` of the seeds :meth:`input_nodes` returns (same order), or None
+        for a split or every node (whose positions follow from the parts' counts:
+        :func:`graphfeed.core.epoch.input_positions`)."""
+        if node_input.ids is None:
+            return None
+        ntype = node_input.type_or(self.label_type)
+        mask, _ = self.nodes(ntype).to_global(node_input.ids)
+        return mask.nonzero().view(-1)
+
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
 
     @property

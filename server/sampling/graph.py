@@ -6,26 +6,28 @@ every part is a :class:`LocalSource`; in a session worker
 (:func:`graphfeed.server.worker.peers.worker_graph`) its own part is local and the other parts
 are its peer workers.
 
-When one local part holds every node, a batch is sampled by the fused multi-hop op and its
-features are read without a second copy.  Otherwise each hop splits the frontier by owner,
-starts the remote pieces first, samples the local pieces meanwhile, and stitches the pieces
-back into frontier order.  The counter-based RNG keys every choice by (seed, hop, node), so
-every split of a frontier gives the same sample, bit for bit.
+Sampling is typed (:meth:`PartitionedGraph.sample_typed`, PyG's heterogeneous semantics); a
+homogeneous graph is its one-type case.  When one local part holds every node, a homogeneous
+batch is sampled by the fused multi-hop op and its features are read without a second copy.
+Otherwise each hop of each edge type splits the frontier by the owner book *of the frontier's
+node type*, starts the remote pieces first, samples the local pieces meanwhile, and stitches the
+pieces back into frontier order.  The counter-based RNG keys every choice by (seed, hop, node),
+so every split of a frontier gives the same sample, bit for bit.
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterator, Protocol, Sequence, TypeVar
+from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
-from graphfeed.server.sampling.neighbor import sample_subgraph, stitch
-from graphfeed.server.sampling.source import Handle, LocalSource, PartSource, Rows
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph
+from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
+from graphfeed.server.sampling.source import Handle, LocalSource, PartSource, Rows, center_type
+from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
 
 T = TypeVar("T")
 Start = Callable[[PartSource, torch.Tensor], Handle[T]]   # starts a request for some ids at one source
@@ -56,7 +58,7 @@ class NoTelemetry:
 
 
 def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
-    """All hops over one topology holding every reachable node (rows = gid - node_offset).
+    """All hops over one homogeneous topology holding every reachable node (rows = gid - node_offset).
 
     The fused native op when loaded; otherwise the multi-hop driver over
     :func:`dispatch.one_hop`.  Same result either way.  ``seeds`` must be distinct global ids.
@@ -71,30 +73,43 @@ def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingS
 
 
 class PartitionedGraph:
-    """A graph partitioned by :class:`RangePartitionBook` ``book``; ``sources[p]`` serves part ``p``.
+    """A graph partitioned by range books (one per node type); ``sources[p]`` serves part ``p``.
 
-    At least one source must be local (its arrays give the feature rows' shape and type).
-    ``telemetry`` records ``local_sample``, ``remote_sample`` (per hop) and ``feature_gather``.
+    At least one source must be local: its :class:`Partition` gives the schema (node and edge
+    types, label type), the books, and the feature rows' shape and type of every node type.
+    ``telemetry`` records ``local_sample``, ``remote_sample`` (per hop and edge type) and
+    ``feature_gather``.
     """
 
-    def __init__(self, book: RangePartitionBook, sources: Sequence[PartSource],
-                 telemetry: StageTelemetry | None = None):
-        if [s.part_id for s in sources] != list(range(book.num_parts)):
-            raise ValueError(f"need one source per part 0..{book.num_parts - 1} in order, "
-                             f"got parts {[s.part_id for s in sources]}")
+    def __init__(self, sources: Sequence[PartSource], telemetry: StageTelemetry | None = None):
         local = [s for s in sources if isinstance(s, LocalSource)]
         if not local:
             raise ValueError("a PartitionedGraph needs at least one part in this process")
-        self.book = book
+        like = local[0].part
+        if [s.part_id for s in sources] != list(range(like.meta.num_parts)):
+            raise ValueError(f"need one source per part 0..{like.meta.num_parts - 1} in order, "
+                             f"got parts {[s.part_id for s in sources]}")
         self.sources = list(sources)
         self.telemetry: StageTelemetry = telemetry if telemetry is not None else NoTelemetry()
-        self._like = local[0]                                          # the feature rows' shape and type
-        self._whole = local[0] if book.num_parts == 1 else None        # one local part holds every node
+        self.books = {t: like.nodes(t).book for t in like.node_types}
+        self.node_types, self.edge_types, self.label_type = like.node_types, like.edge_types, like.label_type
+        self.is_homogeneous = like.meta.is_homogeneous
+        self._like = local[0]                                                  # feature rows' shape and type
+        self._whole = local[0] if like.meta.num_parts == 1 else None           # one local part holds every node
 
     @classmethod
     def in_process(cls, parts: Sequence[Partition]) -> PartitionedGraph:
         """Every part of a graph in this process (``parts`` in part order, as :func:`open_parts` gives them)."""
-        return cls(parts[0].book, [LocalSource(p) for p in parts])
+        return cls([LocalSource(p) for p in parts])
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.sources)
+
+    @property
+    def book(self) -> RangePartitionBook:
+        """The label type's book (for a homogeneous graph: the graph's)."""
+        return self.books[self.label_type]
 
     @property
     def parts(self) -> list[Partition]:
@@ -103,52 +118,107 @@ class PartitionedGraph:
 
     # ---- the SamplingGraph protocol -------------------------------------------------------------
 
-    def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
-        """``len(spec.num_neighbors)`` hops from ``seeds`` (distinct global ids) with batch seed ``seed``."""
+    def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
+                     input_type: str | None = None) -> TypedSubgraph:
+        """``spec.num_hops`` hops from ``seeds`` (per node type: distinct global ids) with batch seed ``seed``.
+
+        ``spec``'s fanouts apply to the graph's edge types (:meth:`SamplingSpec.fanouts_for`:
+        ValueError for a dict naming an edge type the graph lacks).  ``input_type`` as
+        :func:`~graphfeed.server.sampling.neighbor.sample_typed`.
+        """
+        fanouts = spec.fanouts_for(self.edge_types)
         if self._whole is not None:
-            with self.telemetry.stage("local_sample"):
-                part = self._whole.part
-                return sample_topology(part.topology(spec.topology), part.start, seeds, spec, seed)
+            return self._sample_one_part(seeds, spec, fanouts, seed, input_type)
 
-        def one_hop(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
-            return self._one_hop(gids, spec, fanout, seed, hop)
+        def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
+            return self._one_hop(etype, gids, spec, fanout, seed, rng_hop)
 
-        return sample_subgraph(seeds, spec, one_hop)
+        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type)
 
-    def gather(self, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of the nodes ``gids``."""
+    def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
+        """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
         with self.telemetry.stage("feature_gather"):
             if self._whole is not None:
-                return self._whole.gather(gids)
-            return self._gather(gids)
+                return self._whole.gather(ntype, gids)
+            return self._gather(ntype, gids)
+
+    # ---- the one-type shortcuts (a homogeneous graph; a typed graph's label type) ------------------
+
+    def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph:
+        """:meth:`sample_typed` from seeds of the label type, as a :class:`SampledSubgraph`
+        (ValueError unless the sample has one node type and one edge type)."""
+        return self.sample_typed({self.label_type: seeds}, spec, seed).homogeneous()
+
+    def gather(self, gids: torch.Tensor) -> Rows:
+        """:meth:`gather_typed` of the label type."""
+        return self.gather_typed(self.label_type, gids)
+
+    # ---- one part holds every node ----------------------------------------------------------------
+
+    def _sample_one_part(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec,
+                         fanouts: Mapping[EdgeType, Sequence[int]], seed: int,
+                         input_type: str | None) -> TypedSubgraph:
+        """Every hop on the one local part, in one native call when the op library is loaded: the fused
+        homogeneous op for the one-type graph, the fused typed op (``dispatch.fused_sample_typed``)
+        otherwise; else the driver over the part's hops (the same sample either way).
+        """
+        assert self._whole is not None
+        part = self._whole.part
+        with self.telemetry.stage("local_sample"):
+            if self.is_homogeneous and not spec.is_typed and set(seeds) == {self.label_type}:
+                sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
+                return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
+            topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
+            if dispatch.has_fused_typed_sampler(topos):
+                stores = {t: part.nodes(t) for t in self.node_types}
+                return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
+                                                   spec.direction, spec.replace, seed, input_type,
+                                                   node_bounds={t: n.stop for t, n in stores.items()})
+            whole = self._whole
+
+            def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
+                return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
+
+            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type)
 
     # ---- the multi-part driver ------------------------------------------------------------------
 
-    def _one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
-        """One hop for frontier ``gids``, split by owner and stitched back into frontier order."""
+    def _one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+                 hop: int) -> OneHop:
+        """One hop of ``etype`` for frontier ``gids`` (of the hop's center type), split by that type's
+        owners and stitched back into frontier order."""
         tel = self.telemetry
         t0 = tel.clock()
-        split = self.book.split(gids)
-        pieces = list(self._pieces(gids, split, lambda src, ids: src.start_one_hop(ids, spec, fanout, seed, hop),
-                                   local_stage="local_sample"))
+        split = self.books[center_type(etype, spec.direction)].split(gids)
+
+        def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:
+            return src.start_one_hop(etype, ids, spec, fanout, seed, hop)
+
+        pieces = list(self._pieces(gids, split, start, local_stage="local_sample"))
         if any(not self.sources[p].local for p, _ in split):
             tel.observe_stage("remote_sample", tel.clock() - t0)
         return stitch(gids.numel(), pieces)
 
-    def _gather(self, gids: torch.Tensor) -> Rows:
-        """Rows of ``gids`` from their owners, copied into place (one local owner: its rows as they are)."""
-        split = self.book.split(gids)
+    def _gather(self, ntype: str, gids: torch.Tensor) -> Rows:
+        """Rows of ``gids`` (type ``ntype``) from their owners, copied into place (one local owner: its
+        rows as they are)."""
+        split = self.books[ntype].split(gids)
         only = self.sources[split[0][0]] if len(split) == 1 else None
         if isinstance(only, LocalSource):
-            return only.gather(gids)
-        n, (x, y) = gids.numel(), self._like.feature_arrays()
-        out = (torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype),
-               torch.empty((n,) + tuple(y.shape[1:]), dtype=y.dtype),
-               torch.empty(n, dtype=torch.int64))
-        for pos, rows in self._pieces(gids, split, lambda src, ids: src.start_gather(ids)):
+            return only.gather(ntype, gids)
+        n, store = gids.numel(), self._like.part.nodes(ntype)
+        x, y = (None if t is None else torch.empty((n,) + tuple(t.shape[1:]), dtype=t.dtype)
+                for t in (store.x, store.y))
+        out = (x, y, torch.empty(n, dtype=torch.int64))
+
+        def start(src: PartSource, ids: torch.Tensor) -> Handle[Rows]:
+            return src.start_gather(ntype, ids)
+
+        for pos, rows in self._pieces(gids, split, start):
             # index_copy_ rather than ``x[pos] = ...``: advanced-indexing assignment is several times slower
             for dst, src in zip(out, rows):
-                dst.index_copy_(0, pos, src)
+                if dst is not None and src is not None:
+                    dst.index_copy_(0, pos, src)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
         return out
 

@@ -1,52 +1,74 @@
 """Turning one planned batch into its wire form: sample, gather features, encode.
 
 Shared by the local loader and the server's session workers, so both produce the
-same bytes for the same batch.  :func:`planned_batches` walks a rank's whole epoch when
-every part's input nodes are in this process (the local loader, ``bench sample``).
+same bytes for the same batch.  Every batch is encoded by :func:`graphfeed.core.batch.encode_typed`
+(a homogeneous graph is its one-type case).  :func:`planned_batches` walks a rank's whole epoch
+when every part's input nodes are in this process (the local loader, ``bench sample``).
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterator, Protocol, Sequence
+from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan
-from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.sampling.types import SampledSubgraph
+from graphfeed.core.spec import EdgeType, SamplingSpec
+from graphfeed.server.sampling.source import Rows
+from graphfeed.server.sampling.types import TypedSubgraph
 
 
 class SamplingGraph(Protocol):
-    """What a batch producer needs: multi-hop sampling and a feature lookup by global id."""
+    """What a batch producer needs: typed multi-hop sampling and a feature lookup by node type and global id."""
 
-    def sample(self, seeds: torch.Tensor, spec: SamplingSpec, seed: int) -> SampledSubgraph: ...
+    node_types: list[str]
 
-    def gather(self, gids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
+                     input_type: str | None = None) -> TypedSubgraph: ...
+
+    def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows: ...
 
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                  epoch: int, seq: int, *, stage: Callable[[str], ContextManager] | None = None
-                  ) -> dict[str, torch.Tensor]:
-    """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds``) sampled as ``spec``
-    (a loader's :attr:`LoaderSpec.sampling`) and encoded.
+                  epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
+                  stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
+    """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
+    at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
+    :attr:`LoaderSpec.sampling`) and encoded.
 
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
-    sub = graph.sample(seeds, spec, plan_entry.seed)
-    x, y, orig = graph.gather(sub.nodes)
+    sub = graph.sample_typed({input_type: seeds}, spec, plan_entry.seed, input_type)
+    nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
     with stage("encode") if stage is not None else nullcontext():
-        return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
-                                  num_sampled_nodes=sub.num_sampled_nodes,
-                                  num_sampled_edges=sub.num_sampled_edges, batch_size=sub.batch_size,
-                                  epoch=epoch, seq=seq, index=plan_entry.index)
+        edges = {e: _edge_fields(sub, e) for e in sub.row}
+        return batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
+                                        batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
+                                        input_id=input_id)
 
 
-def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor],
-                    start: int = 0) -> Iterator[tuple[int, BatchSpec, torch.Tensor]]:
-    """``(seq, entry, seeds)`` of the batches of ``plan`` at positions ``>= start``, in delivery order,
-    where ``inputs[p]`` are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)."""
+def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
+    """One node type's batch fields: gathered rows of its sampled nodes (empty when none was sampled)."""
+    gids = sub.nodes.get(ntype, torch.empty(0, dtype=torch.int64))
+    x, y, orig = graph.gather_typed(ntype, gids)
+    counts = sub.num_sampled_nodes.get(ntype, [0] * (1 + max((len(c) for c in sub.num_sampled_edges.values()),
+                                                            default=0)))
+    return {"x": x, "y": y, "n_id": orig, "num_sampled_nodes": counts}
+
+
+def _edge_fields(sub: TypedSubgraph, etype: EdgeType) -> dict:
+    return {"edge_index": sub.edge_index(etype), "e_id": sub.eids[etype],
+            "num_sampled_edges": sub.num_sampled_edges[etype]}
+
+
+def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
+                    start: int = 0) -> Iterator[tuple[int, BatchSpec, torch.Tensor, torch.Tensor]]:
+    """``(seq, entry, seeds, input_id)`` of the batches of ``plan`` at positions ``>= start``, in delivery
+    order, where ``inputs[p]`` are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)
+    and ``positions[p]`` their positions in the loader's input (:func:`graphfeed.core.epoch.input_positions`)."""
     orders = [plan.order(part, ids) for part, ids in enumerate(inputs)]
+    position_orders = [plan.order(part, pos) for part, pos in enumerate(positions)]
     for seq, entry in enumerate(plan.entries):
         if seq >= start:
-            yield seq, entry, plan.seeds(orders[entry.part], entry)
+            yield seq, entry, plan.seeds(orders[entry.part], entry), plan.seeds(position_orders[entry.part], entry)

@@ -6,22 +6,28 @@ remote source (a peer worker, :class:`graphfeed.server.worker.peers.RemoteSource
 while the request is in flight, so the driver starts every remote piece first and works on
 the local pieces meanwhile; a :class:`LocalSource` does the work when started and returns
 a :class:`Ready` handle.
+
+Requests are typed: a hop names its edge type (the frontier ids are of the type the hop
+expands: the destination type for in-edges, the source type for out-edges) and a feature
+read names its node type.  A homogeneous graph is the one-type case (``"_N"``,
+``("_N", "to", "_N")``).  Ids are global ids within their node type.
 """
 from __future__ import annotations
 
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Optional, Protocol, TypeVar
 
 import torch
 
-from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition.store import Partition
+from graphfeed.core.spec import EdgeType, SamplingSpec
+from graphfeed.server.partition.store import NodeStore, Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.types import OneHop
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # (x, y, original ids) of some nodes
+# (x, y, original ids) of some nodes of one type; x / y are None for a type without features / labels
+Rows = tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]
 
 
 class Handle(Protocol[T_co]):
@@ -43,20 +49,25 @@ class Ready(Generic[T]):
 
 
 class PartSource(Protocol):
-    """The nodes of one part: sample a hop for some of them, read their features.
+    """The nodes of one part: sample a hop of an edge type for some of them, read their features.
 
     ``local`` is True when the source works in the caller's thread as it is started (the
     driver then starts it after every remote source, and times it as ``local_sample``).
-    Every id passed is a global id the part owns.
+    Every id passed is a global id of the named type that the part owns.
     """
 
     part_id: int
     local: bool
 
-    def start_one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+    def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int) -> Handle[OneHop]: ...
 
-    def start_gather(self, gids: torch.Tensor) -> Handle[Rows]: ...
+    def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
+
+
+def center_type(etype: EdgeType, direction: str) -> str:
+    """The node type a hop of ``etype`` expands: its destination for in-edges, its source for out-edges."""
+    return etype[2] if direction == "in" else etype[0]
 
 
 class LocalSource:
@@ -70,58 +81,59 @@ class LocalSource:
 
     # ---- the PartSource protocol ------------------------------------------------------------------
 
-    def start_one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+    def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int) -> Ready[OneHop]:
-        return Ready(self.one_hop(gids, spec, fanout, seed, hop))
+        return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop))
 
-    def start_gather(self, gids: torch.Tensor) -> Ready[Rows]:
+    def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
         """Rows the driver copies into place next (``index_copy_``): read with torch's ``index_select``,
         so both copies stay on torch's thread pool (the native gather's pool and torch's spinning
         OpenMP threads contend for the cores: measured ~1.5x slower on a busy 2-core machine)."""
-        local = gids - self.part.start
-        x, y = self.feature_arrays()
-        return Ready((x.index_select(0, local), y.index_select(0, local), self.part.orig_id.index_select(0, local)))
+        store = self.part.nodes(ntype)
+        local = gids - store.start
+        x, y = store.x, store.y
+        return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
+                      store.orig_id.index_select(0, local)))
 
     # ---- the work ---------------------------------------------------------------------------------
 
-    def one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int) -> OneHop:
-        """One hop of ``spec``'s topology for nodes ``gids`` (owned by this part)."""
-        topo = self.part.topology(spec.topology)
-        return dispatch.one_hop(topo, gids - self.part.start, gids, fanout, spec.replace, seed, hop)
+    def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+                hop: int) -> OneHop:
+        """One hop of ``etype`` in ``spec``'s direction for nodes ``gids`` (of the hop's center type,
+        owned by this part); ``hop`` is the RNG hop."""
+        topo = self.part.edges(etype).topology(spec.topology)
+        start = self.part.nodes(center_type(etype, spec.direction)).start
+        return dispatch.one_hop(topo, gids - start, gids, fanout, spec.replace, seed, hop)
 
-    def gather(self, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of nodes ``gids`` as the answer (no second copy follows);
-        ValueError when the part does not own them all.
+    def gather(self, ntype: str, gids: torch.Tensor) -> Rows:
+        """``(x, y, original ids)`` of nodes ``gids`` of type ``ntype`` as the answer (no second copy
+        follows; x / y None where the type has none); ValueError when the part does not own them all.
 
         The dispatched row gather (native: parallel, GIL released), straight from the part's arrays.
         """
-        local = self.check_owned(gids) - self.part.start
-        x, y, orig = (dispatch.gather_rows(t, local) for t in (*self.feature_arrays(), self.part.orig_id))
-        return x, y, orig
-
-    def feature_arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, y)`` of the part's node type; ValueError when it has no features or no labels."""
-        x, y = self.part.x, self.part.y
-        if x is None or y is None:
-            raise ValueError(f"node type {self.part.ntype!r} has no {'features' if x is None else 'labels'}: "
-                             f"the node loaders need both on the input type")
-        return x, y
-
-    def check_owned(self, gids) -> torch.Tensor:
-        """``gids`` as int64; ValueError naming the part's range when one of them is not the part's."""
-        gids = torch.as_tensor(gids, dtype=torch.int64)
-        p = self.part
-        if gids.numel() and (int(gids.min()) < p.start or int(gids.max()) >= p.stop):
-            raise ValueError(f"part {p.part_id} owns node ids {p.start}..{p.stop - 1}, "
-                             f"got ids in {int(gids.min())}..{int(gids.max())}")
-        return gids
+        store = self.part.nodes(ntype)
+        local = check_owned(store, gids) - store.start
+        x, y = (None if t is None else dispatch.gather_rows(t, local) for t in (store.x, store.y))
+        return x, y, dispatch.gather_rows(store.orig_id, local)
 
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
-    def serve_one_hop(self, gids, fanout: int, replace: bool, direction: str, seed: int,
+    def serve_one_hop(self, etype, gids, fanout: int, replace: bool, direction: str, seed: int,
                       hop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(counts, neighbors, eids)`` of one hop for ``gids`` (checked to be this part's)."""
-        gids = self.check_owned(gids)
+        """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` for ``gids`` (checked to be
+        this part's nodes of the hop's center type); ValueError for an unknown edge type."""
+        etype = self.part.edges(tuple(etype)).etype     # ValueError naming the graph's edge types
         spec = SamplingSpec((fanout,), replace=replace, direction=direction)
-        res = self.one_hop(gids, spec, fanout, seed, hop)
+        gids = check_owned(self.part.nodes(center_type(etype, direction)), gids)
+        res = self.one_hop(etype, gids, spec, fanout, seed, hop)
         return res.counts, res.neighbors, res.eids
+
+
+def check_owned(store: NodeStore, gids) -> torch.Tensor:
+    """``gids`` as int64; ValueError naming the part's range of the type when one of them is not the part's."""
+    gids = torch.as_tensor(gids, dtype=torch.int64)
+    if gids.numel() and (int(gids.min()) < store.start or int(gids.max()) >= store.stop):
+        what = "node" if store.meta.is_homogeneous else f"{store.ntype!r} node"
+        raise ValueError(f"part {store.part_id} owns {what} ids {store.start}..{store.stop - 1}, "
+                         f"got ids in {int(gids.min())}..{int(gids.max())}")
+    return gids

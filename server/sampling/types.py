@@ -66,6 +66,12 @@ class TypedSubgraph:
     batch_size: int
     input_type: str
 
+    @classmethod
+    def of_homogeneous(cls, sub: SampledSubgraph, ntype: str, etype: EdgeType) -> TypedSubgraph:
+        """``sub`` (a sample of a one-type graph) as the one-type case of this record (no copy)."""
+        return cls({ntype: sub.nodes}, {etype: sub.row}, {etype: sub.col}, {etype: sub.eids},
+                   {ntype: list(sub.num_sampled_nodes)}, {etype: list(sub.num_sampled_edges)}, sub.batch_size, ntype)
+
     def edge_index(self, etype: EdgeType) -> torch.Tensor:
         """``[2, n]`` local (row = source, col = destination) ids of the sampled edges of ``etype``."""
         return torch.stack([self.row[etype], self.col[etype]])

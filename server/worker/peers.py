@@ -14,7 +14,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 from graphfeed.core.constants import worker_name
-from graphfeed.core.spec import SamplingSpec
+from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
@@ -33,8 +33,8 @@ def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry
     """The graph a session worker samples: ``part`` here, every other part on its peer worker."""
     telemetry = telemetry if telemetry is not None else WorkerTelemetry()
     sources: list[PartSource] = [LocalSource(part) if p == part.part_id else RemoteSource(p, rpc_timeout, telemetry)
-                                 for p in range(part.book.num_parts)]
-    return PartitionedGraph(part.book, sources, telemetry)
+                                 for p in range(part.meta.num_parts)]
+    return PartitionedGraph(sources, telemetry)
 
 
 class RemoteSource:
@@ -51,13 +51,14 @@ class RemoteSource:
         self.rpc_timeout = float(rpc_timeout)
         self.telemetry = telemetry
 
-    def start_one_hop(self, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+    def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int) -> PeerCall[OneHop]:
-        fut = self._call("one_hop", rpc_api.one_hop, gids, fanout, spec.replace, spec.direction, seed, hop)
+        fut = self._call("one_hop", rpc_api.one_hop, tuple(etype), gids, fanout, spec.replace, spec.direction,
+                         seed, hop)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
-    def start_gather(self, gids: torch.Tensor) -> PeerCall[Rows]:
-        return PeerCall(self, self._call("gather", rpc_api.gather, gids), "gather", tuple)
+    def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
+        return PeerCall(self, self._call("gather", rpc_api.gather, ntype, gids), "gather", tuple)
 
     def _call(self, call: str, func, *args) -> torch.futures.Future:
         """``func(*args)`` on the peer; its latency and outcome are recorded when it completes."""

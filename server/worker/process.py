@@ -103,12 +103,13 @@ class SessionWorker:
             raise BadRequest("the session secret must be at least 16 random bytes")
         try:
             inputs = self.part.input_nodes(cmd.spec.input)
+            positions = self.part.input_positions(cmd.spec.input)
         except ValueError as exc:  # ids out of range, unknown split: the request's fault
             raise BadRequest(str(exc)) from None
         s = self.spec
         session = Session(cmd.session_id, cmd.spec, inputs, self.graph, s.part_id, self.part.meta.num_parts,
                           num_producers=s.num_producers, buffer_batches=s.buffer_batches,
-                          buffer_bytes=s.buffer_bytes, telemetry=self.telemetry)
+                          buffer_bytes=s.buffer_bytes, telemetry=self.telemetry, positions=positions)
         with self.lock:
             self.sessions[cmd.session_id] = session
             self.secrets[cmd.session_id] = cmd.secret

@@ -11,8 +11,9 @@ calls, it is not a sandbox.
   (async: completes when the batch is ready).  ``secret`` must be the session's secret
   (OpenSessionReply.session_secret, issued over the authenticated control plane),
   compared in constant time: a process that did not open the session cannot pull.
-* ``one_hop(...)`` / ``gather(gids)`` -- peer workers sample a frontier / read features
-  of nodes this worker's part owns.
+* ``one_hop(etype, gids, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
+  through one edge type / read features of nodes of one type that this worker's part owns
+  (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
 
 The worker process hosts exactly one :class:`SessionWorker`; :func:`bind` registers it
 here once at start-up (torch RPC calls module-level functions, so this module is the one
@@ -76,17 +77,19 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
     return out
 
 
-def one_hop(gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
-    """``(counts, neighbors, eids)`` of one hop for nodes ``gids`` owned by this worker's part."""
+def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int):
+    """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` (``(src, rel, dst)``) for nodes
+    ``gids`` (of the hop's center type) owned by this worker's part; ValueError for an unknown type."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
-    return own.serve_one_hop(gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
+    return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop))
 
 
-def gather(gids: torch.Tensor):
-    """``(x, y, original ids)`` of nodes ``gids`` owned by this worker's part."""
+def gather(ntype: str, gids: torch.Tensor):
+    """``(x, y, original ids)`` of nodes ``gids`` of type ``ntype`` owned by this worker's part
+    (x / y None where the type has none); ValueError for an unknown type or ids not owned."""
     worker = _bound()
-    return worker.graph.sources[worker.part.part_id].gather(gids)   # LocalSource.gather checks ownership
+    return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
 
 
 ALLOWED = frozenset({pull, one_hop, gather})

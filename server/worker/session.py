@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from graphfeed.core.epoch import BatchSpec, EpochPlan
+from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.producer import produce_batch
 from graphfeed.server.worker.buffer import BatchBuffer
@@ -30,8 +30,10 @@ class EpochSuperseded(RuntimeError):
 class EpochRun:
     """The batches this part produces for one epoch of one session."""
 
-    def __init__(self, epoch: int, entries: list[tuple[int, BatchSpec]], order: torch.Tensor, buffer: BatchBuffer):
+    def __init__(self, epoch: int, entries: list[tuple[int, BatchSpec]], order: torch.Tensor,
+                 position_order: torch.Tensor, buffer: BatchBuffer):
         self.epoch, self.entries, self.order, self.buffer = epoch, entries, order, buffer
+        self.position_order = position_order   # the input positions of ``order``'s nodes (input_id)
         self.seqs = {seq for seq, _ in entries}
         self._next = 0
         self._lock = threading.Lock()
@@ -46,12 +48,16 @@ class EpochRun:
 
 
 class Session:
-    """``spec`` is the loader; ``inputs`` the global ids of this part's input nodes, in input order."""
+    """``spec`` is the loader; ``inputs`` the global ids of this part's input nodes, in input order;
+    ``positions`` their positions in the loader's input ids, or None for a split or every node
+    (:func:`graphfeed.core.epoch.input_positions`).  The seeds are of the input's node type
+    (``spec.input.node_type``, else the graph's label type)."""
 
     def __init__(self, session_id: str, spec: LoaderSpec, inputs: torch.Tensor, graph, part_id: int,
                  num_parts: int, *, num_producers: int, buffer_batches: int, buffer_bytes: int,
-                 telemetry: WorkerTelemetry | None = None):
-        self.session_id, self.spec, self.inputs = session_id, spec, inputs
+                 telemetry: WorkerTelemetry | None = None, positions: torch.Tensor | None = None):
+        self.session_id, self.spec, self.inputs, self.positions = session_id, spec, inputs, positions
+        self.input_type = spec.input.type_or(graph.label_type)
         self.graph, self.part_id, self.num_parts = graph, part_id, num_parts
         self.telemetry = telemetry if telemetry is not None else WorkerTelemetry()
         self.num_producers = max(1, int(num_producers))
@@ -81,7 +87,8 @@ class Session:
             raise BadRequest(f"start_seq = {start} is outside epoch {epoch}'s {len(plan)} batches for rank "
                              f"{self.spec.rank}: give 0..{len(plan)}")
         mine = [(seq, e) for seq, e in plan.owned_by(self.part_id) if seq >= start]
-        run = EpochRun(plan.epoch, mine, plan.order(self.part_id, self.inputs),
+        positions = input_positions(counts, self.part_id, self.positions)
+        run = EpochRun(plan.epoch, mine, plan.order(self.part_id, self.inputs), plan.order(self.part_id, positions),
                        BatchBuffer(self.buffer_batches, self.buffer_bytes))
         with self._lock:
             old, self.run = self.run, run
@@ -122,7 +129,8 @@ class Session:
                 seeds = EpochPlan.seeds(run.order, entry)
                 with tel.stage("batch"):
                     batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
-                                          stage=tel.stage)
+                                          input_type=self.input_type,
+                                          input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
