@@ -34,10 +34,11 @@ class LocalNeighborLoader:
     default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
     :mod:`graphfeed.core.epoch` for ``drop_last``).
 
-    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  ValueError (one line,
-    naming the type and the fix) for a node type or fanout edge type the graph lacks.  One live
-    iterator at a time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as
-    the remote loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
+    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
+    time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
+    loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
+    ValueError (one line, naming the type and the fix) for a node type or fanout edge type the graph
+    lacks.
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *,
@@ -53,10 +54,10 @@ class LocalNeighborLoader:
         self.input_type = self.spec.input.type_or(self.graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
-        self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
-                          for p, part in enumerate(self.graph.parts)]
         self._progress = EpochProgress()
         check_ranks_agree(self.spec, self.counts)
+        self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
+                          for p, part in enumerate(self.graph.parts)]
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)

@@ -65,9 +65,8 @@ def _edge_fields(sub: TypedSubgraph, etype: EdgeType) -> dict:
 def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                     start: int = 0) -> Iterator[tuple[int, BatchSpec, torch.Tensor, torch.Tensor]]:
     """``(seq, entry, seeds, input_id)`` of the batches of ``plan`` at positions ``>= start``, in delivery
-    order, where ``inputs[p]``
-    are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`) and ``positions[p]``
-    their positions in the loader's input (:func:`graphfeed.core.epoch.input_positions`)."""
+    order, where ``inputs[p]`` are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)
+    and ``positions[p]`` their positions in the loader's input (:func:`graphfeed.core.epoch.input_positions`)."""
     orders = [plan.order(part, ids) for part, ids in enumerate(inputs)]
     position_orders = [plan.order(part, pos) for part, pos in enumerate(positions)]
     for seq, entry in enumerate(plan.entries):
