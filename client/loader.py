@@ -188,11 +188,12 @@ class RemoteNeighborLoader:
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            batch = self._wait(pending, p, epoch, got_seq, generation)
+            data = batch_codec.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
+            del pending   # it holds the batch: a shared-memory slot is free once the trainer drops the batch
             inflight[p] -= 1
-            data = batch_codec.to_pyg(batch)
             self._stats.delivered(p)
             yield data
+            del data
             self._stats.asked()
 
     # ---- checkpoints ----------------------------------------------------------------------------

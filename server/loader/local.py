@@ -30,6 +30,8 @@ class LocalNeighborLoader:
     ``rank``/``world_size`` default to ``torch.distributed``'s; every rank gets
     ``len(loader)`` batches (see :mod:`graphfeed.core.epoch` for ``drop_last``).
 
+    ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
+    floating-point features as the servers do for a remote loader with the same argument.
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
@@ -39,11 +41,11 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes: str | torch.Tensor | None = "train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, feature_dtype=None):
         self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                                   drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                                  rank=rank, world_size=world_size)
+                                  rank=rank, world_size=world_size, feature_dtype=feature_dtype)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
@@ -74,7 +76,7 @@ class LocalNeighborLoader:
         try:
             for seq, entry, seeds in planned_batches(plan, self.inputs, start):
                 data = batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, plan.epoch,
-                                                        seq))
+                                                        seq, feature_dtype=self.spec.feature_torch_dtype))
                 progress.delivered += 1
                 yield data
         except GeneratorExit:

@@ -26,20 +26,22 @@ class SamplingGraph(Protocol):
 
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                  epoch: int, seq: int, *, stage: Callable[[str], ContextManager] | None = None
-                  ) -> dict[str, torch.Tensor]:
+                  epoch: int, seq: int, *, stage: Callable[[str], ContextManager] | None = None,
+                  feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds``) sampled as ``spec``
-    (a loader's :attr:`LoaderSpec.sampling`) and encoded.
+    (a loader's :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to
+    ``feature_dtype`` (a loader's :attr:`LoaderSpec.feature_torch_dtype`; None = as stored).
 
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
     sub = graph.sample(seeds, spec, plan_entry.seed)
     x, y, orig = graph.gather(sub.nodes)
     with stage("encode") if stage is not None else nullcontext():
-        return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
+        wire = batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
                                   num_sampled_nodes=sub.num_sampled_nodes,
                                   num_sampled_edges=sub.num_sampled_edges, batch_size=sub.batch_size,
                                   epoch=epoch, seq=seq, index=plan_entry.index)
+        return batch_codec.cast_features(wire, feature_dtype)
 
 
 def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor],
