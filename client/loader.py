@@ -160,6 +160,7 @@ class RemoteNeighborLoader:
                     for data in self._stream(plan.epoch, plan.entries, progress.delivered, generation):
                         progress.delivered += 1   # before the yield: the trainer holds it from here on
                         yield data
+                        del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
                 except PullFailed as failure:
                     generation = self.client._recover(failure.where, failure.__cause__, generation)
                     log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
