@@ -13,6 +13,7 @@ clear error.
 """
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import uuid
@@ -24,8 +25,11 @@ from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
 from graphfeed.transport.channel import BatchChannel
+from graphfeed.transport.shm import ShmChannel, ShmUnavailable
 from graphfeed.transport.torch_rpc import TorchRpcChannel
 
+log = logging.getLogger(__name__)
+CHANNELS = ("auto", "rpc")
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
@@ -47,7 +51,14 @@ def free_port(host: str) -> int:
 
 class DataGroup:
     def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
-                 rpc_timeout: float, lease_seconds: float | None):
+                 rpc_timeout: float, lease_seconds: float | None, channel: str = "auto", shm_slots: int = 8,
+                 shm_slot_mb: float = 64.0):
+        if channel not in CHANNELS:
+            raise ValueError(f"channel must be 'auto' (shared memory with same-host servers, else torch RPC) or "
+                             f"'rpc' (torch RPC only), got {channel!r}")
+        if shm_slots < 1 or shm_slot_mb <= 0:
+            raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0, got {shm_slots} and {shm_slot_mb}")
+        self.channel_choice, self.shm_slots, self.shm_slot_mb = channel, int(shm_slots), float(shm_slot_mb)
         self.servers = list(servers)
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
         host, port = self.servers[0].address.rsplit(":", 1)
@@ -131,7 +142,18 @@ class DataGroup:
         self.joined = True
 
     def _open_channel(self) -> BatchChannel:
-        """The batch channel of this group: torch RPC over the group just joined."""
+        """The batch channel of this group: shared-memory rings with the servers on this host (``channel="auto"``),
+        torch RPC over the group just joined for the others, or for all when no ring can be set up (one log line)."""
+        if self.channel_choice == "rpc":
+            return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+        try:
+            return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
+                                   slots=self.shm_slots, slot_bytes=int(self.shm_slot_mb * 2**20),
+                                   slot_wait=min(10.0, self.rpc_timeout / 2), group=self.group_id)
+        except ShmUnavailable as exc:
+            log.info("batch channel: torch RPC (no shared-memory ring: %s)", exc)
+        except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
+            log.warning("batch channel: torch RPC (shared-memory ring could not be allocated: %s)", exc)
         return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
 
     # ---- liveness -------------------------------------------------------------------------------

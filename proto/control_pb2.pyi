@@ -164,7 +164,7 @@ class NodeIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class OpenSessionRequest(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -189,7 +190,8 @@ class OpenSessionRequest(_message.Message):
     world_size: int
     kind: str
     node_type: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ...) -> None: ...
+    feature_dtype: str
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")

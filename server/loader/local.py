@@ -34,6 +34,8 @@ class LocalNeighborLoader:
     default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
     :mod:`graphfeed.core.epoch` for ``drop_last``).
 
+    ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
+    floating-point features as the servers do for a remote loader with the same argument.
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
@@ -45,11 +47,11 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, feature_dtype=None):
         self.graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         self.spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                                   drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                                  rank=rank, world_size=world_size)
+                                  rank=rank, world_size=world_size, feature_dtype=feature_dtype)
         self.spec.check_schema(self.graph.node_types, self.graph.edge_types)
         self.input_type = self.spec.input.type_or(self.graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
@@ -84,7 +86,8 @@ class LocalNeighborLoader:
         try:
             for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
                 data = batch_codec.to_pyg(produce_batch(self.graph, seeds, self.spec.sampling, entry, plan.epoch,
-                                                        seq, input_type=self.input_type, input_id=input_id))
+                                                        seq, input_type=self.input_type, input_id=input_id,
+                                                        feature_dtype=self.spec.feature_torch_dtype))
                 progress.delivered += 1
                 yield data
         except GeneratorExit:

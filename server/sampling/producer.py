@@ -32,10 +32,12 @@ class SamplingGraph(Protocol):
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
                   epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
-                  stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
+                  stage: Callable[[str], ContextManager] | None = None,
+                  feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
-    :attr:`LoaderSpec.sampling`) and encoded.
+    :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
+    (a loader's :attr:`LoaderSpec.feature_torch_dtype`; None = as stored).
 
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
@@ -43,9 +45,10 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
     nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
     with stage("encode") if stage is not None else nullcontext():
         edges = {e: _edge_fields(sub, e) for e in sub.row}
-        return batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
+        wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id)
+        return batch_codec.cast_features(wire, feature_dtype)
 
 
 def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
