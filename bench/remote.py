@@ -17,6 +17,11 @@ servers this command started) every daemon and session worker -- the service's w
 comparable with the in-process ``cpu_s_per_epoch`` and steadier than wall time on a shared
 machine (``cpu_s_per_epoch_trainer`` is the trainer's share).
 
+Transport: ``channel`` is the batch channel the client chose (``shm``: same-host shared memory,
+``torch-rpc``); ``--channel rpc`` forces torch RPC (the figure before the shared-memory ring).
+``feature_dtype`` casts features on the servers (``bf16``/``fp16``); ``feature_bytes_per_epoch``
+is the bytes of ``x`` the trainer received per measured epoch (median).
+
 Memory: ``peak_rss_mb`` is the trainer's (this process's ``ru_maxrss``, as ``bench
 sample``); ``servers_peak_rss_mb`` sums the peak resident sets (``VmHWM``) of every
 daemon and its session workers, read just before the client disconnects (servers this
@@ -25,6 +30,7 @@ touched them, so the sum over-states physical memory when processes share pages.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -61,6 +67,8 @@ class RemoteBenchConfig:
     direction: str = "in"
     compare: bool = False
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
+    channel: str = "auto"             # connect(channel=...): "auto" (shared memory on this host) or "rpc"
+    feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
 
     @property
@@ -85,7 +93,7 @@ class RemoteBenchConfig:
         if self.graph is not None and not os.path.isdir(self.graph):
             raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
                                     f"create one with `graphfeed partition ... --output {self.graph}`")
-        loader = workload_spec(self)
+        loader = dataclasses.replace(workload_spec(self), feature_dtype=self.feature_dtype)
         object.__setattr__(self, "loader", loader)
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.prefetch < 1:
@@ -149,18 +157,24 @@ def tree_cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
-def run_epoch(loader, server_pids: Sequence[int] = ()) -> tuple[EpochStats, float]:
+def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] | None = None
+              ) -> tuple[EpochStats, float]:
     """One epoch of ``loader`` as the trainer sees it (StartEpoch included, as the plan is in-process).
 
-    Returns the epoch's stats (``cpu_s``: trainer + ``server_pids`` trees) and the trainer's CPU share.
+    Returns the epoch's stats (``cpu_s``: trainer + ``server_pids`` trees) and the trainer's CPU share;
+    appends the bytes of ``x`` received to ``feature_bytes`` when given.
     """
     t0, own0, srv0 = time.perf_counter(), time.process_time(), tree_cpu_s(server_pids)
-    seeds = batches = edges = 0
+    seeds = batches = edges = x_bytes = 0
     for batch in loader:   # Data, or HeteroData (batch_size on the input type; edges of every edge type)
         seeds += sum(int(store.batch_size) for store in batch.node_stores if "batch_size" in store)
         edges += int(batch.num_edges)
+        x_bytes += sum(store.x.numel() * store.x.element_size() for store in batch.node_stores
+                       if getattr(store, "x", None) is not None)
         batches += 1
     wall, own = time.perf_counter() - t0, time.process_time() - own0
+    if feature_bytes is not None:
+        feature_bytes.append(x_bytes)
     return EpochStats(wall, seeds, batches, edges, own + tree_cpu_s(server_pids) - srv0), own
 
 
@@ -173,9 +187,11 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     import graphfeed.client as gf
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
-    with gf.connect(list(addresses)) as client, _loader(client, cfg) as loader:
+    with gf.connect(list(addresses), channel=cfg.channel) as client, _loader(client, cfg) as loader:
+        channel = client.group.channel.kind
         run_epoch(loader, pids)                                    # warm-up, not reported
-        runs = [run_epoch(loader, pids) for _ in range(cfg.epochs)]
+        feature_bytes: list[int] = []
+        runs = [run_epoch(loader, pids, feature_bytes) for _ in range(cfg.epochs)]
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
     result = summarize([stats for stats, _ in runs])
@@ -186,6 +202,9 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     result["servers_peak_rss_mb"] = round(sum(server_rss), 1) if server_rss is not None else None
     result["servers_peak_rss_mb_each"] = server_rss
     result["num_parts"] = num_parts
+    result["channel"] = channel
+    result["feature_dtype"] = cfg.feature_dtype
+    result["feature_bytes_per_epoch"] = int(statistics.median(feature_bytes))
     return result
 
 

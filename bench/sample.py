@@ -165,6 +165,7 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
     result.update({
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "implementation": dispatch.IMPLEMENTATION,
+        "sampler": dispatch.describe(),
         "threads": torch.get_num_threads(),
         "graph": os.fspath(cfg.graph),
         "num_parts": graph.num_parts,

@@ -140,7 +140,14 @@ def describe(root) -> str:
                   f"  edge features   {efeats}"]
     else:
         lines += _type_lines(meta)
-    return "\n".join(lines + ["", format_table(meta, stats)])
+    return "\n".join(lines + [sampler_line(), "", format_table(meta, stats)])
+
+
+def sampler_line() -> str:
+    """Which sampling implementation this install runs (loading, or on first use building, the native ops)."""
+    from graphfeed.server.sampling import dispatch
+
+    return f"  sampler         {dispatch.describe()}"
 
 
 def add_arguments(parser) -> None:

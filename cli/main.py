@@ -27,7 +27,33 @@ COMMANDS = {
     "serve": ("graphfeed.cli.serve", "run a sampler-server daemon for one partition"),
     "demo": ("graphfeed.cli.demo", "end-to-end demo: generate, partition, serve, train with 2 DDP ranks"),
     "status": ("graphfeed.cli.status", "cluster health, sessions and throughput from the control plane"),
+    "build-native": ("graphfeed.cli.build_native", "build the native sampling ops against the installed torch"),
 }
+
+# Modules only the `graphfeed[server]` extra installs: a command that needs one of them says so.
+SERVER_EXTRA_MODULES = frozenset({"pymetis", "tqdm", "uvloop", "prometheus_client", "grpc_health",
+                                  "grpc_reflection", "psutil"})
+# command -> the server-extra modules it needs (checked before it runs, without importing them)
+NEEDS = {
+    "serve": ("uvloop", "prometheus_client", "grpc_health", "grpc_reflection", "psutil"),
+    "partition": ("pymetis", "tqdm"),
+    "status": ("grpc_health",),
+    "demo": tuple(sorted(SERVER_EXTRA_MODULES)),
+}
+EXTRAS_HINT = "pip install 'graphfeed[server]'"
+
+
+def missing_modules(names) -> list[str]:
+    """Which of ``names`` cannot be imported here (looked up, not imported)."""
+    out = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
 
 
 class UsageError(Exception):
@@ -42,9 +68,20 @@ def _available():
     return out
 
 
+def version() -> str:
+    """The installed graphfeed's version (``unknown`` when run from a folder that is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("graphfeed")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(argv) -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="graphfeed",
                                      description="graphfeed: sampling service for distributed GNN training")
+    parser.add_argument("--version", action="version", version=f"graphfeed {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands = _available()
     wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -62,9 +99,20 @@ def main(argv=None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    module = importlib.import_module(commands[args.command][0])
+    missing = missing_modules(NEEDS.get(args.command, ()))
+    if missing:
+        print(f"graphfeed {args.command}: error: this command needs the server extras (missing: "
+              f"{', '.join(missing)}): {EXTRAS_HINT}", file=sys.stderr)
+        return 2
     try:
+        module = importlib.import_module(commands[args.command][0])
         return int(module.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_EXTRA_MODULES:
+            raise
+        print(f"graphfeed {args.command}: error: this command needs the server extras (missing: {exc.name}): "
+              f"{EXTRAS_HINT}", file=sys.stderr)
+        return 2
     except (UsageError, ValueError, FileExistsError, FileNotFoundError) as exc:
         print(f"graphfeed {args.command}: error: {exc}", file=sys.stderr)
         return 2

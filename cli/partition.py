@@ -118,6 +118,9 @@ def run(args) -> int:
     report = _Reporter(args.quiet)
     report.log(f"reading {args.input}")
     graph = read_graph(args.input, allow_pickle=args.allow_pickle)
+    if graph.dropped:   # shown even with --quiet: data the user may expect in the batches is not kept
+        print(f"graphfeed partition: warning: not stored (graphfeed keeps x, y, edge_index, edge_attr and the "
+              f"splits): {', '.join(graph.dropped)}", file=sys.stderr, flush=True)
     types = "" if graph.is_homogeneous else \
         f" of {len(graph.node_types)} node and {len(graph.edge_types)} edge types (label type {graph.label_type})"
     report.log(f"read {graph.num_nodes:,} nodes, {graph.num_edges:,} edges{types} "

@@ -13,6 +13,7 @@ Exit codes (graphfeed.server.daemon.exitcodes.ExitCode): 0 ok, 1 unexpected, 2 u
 """
 from __future__ import annotations
 
+import os
 import sys
 
 HELP = "run a sampler-server daemon for one partition"
@@ -66,6 +67,10 @@ def run(args) -> int:
         config = load_config(args.config, flags=flags)
     except ConfigError as exc:
         return _fail(ExitCode.CONFIG, str(exc))
+    if config.log_format == "json":
+        # torch's C++ warnings go straight to stderr, unformatted: keep them out of a JSON log (torch reads
+        # this when it loads, which is after this point; session workers get it in their environment too).
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         if args.check_config:
             from graphfeed.server.daemon.served import load_partition

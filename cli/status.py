@@ -1,7 +1,7 @@
 """``graphfeed status HOST:PORT... | CLUSTER.yaml``: one table of every server, from the control plane.
 
 For each server: gRPC health, then GetClusterInfo (graph, part) and GetStats (state, groups and
-sessions open, batches/bytes served, buffered batches/bytes, uptime).  A server that does not
+sessions open, batches/bytes served, buffered batches/bytes, uptime, sampler).  A server that does not
 answer is a row saying why; the exit code is 1 when any server is down or not SERVING, else 0.
 Servers are asked in parallel, each call bounded by ``--timeout``.
 
@@ -21,7 +21,7 @@ import grpc
 HELP = "cluster health, sessions and throughput from the control plane"
 CONTROL_SERVICE = "graphfeed.control.v1.Control"
 COLUMNS = ("server", "health", "part", "state", "groups", "sessions", "batches", "bytes", "buf_batches",
-           "buf_bytes", "uptime")
+           "buf_bytes", "uptime", "sampler")
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ServerRow:
     uptime: float | None = None         # seconds
     graph: str = ""
     metrics_port: int | None = None
+    sampler: str = "-"                  # "native" or "reference" (the pure-torch fallback)
     error: str = ""
 
 
@@ -124,6 +125,7 @@ def probe(address: str, open_channel, timeout: float) -> ServerRow:
     row.batches, row.bytes = stats.batches_served_total, stats.bytes_served_total
     row.buf_batches, row.buf_bytes = stats.buffered_batches, stats.buffered_bytes
     row.uptime, row.metrics_port = stats.uptime_seconds, stats.metrics_port or None
+    row.sampler = stats.sampler or "-"
     return row
 
 
@@ -167,7 +169,7 @@ def _failed(r: ServerRow) -> bool:
 def _cells(r: ServerRow) -> list[str]:
     num = lambda v: "-" if v is None else str(v)  # noqa: E731 -- a one-line local formatter
     return [r.server, r.health, r.part, r.state, num(r.groups), num(r.sessions), num(r.batches), _size(r.bytes),
-            num(r.buf_batches), _size(r.buf_bytes), _duration(r.uptime)]
+            num(r.buf_batches), _size(r.buf_bytes), _duration(r.uptime), r.sampler]
 
 
 def format_table(rows: list[ServerRow]) -> str:

@@ -22,7 +22,8 @@ RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the gr
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
             lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
             tls_ca=None, tls_cert=None, tls_key=None,
-            reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT) -> "Client":
+            reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT, channel: str = "auto", shm_slots: int = 8,
+            shm_slot_mb: float = 64.0) -> "Client":
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
@@ -39,6 +40,11 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     once; batches equal to an uninterrupted run's).  ``0`` fails at once with
     :class:`ServerError`, as does a server that comes back with another partition.
 
+    ``channel``: ``"auto"`` pulls batches from servers on this host through shared memory
+    (a ring of ``shm_slots`` slots of ``shm_slot_mb`` MiB per server, see
+    :mod:`graphfeed.transport.shm`; a batch's tensors are views of its slot, which is reused
+    once they are freed) and from the others over torch RPC; ``"rpc"`` uses torch RPC only.
+
     Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
     every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
     client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
@@ -54,7 +60,8 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     servers = open_servers(addresses, timeout, security)
     try:
         group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
-                          lease_seconds=lease_seconds)
+                          lease_seconds=lease_seconds, channel=channel, shm_slots=shm_slots,
+                          shm_slot_mb=shm_slot_mb)
         group.start()
     except BaseException:
         for s in servers:
@@ -91,7 +98,7 @@ class Client:
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None,
-                        weight_attr: str | None = None) -> RemoteNeighborLoader:
+                        weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -99,14 +106,18 @@ class Client:
         ``(node_type, split | ids | None)``; ``num_neighbors`` one list of per-hop fanouts or a dict
         ``{(src, rel, dst): [...]}``; ``rank``/``world_size`` default to
         ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
-        name, else ``"nodes"``).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
+        name, else ``"nodes"``).  ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype; None = as
+        stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
+        of float32 features); labels and ids are untouched.  They become one :class:`LoaderSpec`
+        (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr)
+                             rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
+                             feature_dtype=feature_dtype)
         return self.open_loader(spec, prefetch=prefetch)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
@@ -210,7 +221,8 @@ class Client:
                     s.wait_back(deadline, self.reconnect_timeout)
                     log.warning("graphfeed: %s answers again", s.name)
             group = DataGroup(self.servers, advertise_host=old.host, timeout=self.timeout,
-                              rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request)
+                              rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request,
+                              channel=old.channel_choice, shm_slots=old.shm_slots, shm_slot_mb=old.shm_slot_mb)
             try:
                 group.start()
                 self.group = group

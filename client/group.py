@@ -13,6 +13,7 @@ clear error.
 """
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import uuid
@@ -24,8 +25,11 @@ from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
 from graphfeed.transport.channel import BatchChannel
+from graphfeed.transport.shm import ShmChannel, ShmUnavailable
 from graphfeed.transport.torch_rpc import TorchRpcChannel
 
+log = logging.getLogger(__name__)
+CHANNELS = ("auto", "rpc")
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
@@ -47,7 +51,14 @@ def free_port(host: str) -> int:
 
 class DataGroup:
     def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
-                 rpc_timeout: float, lease_seconds: float | None):
+                 rpc_timeout: float, lease_seconds: float | None, channel: str = "auto", shm_slots: int = 8,
+                 shm_slot_mb: float = 64.0):
+        if channel not in CHANNELS:
+            raise ValueError(f"channel must be 'auto' (shared memory with same-host servers, else torch RPC) or "
+                             f"'rpc' (torch RPC only), got {channel!r}")
+        if shm_slots < 1 or shm_slot_mb <= 0:
+            raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0, got {shm_slots} and {shm_slot_mb}")
+        self.channel_choice, self.shm_slots, self.shm_slot_mb = channel, int(shm_slots), float(shm_slot_mb)
         self.servers = list(servers)
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
         host, port = self.servers[0].address.rsplit(":", 1)
@@ -78,11 +89,16 @@ class DataGroup:
             _ACTIVE.append(self)
         try:
             self._open_all()
+            # Heartbeats start as soon as the servers hold the group: a join that is slow on a loaded
+            # host (seconds) must not let a short lease expire before the first renewal.
+            self._start_heartbeats()
             self._join()
             self._channel = self._open_channel()
         except BaseException:
             self.close()
             raise
+
+    def _start_heartbeats(self) -> None:
         for s in self.servers:
             t = threading.Thread(target=self._heartbeat, args=(s,), name=f"graphfeed-heartbeat-{s.part}",
                                  daemon=True)
@@ -126,7 +142,18 @@ class DataGroup:
         self.joined = True
 
     def _open_channel(self) -> BatchChannel:
-        """The batch channel of this group: torch RPC over the group just joined."""
+        """The batch channel of this group: shared-memory rings with the servers on this host (``channel="auto"``),
+        torch RPC over the group just joined for the others, or for all when no ring can be set up (one log line)."""
+        if self.channel_choice == "rpc":
+            return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+        try:
+            return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
+                                   slots=self.shm_slots, slot_bytes=int(self.shm_slot_mb * 2**20),
+                                   slot_wait=min(10.0, self.rpc_timeout / 2), group=self.group_id)
+        except ShmUnavailable as exc:
+            log.info("batch channel: torch RPC (no shared-memory ring: %s)", exc)
+        except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
+            log.warning("batch channel: torch RPC (shared-memory ring could not be allocated: %s)", exc)
         return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
 
     # ---- liveness -------------------------------------------------------------------------------
@@ -168,11 +195,8 @@ class DataGroup:
         if self._channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
             self._channel.close()
         if self.joined:
-            import torch.distributed.rpc as rpc
-
-            # Not graceful: a graceful shutdown is a barrier over the group and would hang on a dead worker.
-            rpc.shutdown(graceful=False)
-            self.joined = False
+            rpc_group.leave_group()   # not graceful (a dead worker would hang it), without TensorPipe's
+            self.joined = False       # warnings about the pipes it closes
 
         def close_one(s: ServerConn):
             try:

@@ -160,6 +160,7 @@ class RemoteNeighborLoader:
                     for data in self._stream(plan.epoch, plan.entries, progress.delivered, generation):
                         progress.delivered += 1   # before the yield: the trainer holds it from here on
                         yield data
+                        del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
                 except PullFailed as failure:
                     generation = self.client._recover(failure.where, failure.__cause__, generation)
                     log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
@@ -188,11 +189,12 @@ class RemoteNeighborLoader:
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            batch = self._wait(pending, p, epoch, got_seq, generation)
+            data = batch_codec.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
+            del pending   # it holds the batch: a shared-memory slot is free once the trainer drops the batch
             inflight[p] -= 1
-            data = batch_codec.to_pyg(batch)
             self._stats.delivered(p)
             yield data
+            del data
             self._stats.asked()
 
     # ---- checkpoints ----------------------------------------------------------------------------

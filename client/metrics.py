@@ -14,7 +14,10 @@ epoch's ``iter()``.  ``data_stall_ratio`` = wait / wall: 0 means the trainer nev
 for data, 1 that it did nothing else.
 
 :func:`start_metrics_server` exposes the same figures for Prometheus on the trainer
-(its own registry; ``prometheus_client`` is imported only then).  The names match
+(its own registry; ``prometheus_client`` is imported only then) as counters and a
+histogram of per-batch waits, which Prometheus can sum over trainers; the ratios are
+derived in PromQL (``rate(wait_seconds_total) / rate(wall_seconds_total)``), never
+precomputed here.  The names match
 :data:`graphfeed.core.metric_names.CLIENT_METRICS`, which the daemon's metrics module lists too.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ import threading
 import time
 import weakref
 
-from graphfeed.core.metric_names import CLIENT_METRICS
+from graphfeed.core.metric_names import CLIENT_METRICS, LATENCY_BUCKETS
 
 _LOADERS: "weakref.WeakSet[LoaderStats]" = weakref.WeakSet()
 
@@ -42,6 +45,8 @@ class LoaderStats:
         self.wait = 0.0
         self.by_server = [0] * num_servers
         self.resumes = 0   # epochs resumed at the cursor after a server restart (cumulative)
+        self.wait_counts = [0] * (len(LATENCY_BUCKETS) + 1)   # per-batch waits per bucket (last: +Inf)
+        self.wait_sum = 0.0
         self._done = {"batches": 0, "wait_seconds": 0.0, "wall_seconds": 0.0}
         _LOADERS.add(self)
 
@@ -67,7 +72,10 @@ class LoaderStats:
         now = self.clock()
         with self._lock:
             if self._asked is not None:
-                self.wait += now - self._asked
+                waited = now - self._asked
+                self.wait += waited
+                self.wait_sum += waited
+                self.wait_counts[_bucket(waited)] += 1
                 self._asked = None
             self.batches += 1
             self.by_server[server] += 1
@@ -109,28 +117,41 @@ class LoaderStats:
             }
 
 
+def _bucket(seconds: float) -> int:
+    """Index of the first latency bucket whose upper bound holds ``seconds`` (the last one is +Inf)."""
+    for i, bound in enumerate(LATENCY_BUCKETS):
+        if seconds <= bound:
+            return i
+    return len(LATENCY_BUCKETS)
+
+
 class _LoaderCollector:
     def describe(self):
         return []
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-        families = [(CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily)(
-            name, spec.help, labels=list(spec.labels)) for name, spec in CLIENT_METRICS.items()]
-        batches, wait, wall, stall, rate, resumes = families
-        per_name: dict[str, list[dict]] = {}
+        families = {name: (CounterMetricFamily if spec.type == "counter" else HistogramMetricFamily)(
+            name, spec.help, labels=list(spec.labels)) for name, spec in CLIENT_METRICS.items()}
+        per_name: dict[str, list[LoaderStats]] = {}
         for stats in list(_LOADERS):
-            per_name.setdefault(stats.name, []).append(stats.snapshot())
-        for name, snaps in sorted(per_name.items()):
+            per_name.setdefault(stats.name, []).append(stats)
+        for name, loaders in sorted(per_name.items()):
             # loaders of one kind (e.g. two "val" loaders) share a series: labels stay bounded
-            batches.add_metric([name], sum(s["total"]["batches"] for s in snaps))
-            wait.add_metric([name], sum(s["total"]["wait_seconds"] for s in snaps))
-            wall.add_metric([name], sum(s["total"]["wall_seconds"] for s in snaps))
-            stall.add_metric([name], max(s["data_stall_ratio"] for s in snaps))
-            rate.add_metric([name], sum(s["batches_per_second"] for s in snaps))
-            resumes.add_metric([name], sum(s["resumes"] for s in snaps))
-        return families
+            snaps = [s.snapshot() for s in loaders]
+            for metric, key in (("batches_total", "batches"), ("wait_seconds_total", "wait_seconds"),
+                                ("wall_seconds_total", "wall_seconds")):
+                families[f"graphfeed_client_{metric}"].add_metric([name], sum(s["total"][key] for s in snaps))
+            families["graphfeed_client_resumes_total"].add_metric([name], sum(s["resumes"] for s in snaps))
+            counts = [sum(s.wait_counts[i] for s in loaders) for i in range(len(LATENCY_BUCKETS) + 1)]
+            running, buckets = 0, []
+            for bound, n in zip([repr(float(b)) for b in LATENCY_BUCKETS] + ["+Inf"], counts):
+                running += n
+                buckets.append((bound, running))
+            families["graphfeed_client_batch_wait_seconds"].add_metric([name], buckets,
+                                                                       sum(s.wait_sum for s in loaders))
+        return list(families.values())
 
 
 class MetricsServer:

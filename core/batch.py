@@ -267,6 +267,19 @@ def check(batch: Mapping[str, torch.Tensor]) -> None:
     layout(batch)
 
 
+def cast_features(batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """``batch`` with every floating-point feature tensor (``x`` of every node type) cast to ``dtype``,
+    in place (the dict is returned); labels, ids, edge data and integer features are untouched.
+    ``dtype=None`` leaves the batch as it is."""
+    if dtype is None:
+        return batch
+    prefix = "x" + TYPE_SEP
+    for key, value in batch.items():
+        if key.startswith(prefix) and value.is_floating_point() and value.dtype != dtype:
+            batch[key] = value.to(dtype)
+    return batch
+
+
 def nbytes(batch: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 

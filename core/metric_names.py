@@ -25,12 +25,14 @@ CLIENT_METRICS: dict[str, MetricSpec] = {
                                                       ("loader",)),
     "graphfeed_client_wall_seconds_total": MetricSpec("counter", "Seconds of iteration (wait + training step).",
                                                       ("loader",)),
-    "graphfeed_client_data_stall_ratio": MetricSpec("gauge", "wait seconds / wall seconds of the current epoch.",
-                                                    ("loader",)),
-    "graphfeed_client_batches_per_second": MetricSpec("gauge", "Batches per wall second of the current epoch.",
+    "graphfeed_client_batch_wait_seconds": MetricSpec("histogram", "Seconds the trainer waited for each batch.",
                                                       ("loader",)),
     "graphfeed_client_resumes_total": MetricSpec("counter", "Epochs the loader resumed at its cursor after the "
                                                             "client re-formed its group (a server restarted).",
                                                  ("loader",)),
 }
+# Ratios are derived in PromQL from the counters, so they aggregate over trainers and time windows:
+#   data-stall ratio  sum(rate(graphfeed_client_wait_seconds_total[5m]))
+#                       / sum(rate(graphfeed_client_wall_seconds_total[5m]))
+#   batches/s         sum(rate(graphfeed_client_batches_total[5m]))
 CLIENT_METRIC_NAMES: tuple[str, ...] = tuple(CLIENT_METRICS)

@@ -8,7 +8,8 @@
 * :class:`LinkInput` -- the other seed kind: seed edges (``edge_label_index``), their labels
   and :class:`NegativeSampling`.  The epoch contract is the same over seed edges.
 * :class:`LoaderSpec` -- one loader: the sampling spec and one seed record plus the epoch contract's arguments
-  (batch size, shuffle, drop_last, seed, rank, world size) and a metrics label.
+  (batch size, shuffle, drop_last, seed, rank, world size), a metrics label and the
+  feature transport dtype (``feature_dtype``: features cast on the server, so fewer bytes move).
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
 They cross the control plane through :mod:`graphfeed.proto.convert` (the one protobuf
@@ -196,6 +197,26 @@ def weight_column(weight_attr) -> int | None:
             return int(column)
     raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column) or "
                      f"'edge_attr:K' (column K), got {weight_attr!r}")
+
+
+# what a user may pass as feature_dtype -> the canonical name LoaderSpec stores (a torch dtype's name)
+FEATURE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                  "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32"}
+
+
+def feature_dtype(value) -> str | None:
+    """The canonical name (``"bfloat16"``, ``"float16"``, ``"float32"``) of a requested feature transport
+    dtype, given as one of :data:`FEATURE_DTYPES`' names or a torch floating dtype; None for None or ``""``
+    (features travel as stored).  ValueError for anything else, listing the accepted values."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, torch.dtype):
+        value = str(value).removeprefix("torch.")
+    name = FEATURE_DTYPES.get(value.lower()) if isinstance(value, str) else None
+    if name is None:
+        raise ValueError(f"feature_dtype must be one of 'bf16', 'fp16', 'fp32' (or torch.bfloat16, torch.float16, "
+                         f"torch.float32), or None for the stored dtype; got {value!r}")
+    return name
 
 
 def check_loader_args(batch_size: int, world_size: int, rank: int) -> None:
@@ -491,9 +512,13 @@ class LoaderSpec:
     rank: int = 0
     world_size: int = 1
     kind: str = ""        # metrics label ("train", "val", ...); "" = the input's label
+    # floating-point features are cast to this dtype by the server before they are buffered and sent
+    # (labels, ids and edge data are untouched); None = as stored.  Canonical name, see feature_dtype().
+    feature_dtype: str | None = None
 
     def __post_init__(self):
         check_loader_args(self.batch_size, self.world_size, self.rank)
+        object.__setattr__(self, "feature_dtype", feature_dtype(self.feature_dtype))
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
                 or not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be an integer in 0..2**64-1, got {self.seed!r}")
@@ -511,6 +536,11 @@ class LoaderSpec:
         """True when the seeds are edges (:class:`LinkInput`)."""
         return isinstance(self.input, LinkInput)
 
+    @property
+    def feature_torch_dtype(self) -> torch.dtype | None:
+        """:attr:`feature_dtype` as a torch dtype (None = features as stored)."""
+        return None if self.feature_dtype is None else getattr(torch, self.feature_dtype)
+
     def check_schema(self, node_types: Iterable[str], edge_types: Iterable) -> None:
         """ValueError unless the types this spec names exist in a graph with these node and edge types:
         the input's node type (when set) and every key of a per-edge-type fanout dict."""
@@ -524,14 +554,15 @@ class LoaderSpec:
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
            rank: int | None = None, world_size: int | None = None, kind: str = "",
-           weight_attr: str | None = None) -> LoaderSpec:
+           weight_attr: str | None = None, feature_dtype=None) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
-        a link loader); ``rank``/``world_size`` default to
-        ``torch.distributed``'s (:func:`resolve_rank`)."""
+        a link loader); ``rank``/``world_size`` default to ``torch.distributed``'s
+        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`."""
         rank, world_size = resolve_rank(rank, world_size)
         sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr)
         return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
-                   drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind)
+                   drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind,
+                   feature_dtype=feature_dtype)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -7,12 +7,18 @@ compile fails, the install still succeeds, ``_build_info.json`` records why, and
 run time the sampler falls back to the pure-torch reference with one warning.
 
 Environment switches (read at build time):
-  GRAPHFEED_NATIVE=0     skip the native build entirely (no warning at run time)
+  GRAPHFEED_NATIVE=0     skip the native build entirely (no warning at run time; also read at run
+                         time, where it switches off the build on first use)
   GRAPHFEED_CUDA=0|1     force the CUDA kernels off / on (default: on when torch.version.cuda
                          is set and a CUDA toolkit is found)
   MAX_JOBS=N             parallel compile jobs (torch's ninja build)
 
 For development, rebuild in place with ``python cuda_ext/build.py`` (from the repo root).
+
+An install without the library (a plain ``pip install .`` builds in an isolated env that
+has no torch) gets it on first use instead: :func:`build_cached` compiles the same sources
+with the same flags against the installed torch into a per-user cache (see
+``graphfeed.cuda_ext.cache_folder``); ``graphfeed build-native`` runs that step on demand.
 """
 from __future__ import annotations
 
@@ -37,6 +43,21 @@ def cpu_sources(root: Path) -> list[str]:
 
 def cuda_sources(root: Path) -> list[str]:
     return _rel((HERE / "csrc" / "cuda").glob("*.cu"), root)
+
+
+def source_files() -> list[Path]:
+    """Every file the library is built from (sources and headers), sorted: what the cache key hashes."""
+    csrc = HERE / "csrc"
+    return sorted(p for p in csrc.rglob("*") if p.is_file() and p.suffix in (".cpp", ".cu", ".h", ".cuh"))
+
+
+def cxx_flags(cuda: bool) -> list[str]:
+    """Compiler flags of the C++ sources (the install build and the cached build use the same)."""
+    return ["-O3", "-g0", "-fopenmp", "-DGRAPHFEED_WITH_CUDA=%d" % cuda]
+
+
+NVCC_FLAGS = ["-O3", "--expt-relaxed-constexpr", "-DGRAPHFEED_WITH_CUDA=1"]
+LINK_FLAGS = ["-fopenmp", "-g0"]
 
 
 def want_cuda() -> bool:
@@ -66,12 +87,11 @@ def setup_kwargs(root: Path) -> dict:
               "(install torch first and use `pip install --no-build-isolation`)", file=sys.stderr)
         return {}
     cuda = want_cuda()
-    cxx = ["-O3", "-g0", "-fopenmp", "-DGRAPHFEED_WITH_CUDA=%d" % cuda]
-    kwargs = dict(name=EXT_NAME, extra_link_args=["-fopenmp", "-g0"], optional=True)
+    cxx = cxx_flags(cuda)
+    kwargs = dict(name=EXT_NAME, extra_link_args=LINK_FLAGS, optional=True)
     if cuda:
         ext = cx.CUDAExtension(sources=cpu_sources(root) + cuda_sources(root),
-                               extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "--expt-relaxed-constexpr",
-                                                                         "-DGRAPHFEED_WITH_CUDA=1"]}, **kwargs)
+                               extra_compile_args={"cxx": cxx, "nvcc": NVCC_FLAGS}, **kwargs)
     else:
         ext = cx.CppExtension(sources=cpu_sources(root), extra_compile_args={"cxx": cxx}, **kwargs)
 
@@ -108,6 +128,29 @@ def setup_kwargs(root: Path) -> dict:
                     _write_info(source.parent, info)
 
     return {"ext_modules": [ext], "cmdclass": {"build_ext": OptionalBuildExtension.with_options(use_ninja=True)}}
+
+
+JIT_NAME = "graphfeed_native"
+
+
+def build_cached(folder: Path, cuda: bool, verbose: bool = False) -> Path:
+    """Compile the op library into ``folder`` against the installed torch; returns the library's path.
+
+    The caller holds the cache lock.  Raises ``RuntimeError`` (with the compiler's message) or
+    ``OSError`` when the build fails.
+    """
+    from torch.utils import cpp_extension as cx
+
+    folder.mkdir(parents=True, exist_ok=True)
+    root = HERE.parent
+    sources = [str(root / p) for p in cpu_sources(root) + (cuda_sources(root) if cuda else [])]
+    cx.load(name=JIT_NAME, sources=sources, extra_cflags=cxx_flags(cuda), extra_ldflags=LINK_FLAGS,
+            extra_cuda_cflags=NVCC_FLAGS if cuda else None, build_directory=str(folder), verbose=verbose,
+            with_cuda=cuda, is_python_module=False)
+    library = folder / f"{JIT_NAME}.so"
+    if not library.exists():
+        raise RuntimeError(f"the build finished but left no {library}")
+    return library
 
 
 def main() -> int:

@@ -190,7 +190,7 @@ class LinkSeeds(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,7 @@ class OpenSessionRequest(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -217,7 +218,8 @@ class OpenSessionRequest(_message.Message):
     world_size: int
     kind: str
     node_type: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ...) -> None: ...
+    feature_dtype: str
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")
@@ -284,7 +286,7 @@ class SessionStats(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., kind: _Optional[str] = ..., epoch: _Optional[int] = ..., batches_produced: _Optional[int] = ..., batches_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ...) -> None: ...
 
 class ServerStats(_message.Message):
-    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds", "batches_served_total", "bytes_served_total", "buffered_batches", "buffered_bytes", "sessions_closed_total", "metrics_port")
+    __slots__ = ("state", "part_id", "groups_open", "sessions_open", "sessions_opened_total", "sessions_reaped_total", "sessions", "uptime_seconds", "batches_served_total", "bytes_served_total", "buffered_batches", "buffered_bytes", "sessions_closed_total", "metrics_port", "sampler")
     STATE_FIELD_NUMBER: _ClassVar[int]
     PART_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +301,7 @@ class ServerStats(_message.Message):
     BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_CLOSED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
     state: str
     part_id: int
     groups_open: int
@@ -313,4 +316,5 @@ class ServerStats(_message.Message):
     buffered_bytes: int
     sessions_closed_total: int
     metrics_port: int
-    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ...) -> None: ...
+    sampler: str
+    def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ..., sampler: _Optional[str] = ...) -> None: ...

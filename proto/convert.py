@@ -67,7 +67,7 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
     req = pb.OpenSessionRequest(group_id=group_id, spec=sampling_to_proto(spec.sampling),
                                 batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
                                 seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind,
-                                node_type=spec.input.node_type or "")
+                                node_type=spec.input.node_type or "", feature_dtype=spec.feature_dtype or "")
     if isinstance(spec.input, LinkInput):
         req.link.CopyFrom(link_to_proto(spec.input))
     elif spec.input.split is not None:
@@ -112,10 +112,10 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
     try:
         return LoaderSpec(sampling, node_input, batch_size=req.batch_size, shuffle=req.shuffle,
                           drop_last=req.drop_last, seed=req.seed, rank=req.rank, world_size=world_size,
-                          kind=req.kind)
+                          kind=req.kind, feature_dtype=req.feature_dtype or None)
     except ValueError as exc:
-        raise ValueError(f"rank = {req.rank}, world_size = {req.world_size}, batch_size = {req.batch_size}: "
-                         f"{exc}") from None
+        raise ValueError(f"rank = {req.rank}, world_size = {req.world_size}, batch_size = {req.batch_size}, "
+                         f"feature_dtype = {req.feature_dtype!r}: {exc}") from None
 
 
 def _node_input(req: pb.OpenSessionRequest) -> SeedInput:

@@ -35,7 +35,7 @@ def train(model, loader, epochs: int, lr: float, weight_decay: float = 0.0) -> l
         total = steps = 0
         for batch in loader:
             opt.zero_grad()
-            out = model(batch.x, batch.edge_index)[:batch.batch_size]
+            out = model(batch.x.float(), batch.edge_index)[:batch.batch_size]   # bf16/fp16 transport: upcast
             loss = F.cross_entropy(out, batch.y[:batch.batch_size])
             loss.backward()
             opt.step()
@@ -50,7 +50,7 @@ def accuracy(model, loader, expected_nodes: np.ndarray) -> float:
     model.eval()
     correct, seen = 0, []
     for batch in loader:
-        pred = model(batch.x, batch.edge_index)[:batch.batch_size].argmax(1)
+        pred = model(batch.x.float(), batch.edge_index)[:batch.batch_size].argmax(1)
         correct += int((pred == batch.y[:batch.batch_size]).sum())
         seen.append(batch.n_id[:batch.batch_size])
     seen = torch.cat(seen)

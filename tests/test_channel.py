@@ -14,7 +14,7 @@ from graphfeed.server.worker import rpc_api
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.transport.channel import BatchChannel, ChannelClosed
 from graphfeed.transport.pending import Pending
-from graphfeed.transport.torch_rpc import TorchRpcChannel, _settle
+from graphfeed.transport.torch_rpc import TorchRpcChannel, settle
 
 
 def _batch(n: int) -> dict[str, torch.Tensor]:
@@ -137,7 +137,7 @@ def test_torch_rpc_channel_settles_values_errors_and_errors_sent_as_values():
         (lambda f: f.set_result(RuntimeError("RPC timed out")), None),  # older workers
     ]:
         fut, pending = torch.futures.Future(), Pending()
-        fut.add_done_callback(lambda f, p=pending: _settle(p, f))
+        fut.add_done_callback(lambda f, p=pending: settle(p, f))
         outcome(fut)
         assert pending.done()
         if check is not None:

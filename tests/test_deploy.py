@@ -270,7 +270,7 @@ def test_dashboard_names_only_existing_metrics_and_covers_the_topics():
     unknown = sorted(n for n in names if not _known(n))
     assert not unknown, f"the dashboard uses metrics graphfeed does not export: {unknown}"
     for needed in ("graphfeed_batches_served_total", "graphfeed_stage_seconds_bucket",
-                   "graphfeed_client_data_stall_ratio", "graphfeed_buffered_batches", "graphfeed_errors_total"):
+                   "graphfeed_client_wait_seconds_total", "graphfeed_buffered_batches", "graphfeed_errors_total"):
         assert needed in names, needed
     titles = " ".join(p["title"].lower() for p in json.loads(DASHBOARD.read_text())["panels"])
     for topic in ("throughput", "latency", "stall", "buffer", "error"):

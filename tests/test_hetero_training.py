@@ -1,11 +1,12 @@
 """Training on a typed graph through 2 real servers: a 2-layer ``HeteroConv`` (SAGEConv per edge type)
 on ``mag-tiny`` (METIS, 2 parts) against what the papers' own features give.
 
-Figures (seeded, 2-core box): the typed model reaches ~0.93 test accuracy on the papers; an MLP
-on the paper features alone (trained on the same train papers) ~0.30.  The labels follow the
-papers' fields and authors (see ``synth.generate_mag``), so a broken typed sampler, feature
-read or batch shows as a drop to the features-only figure.  The test asserts a margin of 0.25
-between the two and that the test split is evaluated once over every test paper.
+Figures (seeded, measured on the shared 2-core box): the typed model reaches 0.901 test accuracy
+on the papers after 10 epochs; an MLP on the paper features alone (trained full-batch on the same
+train papers) 0.242.  The labels follow the papers' fields and authors (see
+``synth.generate_mag``), so a broken typed sampler, feature read or batch shows as a drop towards
+the features-only figure.  The test asserts a margin of 0.4 between the two, that the training
+loss halves, and that the test split is evaluated once over every test paper.  ~70 s.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from graphfeed.testing.cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 FANOUTS = [8, 4]
-MARGIN = 0.25
+MARGIN = 0.4
 
 
 class HeteroSAGE(torch.nn.Module):
@@ -107,7 +108,7 @@ def test_hetero_sage_through_two_servers_beats_the_paper_features_alone(tmp_path
     with running_cluster(tmp_path / "parts", log_dir=tmp_path) as servers:
         with gf.connect([s.address for s in servers], timeout=60) as client:
             train = client.neighbor_loader(("paper", "train"), FANOUTS, batch_size=64, shuffle=True, seed=0)
-            losses = _train(model, train, epochs=15)
+            losses = _train(model, train, epochs=10)
             test = client.neighbor_loader(("paper", "test"), FANOUTS, batch_size=1024)
             acc = _accuracy(model, test, graph.splits["test"])
     print(f"mag-tiny: HeteroSAGE through 2 servers {acc:.3f}, paper features alone {baseline:.3f}")

@@ -76,8 +76,10 @@ def test_ready_line_names_the_metrics_port_and_every_family_is_declared(cluster)
         assert server.metrics_port and server.metrics_port != server.port
         samples = scrape(server)
         names = {name for name, _ in samples}
-        assert names <= m.series_names() | {n + "_created" for n in m.series_names()}, \
+        assert names <= m.series_names() | {n + "_created" for n in m.series_names()} | m.PROCESS_SERIES, \
             names - m.series_names()
+        assert m.PROCESS_SERIES <= names, m.PROCESS_SERIES - names       # the standard process collector
+        assert value(samples, "process_resident_memory_bytes") > 0
         assert value(samples, "graphfeed_partition_info", graph=samples and next(
             dict(lab)["graph"] for n, lab in samples if n == "graphfeed_partition_info"),
             part=str(server.part), num_parts="2") == 1
@@ -216,5 +218,11 @@ def test_client_metrics_endpoint_and_names_match_the_contract():
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert {name for name, _ in samples} <= m.series_names(metric_names.CLIENT_METRICS)
     assert value(samples, "graphfeed_client_batches_total", loader="val") == 1
-    assert value(samples, "graphfeed_client_data_stall_ratio", loader="val") == pytest.approx(0.25)
-    assert value(samples, "graphfeed_client_batches_per_second", loader="val") == pytest.approx(0.25)
+    # the ratios are PromQL's to derive: wait and wall as counters, per-batch waits as a histogram
+    assert value(samples, "graphfeed_client_wait_seconds_total", loader="val") == pytest.approx(1.0)
+    assert value(samples, "graphfeed_client_wall_seconds_total", loader="val") == pytest.approx(4.0)
+    assert value(samples, "graphfeed_client_batch_wait_seconds_count", loader="val") == 1
+    assert value(samples, "graphfeed_client_batch_wait_seconds_sum", loader="val") == pytest.approx(1.0)
+    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader="val", le="0.5") == 0
+    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader="val", le="1.0") == 1
+    assert not any(spec.type == "gauge" for spec in metric_names.CLIENT_METRICS.values())

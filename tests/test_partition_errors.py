@@ -53,7 +53,7 @@ def _partition_error(capsys, *args) -> str:
 
 
 BAD_INPUTS = {
-    "missing x": (dict(x=None), ["x.npy is missing", "edge_index.npy, x.npy, y.npy, train_idx.npy"]),
+    "missing x": (dict(x=None), ["x.npy is missing", "edge_index.npy, x.npy, train_idx.npy"]),
     "missing edges": (dict(edge_index=None), ["edge_index.npy is missing"]),
     "edges [E, 2]": (dict(edge_index=np.zeros((E, 2), dtype=np.int64)), ["shape [2, E]", "transpose"]),
     "edges float": (dict(edge_index=np.zeros((2, E), dtype=np.float32)), ["edge_index.npy", "integer", "int64"]),
@@ -62,7 +62,7 @@ BAD_INPUTS = {
     "x one-dimensional": (dict(x=np.zeros(N, dtype=np.float32)), ["x.npy", "[N, F]"]),
     "x strings": (dict(x=np.array([["a"]] * N)), ["x.npy", "numeric"]),
     "y too short": (dict(y=np.zeros(N - 1, dtype=np.int64)), ["y.npy has 49 entries but x has 50 rows"]),
-    "y float": (dict(y=np.zeros(N, dtype=np.float32)), ["y.npy", "integer class labels"]),
+    "y strings": (dict(y=np.array(["a"] * N)), ["y.npy", "must be numeric", "int64 or float32"]),
     "train idx out of range": (dict(train_idx=np.array([0, N + 5])), ["train_idx.npy", f"0..{N + 5}", "outside"]),
     "test idx negative": (dict(test_idx=np.array([-2, 3])), ["test_idx.npy", "outside"]),
     "val idx as mask": (dict(val_idx=np.ones(N, dtype=bool)), ["val_idx.npy", "bool mask", "flatnonzero"]),

@@ -399,10 +399,11 @@ def test_splits_on_more_than_one_type(tmp_path, capsys, as_file):
     assert "'item', 'user'" in err and "trains one node type" in err and "remove them from the others" in err
 
 
-def test_splits_without_labels(tmp_path, capsys):
-    arrays = _edit(**{"user.y": None, "item.y": None})
-    err = _typed_error(capsys, tmp_path, arrays)
-    assert "node type 'user' has splits but no labels" in err and "user/y.npy" in err
+def test_splits_without_labels_make_an_unlabelled_graph(tmp_path):
+    folder = save_typed_folder(tmp_path / "in", _edit(**{"user.y": None, "item.y": None}))
+    assert main(["partition", str(folder), "--num-parts", "2", "--output", str(tmp_path / "out"), "-q"]) == 0
+    meta = read_meta(tmp_path / "out")
+    assert meta.label_type == "user" and "y" not in meta.features["user"] and meta.num_classes == 0
 
 
 def test_no_train_split(tmp_path, capsys):
@@ -423,7 +424,7 @@ def test_featureless_type_without_num_nodes(tmp_path, capsys):
 
 BAD_DTYPES = {
     "x strings": ("user.x", np.array([["a"]] * 40), "node type 'user'", "must be numeric"),
-    "y float": ("item.y", np.zeros(30, dtype=np.float32), "node type 'item'", "integer class labels"),
+    "y strings": ("item.y", np.array(["a"] * 30), "node type 'item'", "must be numeric"),
     "edge_index float": ("item__has__tag.edge_index", np.zeros((2, 5), dtype=np.float32),
                          "edge type ('item', 'has', 'tag')", "integer node ids"),
     "edge_attr strings": ("user__buys__item.edge_attr", np.array([["a"]] * 90), "edge type ('user', 'buys', 'item')",

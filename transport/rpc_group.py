@@ -125,7 +125,7 @@ def interface_for(address: str) -> str | None:
 # ---- naming a worker's RPC function without importing the server ----------------------------------
 
 WORKER_RPC_MODULE = "graphfeed.server.worker.rpc_api"
-WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather")
+WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather", "pull_into", "attach")
 
 
 def remote_function(module: str, name: str):
@@ -159,3 +159,51 @@ class RemoteFunction:
 
 
 PULL = RemoteFunction("pull", is_async=True)
+PULL_INTO = RemoteFunction("pull_into", is_async=True)   # the shared-memory channel's pull
+ATTACH = RemoteFunction("attach")                        # the shared-memory channel's set-up
+
+
+# TensorPipe's C++ agent warns about every pipe its own shutdown closes ("... encountered error when
+# reading incoming request from part0: pipe closed" / "EOF: end of file"): expected on a normal leave.
+CLOSING_PIPE_WARNING = "encountered error when reading incoming request from"
+DRAIN_TIMEOUT_S = 10.0   # bound on reading what the shutdown wrote to stderr
+
+
+def leave_group() -> None:
+    """``rpc.shutdown(graceful=False)`` without TensorPipe's closing-pipe warnings on stderr.
+
+    Not graceful: a graceful shutdown is a barrier over the group and would hang on a dead member.
+    While the agent shuts down, file descriptor 2 goes to a pipe; afterwards every line it got is
+    written to the real stderr except those warnings, so nothing else said meanwhile is lost.
+    """
+    import sys
+    import threading
+
+    import torch.distributed.rpc as rpc
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        with os.fdopen(read_end, "rb") as r:
+            while data := r.read1(65536):
+                chunks.append(data)
+
+    reader = threading.Thread(target=drain, name="rpc-shutdown-stderr", daemon=True)
+    reader.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        rpc.shutdown(graceful=False)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)          # the pipe's last writer is gone: the reader sees its end
+        os.close(saved)
+        reader.join(DRAIN_TIMEOUT_S)
+        kept = [line for line in b"".join(chunks).decode(errors="replace").splitlines(keepends=True)
+                if CLOSING_PIPE_WARNING not in line]
+        if kept:
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()

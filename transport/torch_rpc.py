@@ -29,11 +29,11 @@ class TorchRpcChannel(BatchChannel):
         fut = self._rpc.rpc_async(rpc_group.worker_name(part), rpc_group.PULL, args=(session_id, epoch, seq, secret),
                                   timeout=self.rpc_timeout)
         pending = Pending()
-        fut.add_done_callback(lambda f: _settle(pending, f))
+        fut.add_done_callback(lambda f: settle(pending, f))
         return pending
 
 
-def _settle(pending: Pending, fut) -> None:
+def settle(pending: Pending, fut) -> None:
     """Move a completed torch future's batch -- or its error -- into ``pending``."""
     try:
         value = fut.wait()

@@ -1,11 +1,14 @@
 """The daemon's lifecycle: startup -> serve -> drain -> shutdown.
 
-- **startup**: open the partition (memory maps), bind the gRPC aio server, register the
-  Control servicer, gRPC health and server reflection, start; only then set health
-  SERVING (for "" and ``graphfeed.control.v1.Control``), write ``--port-file`` and print
-  the ready line ``graphfeed-serve listening port=N ...`` on stdout.
+- **startup**: open the partition (memory maps), decide the sampling implementation (the
+  pure-torch fallback is logged once as ``sampler_fallback``; a first-use native build
+  happens here), bind the gRPC aio server, register the Control servicer, gRPC health and
+  server reflection, start; only then set health SERVING (for "" and
+  ``graphfeed.control.v1.Control``), write ``--port-file``, print the ready line
+  ``graphfeed-serve listening port=N ...`` on stdout and tell systemd ``READY=1``
+  (:mod:`.sdnotify`; ``WATCHDOG=1`` pings follow when the unit asks for them).
 - **serve** until SIGTERM or SIGINT.  Signal handlers only set events.
-- **drain**: health NOT_SERVING first, new OpenGroup/OpenSession get UNAVAILABLE,
+- **drain**: systemd ``STOPPING=1``, health NOT_SERVING, new OpenGroup/OpenSession get UNAVAILABLE,
   open groups get up to ``drain_grace_seconds`` to close (their trainers keep
   pulling meanwhile), then the remaining workers are stopped.
 - **shutdown**: stop the gRPC server, exit 0.  A second signal forces exit (130):
@@ -22,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
@@ -31,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.server.daemon import logs, security
+from graphfeed.server.daemon import logs, sdnotify, security
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer, WorkerFactory
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
@@ -70,8 +74,14 @@ def check_bindable(host: str, port: int) -> None:
 
 
 def default_factory(spec: GroupSpec) -> SessionWorkerHandle:
-    """Start a real session worker process (tests pass ``Daemon(worker_factory=...)`` instead)."""
-    return SessionWorkerHandle.start(spec)
+    """Start a real session worker process (tests pass ``Daemon(worker_factory=...)`` instead); what it
+    prints becomes one ``worker_output`` log line per line (so JSON logs stay JSON)."""
+    log = logs.get()
+
+    def output(line: str) -> None:
+        log.warning("worker_output", group=spec.group_id, part=spec.part_id, line=line)
+
+    return SessionWorkerHandle.start(spec, output=output)
 
 
 class Daemon:
@@ -94,9 +104,11 @@ class Daemon:
         self.figures: WorkerFigures | None = None
         self.metrics: MetricsEndpoint | None = None
         self.metrics_port: int | None = None
+        self.implementation = ""          # "native" or "reference": what the session workers sample with
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._reaper: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._signals = 0
@@ -150,6 +162,7 @@ class Daemon:
     async def startup(self) -> None:
         c = self.config
         self.served = served = load_partition(c)
+        self.implementation = self._check_sampler()
         self.registry = registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
                                  log=self.log)
         check_bindable(c.host, c.port)
@@ -161,6 +174,7 @@ class Daemon:
         registry.before_stop = figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, served, registry, self.log, self.worker_factory,
                                   is_draining=lambda: self.draining, figures=figures)
+        control.sampler = self.implementation
         pb_grpc.add_ControlServicer_to_server(control, server)
         self.control = control
         self._health = health.aio.HealthServicer()
@@ -181,7 +195,38 @@ class Daemon:
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
         self._announce(served)
+        self._notify(f"READY=1\nSTATUS=serving part {c.part} on port {self.port}\nMAINPID={os.getpid()}")
+        interval = sdnotify.watchdog_interval()
+        if interval is not None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._ping_watchdog(interval))
         self.ready.set()
+
+    def _notify(self, state: str) -> None:
+        """Tell systemd (``Type=notify``); a broken ``$NOTIFY_SOCKET`` is logged, never fatal."""
+        try:
+            sdnotify.notify(state)
+        except OSError as exc:
+            self.log.warning("sd_notify_failed", socket=os.environ.get(sdnotify.NOTIFY_ENV), cause=str(exc))
+
+    async def _ping_watchdog(self, interval: float) -> None:
+        """``WATCHDOG=1`` every ``interval`` seconds from the event loop (a stuck loop stops the pings)."""
+        while True:
+            self._notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    def _check_sampler(self) -> str:
+        """Decide the sampling implementation once, before any worker starts (a first-use native build
+        happens here, so workers find it in the cache); the fallback is logged once, as a warning."""
+        from graphfeed import cuda_ext
+
+        cuda_ext.announce = lambda message: self.log.info("native_build", message=message)
+        with warnings.catch_warnings():   # reported below as one structured line instead
+            warnings.simplefilter("ignore", RuntimeWarning)
+            from graphfeed.server.sampling import dispatch
+        reason = dispatch.fallback_reason()
+        if reason is not None:
+            self.log.warning("sampler_fallback", implementation=dispatch.IMPLEMENTATION, cause=reason)
+        return dispatch.IMPLEMENTATION
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         c = self.config
@@ -224,6 +269,7 @@ class Daemon:
                 raise StartupError(ExitCode.CONFIG, f"cannot write --port-file {self.port_file}: "
                                                     f"{exc.strerror or exc}") from None
         self.log.info("serving", host=c.host, port=self.port, part=c.part, num_parts=meta.num_parts,
+                      sampler=self.implementation,
                       graph=meta.graph_name, nodes=served.num_local_nodes, pid=os.getpid(),
                       tls="mtls" if c.tls_client_ca else "on" if c.tls else "off", token=bool(c.token),
                       metrics_port=self.metrics_port)
@@ -233,6 +279,7 @@ class Daemon:
 
     async def drain(self) -> None:
         self.draining = True
+        self._notify("STOPPING=1\nSTATUS=draining")
         if self._health is not None:
             await self._health.set("", NOT_SERVING)
             await self._health.set(SERVICE_NAME, NOT_SERVING)
@@ -251,6 +298,8 @@ class Daemon:
     async def _close_server(self, grace: float | None = 1.0) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self._server is not None:
             await self._server.stop(grace=grace)
         if self.metrics is not None:

@@ -35,6 +35,9 @@ LOG_FORMATS = ("logfmt", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PORT = 65535
 MIN_TOKEN_LENGTH = 16
+# Words of example tokens in documentation and manifests: such a token is refused, never served with.
+PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "change-me", "placeholder", "example",
+                     "your-token", "xxxxxxxx")
 SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
 
 
@@ -188,6 +191,9 @@ def _token(v) -> str:
     if len(v) < MIN_TOKEN_LENGTH or not all(33 <= ord(c) <= 126 for c in v):
         raise ValueError(f"expected at least {MIN_TOKEN_LENGTH} printable ASCII characters without spaces "
                          f"(e.g. the output of `openssl rand -hex 32`)")
+    if any(word in v.lower() for word in PLACEHOLDER_WORDS):
+        raise ValueError("expected a real secret, got the placeholder of an example: generate one with "
+                         "`openssl rand -hex 32`")
     return v
 
 

@@ -126,6 +126,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.errors: collections.Counter[str] = collections.Counter()   # refusals by status; the metrics read it
         self.figures = figures          # the workers' cumulative figures (GetStats totals)
         self.metrics_port = 0           # set by the daemon when its metrics endpoint runs
+        self.sampler = ""               # set by the daemon: "native" or "reference"
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -375,7 +376,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             groups_open=len(reg.groups), sessions_open=len(reg.sessions),
             sessions_opened_total=reg.sessions_opened_total, sessions_reaped_total=reg.sessions_reaped_total,
             sessions=[s for rows in per_group for s in rows], uptime_seconds=time.monotonic() - self.started_at,
-            sessions_closed_total=reg.sessions_closed_total, metrics_port=self.metrics_port,
+            sessions_closed_total=reg.sessions_closed_total, metrics_port=self.metrics_port, sampler=self.sampler,
             **await self._served_totals())
 
     async def _served_totals(self) -> dict:

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 
 LOGGER_NAME = "graphfeed.daemon"
 
@@ -78,8 +79,19 @@ def configure(log_format: str = "logfmt", level: str = "info", stream=None) -> E
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
-    return EventLogger(logger)
+    event_log = EventLogger(logger)
+    capture_warnings(event_log)
+    return event_log
 
+
+def capture_warnings(log: EventLogger) -> None:
+    """Python warnings (torch's, the sampler's) become ``python_warning`` lines of ``log``, so a JSON log
+    stays JSON; each distinct warning still appears once per place, as Python's default filter decides."""
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        log.warning("python_warning", category=category.__name__, message=str(message), where=f"{filename}:{lineno}")
+
+    warnings.showwarning = show
 
 def get() -> EventLogger:
     return EventLogger(logging.getLogger(LOGGER_NAME))

@@ -36,8 +36,9 @@ WORKER_ERROR_KINDS = ("produce", "remote", "worker_gone", "metrics_timeout")
 
 METRICS: dict[str, MetricSpec] = {
     # ---- the process -----------------------------------------------------------------------------
-    "graphfeed_build_info": MetricSpec("gauge", "Always 1; labels carry the graphfeed, Python and torch versions.",
-                                       ("version", "python", "torch")),
+    "graphfeed_build_info": MetricSpec("gauge", "Always 1; labels carry the graphfeed, Python and torch versions "
+                                       "and whether the native sampling ops run (native=\"false\": the pure-torch "
+                                       "fallback, about 3x slower).", ("version", "python", "torch", "native")),
     "graphfeed_start_time_seconds": MetricSpec("gauge", "Unix time the daemon started serving."),
     "graphfeed_uptime_seconds": MetricSpec("gauge", "Seconds since the daemon started serving."),
     "graphfeed_draining": MetricSpec("gauge", "1 while the daemon drains (SIGTERM received), else 0."),
@@ -82,6 +83,11 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 METRIC_NAMES: tuple[str, ...] = tuple(METRICS)
+
+# prometheus_client's standard process collector (Linux), registered beside ours on the endpoint.
+PROCESS_SERIES = frozenset({"process_cpu_seconds_total", "process_resident_memory_bytes",
+                            "process_virtual_memory_bytes", "process_open_fds", "process_max_fds",
+                            "process_start_time_seconds"})
 
 
 def series_names(specs: dict[str, MetricSpec] | None = None) -> set[str]:
@@ -265,6 +271,7 @@ class ServerCollector:
     def __init__(self, daemon, figures: WorkerFigures, partition: dict[str, int], loop: asyncio.AbstractEventLoop):
         self.daemon, self.figures, self.partition, self.loop = daemon, figures, partition, loop
         self.build = build_labels()
+        self.native = "true" if getattr(daemon, "implementation", "") == "native" else "false"
         self.started_unix = time.time()
         self.started = time.monotonic()
 
@@ -293,7 +300,7 @@ class ServerCollector:
     def _process(self):
         d, c = self.daemon, self.daemon.config
         f = _family("graphfeed_build_info")
-        f.add_metric([self.build["version"], self.build["python"], self.build["torch"]], 1)
+        f.add_metric([self.build["version"], self.build["python"], self.build["torch"], self.native], 1)
         yield f
         yield self._single("graphfeed_start_time_seconds", self.started_unix)
         yield self._single("graphfeed_uptime_seconds", time.monotonic() - self.started)
@@ -374,12 +381,13 @@ class MetricsEndpoint:
     """The daemon's ``/metrics``: an explicit registry (no process-global one) on its own HTTP thread."""
 
     def __init__(self, daemon, figures: WorkerFigures, loop: asyncio.AbstractEventLoop):
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import CollectorRegistry, ProcessCollector
 
         self.figures = figures
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = ServerCollector(daemon, self.figures, partition_figures(daemon.served), loop)
         self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)   # process_cpu_seconds_total, RSS, open fds, ...
         self._server: Any = None   # prometheus_client's WSGI server and its thread, once started
         self._thread: threading.Thread | None = None
         self.port: int | None = None

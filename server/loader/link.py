@@ -51,4 +51,5 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
         """A link batch: ``seeds`` are the positions of its seed edges (also its ``input_id``)."""
-        return produce_link_batch(self.graph, self.seeds, seeds, self.spec.sampling, entry, epoch, seq)
+        return produce_link_batch(self.graph, self.seeds, seeds, self.spec.sampling, entry, epoch, seq,
+                                  feature_dtype=self.spec.feature_torch_dtype)

@@ -36,21 +36,24 @@ class LocalNeighborLoader:
     ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight
     (homogeneous graphs so far).
 
-    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  ValueError (one line,
-    naming the type and the fix) for a node type or fanout edge type the graph lacks.  One live
-    iterator at a time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as
-    the remote loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
+    ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
+    floating-point features as the servers do for a remote loader with the same argument.
+    The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
+    time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
+    loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
+    ValueError (one line, naming the type and the fix) for a node type or fanout edge type the graph
+    lacks.
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *,
                  batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, weight_attr: str | None = None):
+                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, weight_attr=weight_attr)
+                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype)
         self._setup(graph, spec)
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
@@ -62,10 +65,10 @@ class LocalNeighborLoader:
         self.input_type = spec.input.type_or(graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
-        self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
-                          for p, part in enumerate(self.graph.parts)]
         self._progress = EpochProgress()
         check_ranks_agree(self.spec, self.counts)
+        self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
+                          for p, part in enumerate(self.graph.parts)]
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
@@ -106,7 +109,7 @@ class LocalNeighborLoader:
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
         """The wire form of batch ``seq`` (plan entry ``entry``, ``seeds`` at input positions ``input_id``)."""
         return produce_batch(self.graph, seeds, self.spec.sampling, entry, epoch, seq, input_type=self.input_type,
-                             input_id=input_id)
+                             input_id=input_id, feature_dtype=self.spec.feature_torch_dtype)
 
     def state_dict(self) -> dict:
         """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""

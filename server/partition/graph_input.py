@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.server.partition.input_arrays import label_classes
 
 EdgeType = tuple[str, str, str]
 
@@ -32,7 +33,7 @@ class NodeTypeInput:
 
     @property
     def num_classes(self) -> int:
-        return int(self.y.max()) + 1 if self.y is not None and self.y.size else 0
+        return label_classes(self.y)
 
 
 @dataclass
@@ -50,9 +51,10 @@ class EdgeTypeInput:
 class GraphInput:
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
-    def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray, splits: dict[str, np.ndarray],
+    def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
                  edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0):
-        """The homogeneous graph: ``x`` [N, F], ``y`` [N], ``edge_index`` [2, E], ``splits`` of node ids."""
+        """The homogeneous graph: ``x`` [N, F], ``y`` [N, ...] or None (unlabelled), ``edge_index`` [2, E],
+        ``splits`` of node ids."""
         self._set({DEFAULT_NODE_TYPE: NodeTypeInput(int(x.shape[0]), x, y)},
                   {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr)},
                   splits, DEFAULT_NODE_TYPE, name, fingerprint, num_classes)
@@ -79,6 +81,7 @@ class GraphInput:
         self.name: str = name
         self.fingerprint: str = fingerprint
         self.num_classes: int = num_classes or nodes[label_type].num_classes
+        self.dropped: list[str] = []   # what the input carried that is not stored (the reader fills it in)
 
     # ---- the typed view
 

@@ -117,10 +117,23 @@ def check_x(x: np.ndarray, w: str) -> None:
 
 
 def check_y_dtype(y: np.ndarray, w: str) -> None:
+    """Labels are stored and served as given: integer classes [N], multi-label [N, C] (integer, bool or
+    float), regression targets (float, [N] or [N, ...])."""
     if y.ndim == 0:
-        raise InputError(f"{w} is a scalar; give one label per node (an array of shape [N])")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise InputError(f"{w} must hold integer class labels, got dtype {y.dtype}; convert it to int64")
+        raise InputError(f"{w} is a scalar; give one label per node (an array of shape [N] or [N, ...])")
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating) or y.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric (integer classes, float targets or 0/1 multi-label), got dtype "
+                         f"{y.dtype}; convert it to int64 or float32")
+
+
+def label_classes(y: np.ndarray | None) -> int:
+    """Classes a label array implies: ``max + 1`` for integer class labels [N], the column count for
+    multi-label [N, C] (integer or bool), 0 for float targets and for no labels."""
+    if y is None or y.size == 0 or np.issubdtype(y.dtype, np.floating):
+        return 0
+    if y.ndim == 2:
+        return int(y.shape[1])
+    return int(y.max()) + 1 if y.ndim == 1 else 0
 
 
 def check_split(idx: np.ndarray, w: str, num_nodes: int, rows: str) -> np.ndarray:

@@ -6,14 +6,19 @@ Homogeneous inputs (original node ids are row positions of ``x``):
 
       edge_index.npy   integer [2, E]   row 0 = source, row 1 = destination
       x.npy            numeric [N, F]   node features (N defines the number of nodes)
-      y.npy            integer [N] or [N, ...]
+      y.npy            optional labels, stored and served as given: integer classes [N],
+                       multi-label [N, C], float regression targets [N] or [N, ...]
       train_idx.npy    integer [k]      node ids (required); val_idx.npy, test_idx.npy (optional)
       edge_attr.npy    numeric [E, ...] optional edge features
       meta.json        optional; its "name" (or "preset") names the graph
 
 * a file written with ``torch.save`` holding a PyG ``Data`` (or a dict of tensors) with
-  ``x``, ``y``, ``edge_index``, splits as ``train_mask``/``val_mask``/``test_mask`` (bool [N])
-  or ``train_idx``/... (ids), and optional ``edge_attr``.
+  ``x``, ``edge_index``, splits as ``train_mask``/``val_mask``/``test_mask`` (bool [N])
+  or ``train_idx``/... (ids), and optional ``y`` and ``edge_attr``.
+
+Anything else the input carries (other ``.npy`` files, other ``Data`` attributes) is not
+stored: :attr:`GraphInput.dropped` names it, and ``graphfeed partition`` prints one warning
+line with those names.
 
 Typed inputs (a PyG ``HeteroData`` file, a typed ``.npy`` folder) are read by
 :mod:`graphfeed.server.partition.typed_inputs`; :func:`read_graph` tells them apart.
@@ -37,7 +42,9 @@ from graphfeed.server.partition.input_arrays import (
     check_edge_index_shape,
     check_split,
     check_x,
+    check_y_dtype,
     field_of,
+    label_classes,
     load_npy,
     mask_to_ids,
     to_numpy,
@@ -45,10 +52,14 @@ from graphfeed.server.partition.input_arrays import (
 )
 from graphfeed.server.partition.typed_inputs import is_hetero_data, is_typed_folder, read_hetero_data, read_typed_folder
 
-__all__ = ["InputError", "REQUIRED_FILES", "build_graph_input", "fingerprint", "read_graph", "read_npy_folder",
-           "read_torch_file"]
+__all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fingerprint", "read_graph",
+           "read_npy_folder", "read_torch_file"]
 
-REQUIRED_FILES = ("edge_index", "x", "y", "train_idx")
+REQUIRED_FILES = ("edge_index", "x", "train_idx")
+NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr")
+# Data attributes read (or, for num_nodes/name, understood) by read_torch_file
+DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "name", "num_nodes",
+                       *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -93,12 +104,13 @@ def _graph_name(folder: Path) -> str:
 def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     """A homogeneous ``.npy`` folder (see the module docstring)."""
     folder = Path(folder)
-    arrays = {name: _load_npy(folder, name, name in REQUIRED_FILES)
-              for name in ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr")}
+    arrays = {name: _load_npy(folder, name, name in REQUIRED_FILES) for name in NPY_FILES}
     where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
-    return build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
-                             name=_graph_name(folder), where=where)
+    graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
+                              name=_graph_name(folder), where=where)
+    graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
+    return graph
 
 
 # ----------------------------------------------------------------------------- torch.save file
@@ -122,12 +134,13 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
                          f"with x, y, edge_index and train_mask/train_idx, or a HeteroData")
     where = lambda name: f"{file}: attribute {name}"  # noqa: E731 -- a one-line local formatter
     fields: dict[str, np.ndarray] = {}
-    for name in ("edge_index", "x", "y"):
+    for name in ("edge_index", "x"):
         value = to_numpy(field_of(obj, name), where(name))
         if value is None:
-            raise InputError(f"{where(name)} is missing: the Data needs x, y, edge_index and a train split "
-                             f"(train_mask or train_idx)")
+            raise InputError(f"{where(name)} is missing: the Data needs x, edge_index and a train split "
+                             f"(train_mask or train_idx); y is optional")
         fields[name] = value
+    y = to_numpy(field_of(obj, "y"), where("y"))
     x = fields["x"]
     num_nodes = int(x.shape[0]) if x.ndim else 0
     splits = {s: _split_from_torch(obj, s, num_nodes, file) for s in SPLITS}
@@ -137,7 +150,20 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     edge_attr = to_numpy(field_of(obj, "edge_attr"), where("edge_attr"))
     name = field_of(obj, "name")
     name = name if isinstance(name, str) and name else file.stem
-    return build_graph_input(fields["edge_index"], x, fields["y"], splits, edge_attr, name=name, where=where)
+    graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where)
+    graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
+    return graph
+
+
+def _attribute_names(obj) -> list[str]:
+    """The attribute names of a PyG ``Data`` (its ``keys()``) or the keys of a dict."""
+    if isinstance(obj, dict):
+        return [str(k) for k in obj]
+    keys = getattr(obj, "keys", None)
+    try:
+        return [str(k) for k in (keys() if callable(keys) else keys or [])]
+    except TypeError:
+        return []
 
 
 # ----------------------------------------------------------------------------- validation
@@ -153,12 +179,13 @@ def _check_edge_index(edge_index: np.ndarray, num_nodes: int, where: Callable[[s
     return edge_index
 
 
-def _check_y(y: np.ndarray, num_nodes: int, where) -> None:
-    if y.ndim == 0 or y.shape[0] != num_nodes:
-        raise InputError(f"{where('y')} has {y.shape[0] if y.ndim else 0} entries but x has {num_nodes} rows; "
+def _check_y(y: np.ndarray | None, num_nodes: int, where) -> None:
+    if y is None:
+        return
+    check_y_dtype(y, where("y"))
+    if y.shape[0] != num_nodes:
+        raise InputError(f"{where('y')} has {y.shape[0]} entries but x has {num_nodes} rows; "
                          f"give one label per node (same order as x)")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise InputError(f"{where('y')} must hold integer class labels, got dtype {y.dtype}; convert it to int64")
 
 
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
@@ -182,6 +209,6 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
     if edge_attr is not None:
         check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
     graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=int(y.max()) + 1 if y.size else 0)
+                       num_classes=label_classes(y))
     graph.fingerprint = fingerprint(graph)
     return graph

@@ -254,7 +254,7 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
 
 
 def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, RawNodeType]) -> str:
-    """The one node type with splits; it needs y and a non-empty train split."""
+    """The one node type with splits; it needs a non-empty train split (labels are optional)."""
     with_splits = sorted(ntype for ntype, (_, splits) in checked.items() if splits)
     if len(with_splits) > 1:
         raise InputError(f"node types {', '.join(map(repr, with_splits))} all have splits, but graphfeed trains one "
@@ -265,10 +265,7 @@ def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, R
         raise InputError(f"no node type has a train split; give the training nodes of the type you train "
                          f"(e.g. {example}, or a train_mask)")
     ntype = with_splits[0]
-    node, splits = checked[ntype]
-    if node.y is None:
-        raise InputError(f"node type {ntype!r} has splits but no labels (y); add {raw[ntype].where('y')} or move "
-                         f"the splits to the labelled node type")
+    _, splits = checked[ntype]   # labels are optional: an unlabelled graph is served as it is
     if not splits.get("train", np.empty(0)).size:
         raise InputError(f"{raw[ntype].where('train_idx')} is missing or empty: give at least one training node "
                          f"of node type {ntype!r}")

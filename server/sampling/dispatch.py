@@ -45,6 +45,27 @@ _NATIVE = _probe_native()
 IMPLEMENTATION = "native" if _NATIVE is not None else "reference"
 
 
+def fallback_reason() -> str | None:
+    """Why the pure-torch reference runs, with the fix (``None`` when the native ops run)."""
+    if _NATIVE is not None:
+        return None
+    if _FORCED == "reference":
+        return "GRAPHFEED_SAMPLER=reference forces the pure-torch sampler (unset it to use the native ops)"
+    from graphfeed import cuda_ext
+
+    return f"{cuda_ext.load_error()} (the pure-torch sampler runs, about 3x slower)"
+
+
+def describe() -> str:
+    """One line for ``graphfeed info``/``bench``: the implementation and where its library came from."""
+    if _NATIVE is None:
+        return f"reference: {fallback_reason()}"
+    from graphfeed import cuda_ext
+
+    origin, path = cuda_ext.library_origin()
+    return f"native ({origin}: {path})"
+
+
 def _seed64(seed: int) -> int:
     """The batch seed as the int64 with the same 64 bits (what the ops' ``int`` argument holds)."""
     seed = int(seed) & MASK64

@@ -114,10 +114,11 @@ def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -
 
 
 def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                       epoch: int, seq: int) -> dict[str, torch.Tensor]:
+                       epoch: int, seq: int, feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` of a link loader: the seed edges at ``positions`` (resolved in
     ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
-    first ``batch_size`` nodes), encoded.  :class:`StrictNegativeError` as :func:`draw_negatives`."""
+    first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
+    :class:`StrictNegativeError` as :func:`draw_negatives`."""
     link, seed = seeds.link, plan_entry.seed
     src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
     ends = [src, dst]
@@ -128,8 +129,9 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
     nodes, local = torch.unique(torch.cat(ends), return_inverse=True)
     sub = graph.sample(nodes, spec, seed)
     x, y, orig = graph.gather(sub.nodes)
-    return batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
+    wire = batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
                               num_sampled_nodes=sub.num_sampled_nodes, num_sampled_edges=sub.num_sampled_edges,
                               batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                               input_id=positions, extra=link_fields(link, positions, local),
                               edge_attr=graph.edge_attr(sub, spec))
+    return batch_codec.cast_features(wire, feature_dtype)

@@ -37,10 +37,12 @@ class SamplingGraph(Protocol):
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
                   epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
-                  stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
+                  stage: Callable[[str], ContextManager] | None = None,
+                  feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
-    :attr:`LoaderSpec.sampling`) and encoded.
+    :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
+    (a loader's :attr:`LoaderSpec.feature_torch_dtype`; None = as stored).
 
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
@@ -51,9 +53,10 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
         edges = {e: _edge_fields(sub, e) for e in sub.row}
         if edge_attr is not None:   # edge features: the default edge type's (homogeneous graphs)
             edges[graph.edge_types[0]]["edge_attr"] = edge_attr
-        return batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
+        wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id)
+        return batch_codec.cast_features(wire, feature_dtype)
 
 
 def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
@@ -73,9 +76,8 @@ def _edge_fields(sub: TypedSubgraph, etype: EdgeType) -> dict:
 def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor], positions: Sequence[torch.Tensor],
                     start: int = 0) -> Iterator[tuple[int, BatchSpec, torch.Tensor, torch.Tensor]]:
     """``(seq, entry, seeds, input_id)`` of the batches of ``plan`` at positions ``>= start``, in delivery
-    order, where ``inputs[p]``
-    are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`) and ``positions[p]``
-    their positions in the loader's input (:func:`graphfeed.core.epoch.input_positions`)."""
+    order, where ``inputs[p]`` are part ``p``'s input nodes (global ids, :meth:`Partition.input_nodes`)
+    and ``positions[p]`` their positions in the loader's input (:func:`graphfeed.core.epoch.input_positions`)."""
     orders = [plan.order(part, ids) for part, ids in enumerate(inputs)]
     position_orders = [plan.order(part, pos) for part, pos in enumerate(positions)]
     for seq, entry in enumerate(plan.entries):

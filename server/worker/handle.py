@@ -7,6 +7,11 @@ standard pickler (tensors travel by value, no shared-memory handles): the daemon
 ``(msg_id, command)``, the worker answers ``(msg_id, reply or WorkerError)``.  The worker
 dies with the daemon: it exits when the pipe closes and asks the kernel for SIGKILL when
 its parent dies.
+
+The worker's stdout and stderr (Python warnings, torch's C++ log lines, a failed join) come
+back through a pipe, one call of ``output(line)`` per line, so the daemon can re-emit them
+as its own structured log lines (``log_format: json`` keeps every line JSON).  Without
+``output`` they are copied to the daemon's stderr as they are.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import IO, Callable
 
 from graphfeed.server.worker.commands import START_ID, Command, GroupSpec, Started, Stop, WorkerError, WorkerGone
 
@@ -36,7 +42,22 @@ def worker_environment() -> dict[str, str]:
     """
     env = dict(os.environ)
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # c10 warnings (TensorPipe's "pipe closed", ...) off
+    env.setdefault("PYTHONUNBUFFERED", "1")          # lines reach the daemon's relay as they are written
     return env
+
+
+def _copy_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _relay(stream: IO[bytes], output: Callable[[str], None]) -> None:
+    """Hand every line the worker writes to ``output`` until the worker closes its end."""
+    with stream:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.strip():
+                output(line)
 
 
 class SessionWorkerHandle:
@@ -49,18 +70,25 @@ class SessionWorkerHandle:
         self._broken: str | None = None
 
     @classmethod
-    def start(cls, spec: GroupSpec, start_timeout: float = START_TIMEOUT) -> "SessionWorkerHandle":
-        """Spawn the worker, wait until it mapped its partition; WorkerError if it cannot start."""
+    def start(cls, spec: GroupSpec, start_timeout: float = START_TIMEOUT,
+              output: Callable[[str], None] | None = None) -> "SessionWorkerHandle":
+        """Spawn the worker, wait until it mapped its partition; WorkerError if it cannot start.
+
+        ``output(line)`` receives each line the worker prints (default: copied to stderr).
+        """
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen([sys.executable, "-m", "graphfeed.server.worker.process", "--fd",
                                      str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                    env=worker_environment())
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_environment())
         except OSError as exc:
             ours.close()
             raise WorkerError(f"cannot spawn a session worker: {exc}") from None
         finally:
             theirs.close()
+        assert proc.stdout is not None
+        threading.Thread(target=_relay, args=(proc.stdout, output or _copy_to_stderr), daemon=True,
+                         name=f"worker-{proc.pid}-output").start()
         handle = cls(proc, Connection(ours.detach()), spec)
         try:
             handle._conn.send_bytes(pickle.dumps(spec))

@@ -11,6 +11,9 @@ calls, it is not a sandbox.
   (async: completes when the batch is ready).  ``secret`` must be the session's secret
   (OpenSessionReply.session_secret, issued over the authenticated control plane),
   compared in constant time: a process that did not open the session cannot pull.
+* ``attach(names, size)`` / ``pull_into(session_id, epoch, seq, secret, slot)`` -- the same-host
+  shared-memory channel (:mod:`graphfeed.transport.shm`): map the trainer's ring of slots, and
+  pull a batch by copying it into one slot (answering with its layout only).
 * ``one_hop(etype, gids, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
   through one edge type / read features of nodes of one type that this worker's part owns
   (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
@@ -29,8 +32,10 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
 from graphfeed.transport.pending import Pending
+from graphfeed.transport.shm import RingWriter
 
 _worker = None   # the process's SessionWorker (set once by bind())
+_ring = RingWriter()   # this worker's mappings of its trainer's shared-memory slots (one trainer per worker)
 
 
 def bind(worker) -> None:
@@ -59,6 +64,35 @@ def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.fu
     except PermissionError as exc:  # through the future, so the caller gets the PermissionError itself
         return _as_remote_errors(Pending.failed(exc))
     return _as_remote_errors(worker.pull(session_id, int(epoch), int(seq)))
+
+
+@rpc.functions.async_execution
+def pull_into(session_id: str, epoch: int, seq: int, secret: bytes, slot: int) -> torch.futures.Future:
+    """:func:`pull`, with the batch copied into the trainer's shared-memory ``slot``: answers
+    ``("shm", layout)``, or ``("inline", batch, bytes needed)`` when the batch does not fit the slot
+    (:meth:`graphfeed.transport.shm.RingWriter.answer`).  PermissionError for a wrong ``secret``."""
+    worker = _bound()
+    try:
+        worker.authorize(session_id, secret)
+    except PermissionError as exc:
+        return _as_remote_errors(Pending.failed(exc))
+    out = Pending()
+
+    def fill(p: Pending) -> None:
+        try:
+            out.set_result(_ring.answer(int(slot), p.result()))
+        except Exception as exc:  # noqa: BLE001 -- the pull's error or a copy failure, to the trainer
+            out.set_exception(exc)
+
+    worker.pull(session_id, int(epoch), int(seq)).add_done_callback(fill)
+    return _as_remote_errors(out)
+
+
+def attach(names: list[str], size: int) -> list[bytes]:
+    """Map the trainer's shared-memory slots ``names`` (``size`` bytes each); returns their tokens.
+    OSError when they cannot be mapped here (another host: the trainer then uses torch RPC)."""
+    _bound()
+    return _ring.attach(list(names), int(size))
 
 
 def _as_remote_errors(pending: Pending) -> torch.futures.Future:
@@ -116,7 +150,7 @@ def to_global(orig_ids: torch.Tensor):
     return worker.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
-ALLOWED = frozenset({pull, one_hop, gather, has_edges, edge_attr, to_global})
+ALLOWED = frozenset({pull, pull_into, attach, one_hop, gather, has_edges, edge_attr, to_global})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 

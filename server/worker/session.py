@@ -144,11 +144,12 @@ class Session:
                 with tel.stage("batch"):
                     if self._link_seeds is not None:
                         batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
-                                                   run.epoch, seq)
+                                                   run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype)
                     else:
                         batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
                                               input_type=self.input_type,
-                                              input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage)
+                                              input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage,
+                                              feature_dtype=self.spec.feature_torch_dtype)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
