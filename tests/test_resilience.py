@@ -280,13 +280,16 @@ def _restart_later(parts, part: int, port: int, log_dir, delay: float, out: list
 
 
 def test_server_killed_mid_epoch_resumes_after_restart_on_the_same_port(parts_dir, graph, edge_set, tmp_path):
+    """The epoch (the 1,080 "test" nodes, 23 batches) is far longer than the prefetch window, so the
+    kill after 3 batches always lands mid-epoch (with the 96 "train" nodes, 4 batches, the last
+    ones could already be in flight and the epoch ended without a reconnect)."""
     _, x, _, splits = graph
-    kwargs = dict(batch_size=24, shuffle=True, seed=3)
-    ref = list(LocalNeighborLoader(parts_dir, FANOUTS, input_nodes="train", **kwargs))
+    kwargs = dict(batch_size=48, shuffle=True, seed=3)
+    ref = list(LocalNeighborLoader(parts_dir, FANOUTS, input_nodes="test", **kwargs))
     with running_cluster(parts_dir, log_dir=tmp_path) as servers:
         victim = servers[1]
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
-            loader = client.neighbor_loader("train", FANOUTS, prefetch=2, **kwargs)
+            loader = client.neighbor_loader("test", FANOUTS, prefetch=2, **kwargs)
             val = client.neighbor_loader("val", FANOUTS, batch_size=64)
             it = iter(loader)
             got = [next(it) for _ in range(3)]
@@ -301,7 +304,7 @@ def test_server_killed_mid_epoch_resumes_after_restart_on_the_same_port(parts_di
             for a, b in zip(got, ref):  # equal to an uninterrupted run, batch for batch
                 _assert_same_batch(a, b)
             seeds = sum((_seeds(b) for b in got), [])
-            assert sorted(seeds) == sorted(splits["train"].tolist())   # every seed exactly once
+            assert sorted(seeds) == sorted(splits["test"].tolist())    # every seed exactly once
             for b in got[::5]:
                 _check_edges(b, edge_set, x.shape[0])
             assert len(list(loader)) == len(ref)   # the next epoch runs on the new group
