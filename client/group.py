@@ -33,6 +33,10 @@ CHANNELS = ("auto", "rpc")
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
+# seconds a pull waits for a free shared-memory slot before it goes over torch RPC.  A loop that drops
+# each batch never waits (slots > prefetch + 1); one that keeps every batch (``list(loader)``) can
+# never free a slot, so each of its pulls would wait this long: keep it short.
+SHM_SLOT_WAIT = 2.0
 HEARTBEAT_MISSES = 2   # consecutive failed heartbeats before a server counts as gone
 
 
@@ -149,7 +153,7 @@ class DataGroup:
         try:
             return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
                                    slots=self.shm_slots, slot_bytes=int(self.shm_slot_mb * 2**20),
-                                   slot_wait=min(10.0, self.rpc_timeout / 2), group=self.group_id)
+                                   slot_wait=min(SHM_SLOT_WAIT, self.rpc_timeout / 2), group=self.group_id)
         except ShmUnavailable as exc:
             log.info("batch channel: torch RPC (no shared-memory ring: %s)", exc)
         except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)

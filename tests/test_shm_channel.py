@@ -146,6 +146,7 @@ def test_full_ring_is_backpressure_and_held_batches_fall_back_to_rpc(cluster, pa
     local = list(LocalNeighborLoader(parts_dir, FANOUTS, **KW))
     with gf.connect([s.address for s in cluster], timeout=60, shm_slots=1) as client:
         channel = client.group.channel
+        channel.slot_wait = 60.0   # the first epoch's pulls wait for the slot in turn, however loaded the host
         loader = client.neighbor_loader("train", FANOUTS, prefetch=4, **KW)
         it = iter(loader)
         for want in local:     # one slot per server, four pulls asked each time: they wait for the slot in turn
