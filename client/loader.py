@@ -154,7 +154,7 @@ class RemoteNeighborLoader:
         the first batch the trainer has not received; otherwise the ServerError propagates.
         """
         progress = self._progress
-        try:
+        with progress.running():
             while progress.delivered < len(plan):
                 try:
                     for data in self._stream(plan.epoch, plan.entries, progress.delivered, generation):
@@ -167,13 +167,6 @@ class RemoteNeighborLoader:
                                 plan.epoch, progress.delivered, len(plan))
                     self._stats.resumed()
                     generation = self._start_epoch(plan, progress.delivered, generation)
-        except GeneratorExit:
-            progress.finish("abandoned")
-            raise
-        except BaseException:
-            progress.finish("failed")
-            raise
-        progress.finish("done")
         self._stats.end_epoch()
 
     def _stream(self, epoch: int, entries, start: int, generation: int) -> Iterator:

@@ -18,6 +18,8 @@ Both loaders (local and remote) keep an :class:`EpochProgress`:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 STATE_VERSION = 1
@@ -65,6 +67,20 @@ class EpochProgress:
     def finish(self, status: str) -> None:
         """The iterator ended: ``done`` (every batch delivered), ``abandoned`` or ``failed``."""
         self.status = status
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around an epoch's generator body: records how the iterator ended (:meth:`finish`) --
+        ``abandoned`` when it is closed early, ``failed`` when it raises, ``done`` otherwise."""
+        try:
+            yield
+        except GeneratorExit:
+            self.finish("abandoned")
+            raise
+        except BaseException:
+            self.finish("failed")
+            raise
+        self.finish("done")
 
     # ---- checkpoint ---------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from graphfeed.core.process import pid_alive
 from graphfeed.transport import rpc_group
 from graphfeed.transport.channel import BatchChannel
 from graphfeed.transport.pending import Pending
@@ -98,16 +99,6 @@ def unlink_segment(name: str) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_segments() -> list[str]:
     """Names of graphfeed segments in ``/dev/shm`` now."""
     try:
@@ -121,7 +112,7 @@ def sweep_stale() -> list[str]:
     removed = []
     for name in list_segments():
         match = NAME_RE.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             unlink_segment(name)
             removed.append(name)
     return removed

@@ -92,18 +92,11 @@ class LocalNeighborLoader:
 
     def _batches(self, plan: EpochPlan, start: int) -> Iterator:
         progress = self._progress
-        try:
+        with progress.running():
             for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
                 data = batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
                 progress.delivered += 1
                 yield data
-        except GeneratorExit:
-            progress.finish("abandoned")
-            raise
-        except BaseException:
-            progress.finish("failed")
-            raise
-        progress.finish("done")
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:

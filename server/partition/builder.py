@@ -15,6 +15,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from graphfeed.core.process import pid_alive
 from graphfeed.server.partition.format import (
     META_FILE,
     TOPOLOGIES,
@@ -309,18 +310,8 @@ def _remove_stale_temporaries(output: Path) -> None:
     """Delete ``.NAME.tmp-PID-*`` folders left by crashed runs (their process no longer exists)."""
     for tmp in output.parent.glob(f".{output.name}.tmp-*-*"):
         pid = tmp.name[len(f".{output.name}.tmp-"):].split("-", 1)[0]
-        if pid.isdigit() and not _process_alive(int(pid)) and not (tmp / META_FILE).exists():
+        if pid.isdigit() and not pid_alive(int(pid)) and not (tmp / META_FILE).exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _umask() -> int:
