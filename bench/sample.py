@@ -18,6 +18,13 @@ Definitions (keep them stable: later issues report against them):
   epoch -- steadier than the rates on a shared machine;
 * ``peak_rss_mb`` is the process's peak resident set (``ru_maxrss``), memory-mapped
   partition pages that were touched included.
+
+With ``device="cuda"`` (``--device cuda``; a one-part partition) the same epochs run on a GPU
+(:class:`graphfeed.server.sampling.gpu.GpuPart`): the multi-hop driver over the CUDA kernels,
+and with ``features`` the rows of every sampled node read through the GPU feature cache
+(``gpu_cache_mb`` of the highest-degree rows in device memory, the rest from pinned host
+memory); each batch ends with a device synchronize, so the wall time counts the GPU's work.
+``cpu_s_per_epoch`` is then the host's share only.
 """
 from __future__ import annotations
 
@@ -58,6 +65,8 @@ class SampleBenchConfig:
     seed: int = 0
     replace: bool = False
     direction: str = "in"
+    device: str = "cpu"            # "cuda": sample on a GPU (one-part partitions)
+    gpu_cache_mb: int = 1024       # with device="cuda": feature rows kept in GPU memory
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (workload_spec)
 
     def __post_init__(self):
@@ -66,6 +75,10 @@ class SampleBenchConfig:
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.gpu_cache_mb < 0:
+            raise ValueError(f"--gpu-cache-mb must be >= 0, got {self.gpu_cache_mb}")
         if not os.path.isdir(self.graph):
             raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
                                     f"create one with `graphfeed partition ... --output {self.graph}`")
@@ -131,6 +144,25 @@ def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBe
     return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
 
 
+def run_gpu_epoch(gpu, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
+                  clock: Callable[[], float] = time.perf_counter) -> EpochStats:
+    """:func:`run_epoch` on a :class:`~graphfeed.server.sampling.gpu.GpuPart`: the same plan and seeds,
+    sampled (and with ``cfg.features`` gathered) on the GPU, synchronized after every batch."""
+    t0, cpu0 = clock(), time.process_time()
+    counts = [t.numel() for t in inputs]
+    plan = EpochPlan(cfg.loader, counts, epoch)
+    positions = [input_positions(counts, p) for p in range(len(inputs))]
+    seeds = edges = 0
+    for _seq, entry, batch_seeds, _input_id in planned_batches(plan, inputs, positions):
+        sub = gpu.sample(batch_seeds, entry.seed)
+        if cfg.features:
+            gpu.gather(sub.nodes)
+        torch.cuda.synchronize(gpu.device)
+        edges += sub.row.numel()
+        seeds += batch_seeds.numel()
+    return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
@@ -159,9 +191,23 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     graph = PartitionedGraph.in_process(open_parts(cfg.graph)[1])
     inputs = part_inputs(graph.parts, cfg.loader.input)
-    run_epoch(graph, inputs, cfg, epoch=0)                       # warm-up, not reported
-    measured = [run_epoch(graph, inputs, cfg, epoch=e) for e in range(1, cfg.epochs + 1)]
+    device_fields: dict = {"device": cfg.device}
+    if cfg.device == "cuda":
+        from graphfeed.server.sampling.gpu import GpuPart
+
+        gpu = GpuPart(graph.parts[0], cfg.loader.sampling, cfg.gpu_cache_mb << 20)
+        device_fields.update(gpu=torch.cuda.get_device_name(gpu.device), gpu_cached_rows=gpu.cached_rows,
+                             gpu_cache_mb=cfg.gpu_cache_mb)
+
+        def epoch_fn(e: int) -> EpochStats:
+            return run_gpu_epoch(gpu, inputs, cfg, e)
+    else:
+        def epoch_fn(e: int) -> EpochStats:
+            return run_epoch(graph, inputs, cfg, e)
+    epoch_fn(0)                                                  # warm-up, not reported
+    measured = [epoch_fn(e) for e in range(1, cfg.epochs + 1)]
     result = summarize(measured)
+    result.update(device_fields)
     result.update({
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "implementation": dispatch.IMPLEMENTATION,

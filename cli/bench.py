@@ -30,6 +30,10 @@ def add_arguments(parser) -> None:
     p.add_argument("--features", action="store_true",
                    help="also gather x/y of every sampled node and encode the batch (full produce_batch path)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: sample on a GPU with graphfeed's CUDA kernels (a one-part partition; default cpu)")
+    p.add_argument("--gpu-cache-mb", type=int, default=1024,
+                   help="with --device cuda: feature rows kept in GPU memory, highest degree first (default 1024)")
     _add_workload(p)
     _add_remote(sub)
 
@@ -110,6 +114,12 @@ def run(args) -> int:
                          "`graphfeed bench remote --servers N --graph DIR ...`")
     from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 
-    cfg = SampleBenchConfig(graph=args.graph, features=args.features, threads=args.threads, **_workload(args))
-    print(json.dumps(bench_sample(cfg)), flush=True)
+    cfg = SampleBenchConfig(graph=args.graph, features=args.features, threads=args.threads, device=args.device,
+                            gpu_cache_mb=args.gpu_cache_mb, **_workload(args))
+    try:
+        result = bench_sample(cfg)
+    except RuntimeError as exc:  # --device cuda without a GPU or without the CUDA kernels: one line
+        print(f"graphfeed bench sample: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
     return 0
