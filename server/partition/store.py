@@ -301,16 +301,39 @@ class Partition:
             self.weights.get(sampling.topology, sampling.weight_attr)
 
     def input_edges(self, link: LinkInput) -> torch.Tensor:
-        """Positions of the seed edges of ``link`` whose source node this part owns (ascending)."""
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending).  For a
+        link split: the part's stored seed edges, at positions after every earlier part's (the parts'
+        lists one after another, as a node split's)."""
         if not self.meta.is_homogeneous:
             raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
                              "supported yet; use a homogeneous graph")
+        if link.split is not None:
+            return self.link_split(link.split)[0]
         n = self.book.num_nodes
         if int(link.index.max()) >= n:
             raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
                              f"node ids are 0..{n - 1}")
         mask, _ = self.to_global(link.index[0])
         return mask.nonzero().view(-1)
+
+    def link_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(positions, src, dst)`` of this part's seed edges of link split ``name``: their positions in
+        the split (after every earlier part's) and global endpoint ids.  ValueError naming the fix
+        (``graphfeed partition --link-split``) when the partition has no such split."""
+        sizes = self.meta.link_splits.get(name, {}).get("sizes")
+        if sizes is None:
+            have = ", ".join(self.meta.link_split_sizes()) or "none"
+            raise ValueError(f"edge_label_index={name!r}: the partition has no link split {name!r} (it has {have}); "
+                             f"re-partition with `graphfeed partition --link-split val=0.05,test=0.10` or pass "
+                             f"edge_label_index as a [2, E] tensor")
+        start = int(sum(sizes[:self.part_id]))
+        src, dst = (_tensor(self.paths.link_split_file(self.part_id, name, end)) for end in ("src", "dst"))
+        return torch.arange(start, start + int(sizes[self.part_id])), src, dst
+
+    def link_split_eids(self, name: str) -> torch.Tensor:
+        """Input edge positions (in the partitioned ``edge_index``) of this part's seed edges of ``name``."""
+        self.link_split(name)   # the same check
+        return _tensor(self.paths.link_split_file(self.part_id, name, "eid"))
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
 
