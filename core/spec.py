@@ -128,8 +128,8 @@ class SamplingSpec:
     neighbors to the seeds); ``"out"`` samples out-edges.
 
     ``weight_attr`` (PyG's argument) samples neighbors with probability proportional to an edge
-    weight: ``"edge_attr"`` (the edge features' only column) or ``"edge_attr:K"`` (column ``K``);
-    see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
+    weight: ``"edge_attr"`` (the edge features' only column), ``"edge_attr:K"`` (column ``K``) or
+    ``"edge_weight"`` (the input's ``edge_weight.npy`` / ``Data.edge_weight``, stored per part); see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
     edges (checked when a loader opens).
     """
 
@@ -184,19 +184,21 @@ class SamplingSpec:
 
 
 WEIGHT_SOURCE = "edge_attr"
+EDGE_WEIGHT = "edge_weight"     # the weights stored from an input's edge_weight.npy / Data.edge_weight
 
 
 def weight_column(weight_attr) -> int | None:
-    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column), ``K`` for
-    ``"edge_attr:K"``; ValueError naming the accepted forms otherwise."""
-    if isinstance(weight_attr, str) and weight_attr == WEIGHT_SOURCE:
+    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column) and for
+    ``"edge_weight"`` (the stored edge weights, no column), ``K`` for ``"edge_attr:K"``; ValueError
+    naming the accepted forms otherwise."""
+    if isinstance(weight_attr, str) and weight_attr in (WEIGHT_SOURCE, EDGE_WEIGHT):
         return None
     if isinstance(weight_attr, str) and weight_attr.startswith(WEIGHT_SOURCE + ":"):
         column = weight_attr[len(WEIGHT_SOURCE) + 1:]
         if column.isdigit():
             return int(column)
-    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column) or "
-                     f"'edge_attr:K' (column K), got {weight_attr!r}")
+    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column), "
+                     f"'edge_attr:K' (column K) or 'edge_weight' (edge_weight.npy), got {weight_attr!r}")
 
 
 # what a user may pass as feature_dtype -> the canonical name LoaderSpec stores (a torch dtype's name)

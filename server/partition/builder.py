@@ -221,6 +221,8 @@ def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths
         save_array(paths.edge_file(k, topo, "eid", etype), eid[lo:hi])
         if edges.edge_attr is not None:
             save_array(paths.edge_file(k, topo, "edge_attr", etype), edges.edge_attr[eid[lo:hi]])
+        if edges.edge_weight is not None:
+            save_array(paths.edge_file(k, topo, "edge_weight", etype), edges.edge_weight[eid[lo:hi]])
 
 
 def check_link_shares(shares: dict[str, float]) -> None:
@@ -333,6 +335,7 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
                   for ntype, t in graph.nodes.items()},
         edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
                        for etype, e in graph.edges.items() if e.edge_attr is not None},
+        edge_weights=[edge_type_dirname(etype) for etype, e in graph.edges.items() if e.edge_weight is not None],
         num_classes=int(graph.num_classes),
         split_sizes={k: int(v.size) for k, v in graph.splits.items()},
         label_type=graph.label_type,

@@ -12,6 +12,7 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
                                             eid the edge's position in the input edge_index
     ROOT/part_{k}/edges/.../csr_{indptr,indices,eid}.npy   out-edges (when asked for)
     ROOT/part_{k}/edges/.../{csc,csr}_edge_attr.npy         optional, aligned with indices
+    ROOT/part_{k}/edges/.../{csc,csr}_edge_weight.npy       optional float [E_k] sampling weights, aligned
     ROOT/part_{k}/edges/.../link_{split}_{src,dst,eid}.npy  optional (``--link-split``): the seed edges of
                                             link split ``split`` (train/val/test) whose source part k owns,
                                             global src/dst ids and input edge positions, by position
@@ -47,7 +48,8 @@ TOPOLOGIES = ("csc", "csr")
 
 LINK_SPLITS = ("train", "val", "test")
 # added within version 1 (left out of META.json while they hold these defaults)
-_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "link_splits": {}}
+_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "link_splits": {},
+                   "edge_weights": []}
 
 
 class PartitionFormatError(ValueError):
@@ -71,7 +73,8 @@ class PartitionMeta:
     was first written have defaults that describe a homogeneous graph, so older folders read.
     ``link_splits[split]`` (``--link-split``; empty without) is ``{"share": float, "sizes": [per part]}``:
     the share of node pairs asked for and each part's count of that link split's seed edges; the
-    val/test edges are not in the stored topology.
+    val/test edges are not in the stored topology.  ``edge_weights`` lists the edge types (by
+    :func:`edge_type_dirname`) stored with sampling weights (an input's ``edge_weight``).
     """
 
     num_parts: int
@@ -87,6 +90,7 @@ class PartitionMeta:
     label_type: str = DEFAULT_NODE_TYPE    # the node type that holds y and the splits
     num_classes_by_type: dict[str, int] = field(default_factory=dict)
     link_splits: dict[str, dict] = field(default_factory=dict)
+    edge_weights: list[str] = field(default_factory=list)
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0
