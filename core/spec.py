@@ -129,7 +129,8 @@ class SamplingSpec:
 
     ``weight_attr`` (PyG's argument) samples neighbors with probability proportional to an edge
     weight: ``"edge_attr"`` (the edge features' only column), ``"edge_attr:K"`` (column ``K``) or
-    ``"edge_weight"`` (the input's ``edge_weight.npy`` / ``Data.edge_weight``, stored per part); see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
+    ``"edge_weight"`` (the input's ``edge_weight.npy`` / ``Data.edge_weight``, stored per part);
+    see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
     edges (checked when a loader opens).
     """
 

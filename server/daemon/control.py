@@ -306,6 +306,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                                f"(it has {', '.join(meta.link_split_sizes()) or 'none'}); re-partition with `graphfeed "
                                f"partition --link-split val=0.05,test=0.10` or pass edge_label_index as a tensor")
             return
+        assert link.index is not None   # a LinkInput has a split or an index
         n, hi = self.served.num_nodes, int(link.index.max())
         if hi >= n:
             raise _invalid(f"edge_label_index has node id {hi}, outside the graph: original node ids are 0..{n - 1}")

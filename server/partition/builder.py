@@ -253,7 +253,8 @@ def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int
     pairs, pair_of = np.unique(keys, return_inverse=True)
     rank = np.empty(pairs.size, dtype=np.int64)
     rank[np.random.default_rng(seed).permutation(pairs.size)] = np.arange(pairs.size)
-    rank_of_edge, out, start = rank[pair_of.reshape(-1)], {}, 0
+    rank_of_edge, start = rank[pair_of.reshape(-1)], 0
+    out: dict[str, np.ndarray] = {}
     for split in ("val", "test"):
         if split not in shares:
             continue
@@ -308,7 +309,7 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
     for etype in graph.edge_types:
         _write_edges(graph, etype, paths, numbering, topologies, progress, log, splits.get("train"))
     meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
-    if splits:
+    if link_split and splits:
         log(f"link splits: {', '.join(f'{k} {v.size:,}' for k, v in splits.items())} edges")
         sizes = _write_link_splits(graph, paths, numbering[graph.label_type], splits)
         shares = {**link_split, "train": 1.0 - sum(link_split.values())}

@@ -330,11 +330,12 @@ class Partition:
                              "supported yet; use a homogeneous graph")
         if link.split is not None:
             return self.link_split(link.split)[0]
-        n = self.book.num_nodes
-        if int(link.index.max()) >= n:
-            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
+        n, index = self.book.num_nodes, link.index
+        assert index is not None   # a LinkInput has a split or an index
+        if int(index.max()) >= n:
+            raise ValueError(f"edge_label_index has node id {int(index.max())}, outside the graph: original "
                              f"node ids are 0..{n - 1}")
-        mask, _ = self.to_global(link.index[0])
+        mask, _ = self.to_global(index[0])
         return mask.nonzero().view(-1)
 
     def link_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

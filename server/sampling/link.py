@@ -55,6 +55,7 @@ class LinkSeeds:
             return self._resolve_split(graph)
         if positions.numel() == 0:
             return self
+        assert self.link.index is not None   # a LinkInput has a split or an index
         ends = self.link.index[:, positions]
         gids = graph.to_global(ends.reshape(-1)).view(2, -1)
         missing = gids < 0
