@@ -69,6 +69,8 @@ class RemoteBenchConfig:
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
     channel: str = "auto"             # connect(channel=...): "auto" (shared memory on this host) or "rpc"
     feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
+    link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
+    neg_ratio: float = 1.0            # link mode: binary negatives per seed edge (0 = none)
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
 
     @property
@@ -157,17 +159,19 @@ def tree_cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
-def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] | None = None
-              ) -> tuple[EpochStats, float]:
+def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] | None = None,
+              link: bool = False) -> tuple[EpochStats, float]:
     """One epoch of ``loader`` as the trainer sees it (StartEpoch included, as the plan is in-process).
 
     Returns the epoch's stats (``cpu_s``: trainer + ``server_pids`` trees) and the trainer's CPU share;
-    appends the bytes of ``x`` received to ``feature_bytes`` when given.
+    appends the bytes of ``x`` received to ``feature_bytes`` when given.  ``link``: seeds are counted
+    in seed edges (``input_id``), not in the batch's seed nodes.
     """
     t0, own0, srv0 = time.perf_counter(), time.process_time(), tree_cpu_s(server_pids)
     seeds = batches = edges = x_bytes = 0
     for batch in loader:   # Data, or HeteroData (batch_size on the input type; edges of every edge type)
-        seeds += sum(int(store.batch_size) for store in batch.node_stores if "batch_size" in store)
+        seeds += int(batch.input_id.numel()) if link else \
+            sum(int(store.batch_size) for store in batch.node_stores if "batch_size" in store)
         edges += int(batch.num_edges)
         x_bytes += sum(store.x.numel() * store.x.element_size() for store in batch.node_stores
                        if getattr(store, "x", None) is not None)
@@ -189,9 +193,9 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     pids = [s.pid for s in servers.servers] if servers is not None else []
     with gf.connect(list(addresses), channel=cfg.channel) as client, _loader(client, cfg) as loader:
         channel = client.group.channel.kind
-        run_epoch(loader, pids)                                    # warm-up, not reported
+        run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         feature_bytes: list[int] = []
-        runs = [run_epoch(loader, pids, feature_bytes) for _ in range(cfg.epochs)]
+        runs = [run_epoch(loader, pids, feature_bytes, cfg.link) for _ in range(cfg.epochs)]
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
     result = summarize([stats for stats, _ in runs])
@@ -215,6 +219,8 @@ def inprocess_features(cfg: RemoteBenchConfig) -> dict:
             "--epochs", str(cfg.epochs), "--input", cfg.input, "--seed", str(cfg.seed), "--direction", cfg.direction]
     if cfg.replace:
         argv.append("--replace")
+    if cfg.link:
+        argv += ["--link", "--neg-ratio", str(cfg.neg_ratio)]
     # Through sh, which forks it: a child exec'd straight from this (large) process would inherit
     # its peak RSS as ru_maxrss (Linux keeps the high-water mark across execve).
     launch = ["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv] if os.path.exists("/bin/sh") else argv

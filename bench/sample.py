@@ -25,6 +25,13 @@ and with ``features`` the rows of every sampled node read through the GPU featur
 (``gpu_cache_mb`` of the highest-degree rows in device memory, the rest from pinned host
 memory); each batch ends with a device synchronize, so the wall time counts the GPU's work.
 ``cpu_s_per_epoch`` is then the host's share only.
+
+Link mode (``link``, ``--link``): the epoch is one pass over the seed *edges* of the link split
+``input`` names (stored by ``graphfeed partition --link-split``), cut as the link loaders cut it;
+``seeds_per_s`` counts seed edges (not their endpoints); each batch draws ``neg_ratio`` binary
+negatives per seed edge (strict; 0 = none) and runs the full link batch path
+(:func:`produce_link_batch`: negatives, sampling of every endpoint, gather, encode), so a link
+result always has ``features`` true.
 """
 from __future__ import annotations
 
@@ -40,11 +47,12 @@ import torch
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, SPLITS
 from graphfeed.core.epoch import EpochPlan, input_positions
-from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, NodeInput, SamplingSpec
 from graphfeed.server.loader.local import part_inputs
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import PartitionedGraph
+from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s")
@@ -67,16 +75,22 @@ class SampleBenchConfig:
     direction: str = "in"
     device: str = "cpu"            # "cuda": sample on a GPU (one-part partitions)
     gpu_cache_mb: int = 1024       # with device="cuda": feature rows kept in GPU memory
+    link: bool = False             # seeds are the edges of the link split ``input``
+    neg_ratio: float = 1.0         # link mode: binary negatives per seed edge (0 = none)
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (workload_spec)
 
     def __post_init__(self):
         loader = workload_spec(self)
+        if self.link:
+            object.__setattr__(self, "features", True)   # a link batch is always produced in full
         object.__setattr__(self, "loader", loader)
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and self.link:
+            raise ValueError("--link runs on the CPU only (GPU sampling covers node batches for now): drop --device cuda")
         if self.gpu_cache_mb < 0:
             raise ValueError(f"--gpu-cache-mb must be >= 0, got {self.gpu_cache_mb}")
         if not os.path.isdir(self.graph):
@@ -87,8 +101,9 @@ class SampleBenchConfig:
 def workload_spec(cfg) -> LoaderSpec:
     """The loader every epoch of a benchmark runs, from the workload fields ``bench sample`` and
     ``bench remote`` share (``num_neighbors``, ``batch_size``, ``epochs``, ``input``, ``seed``,
-    ``replace``, ``direction``): one rank, shuffled, partial batches kept; ``input="all"`` is
-    every node.  ValueError naming the command-line flag for a bad field.
+    ``replace``, ``direction``, ``link``, ``neg_ratio``): one rank, shuffled, partial batches kept;
+    ``input="all"`` is every node; with ``link`` the seeds are link split ``input``'s edges.
+    ValueError naming the command-line flag for a bad field.
     """
     if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) \
             or not 1 <= cfg.batch_size <= MAX_BATCH_SIZE:
@@ -103,11 +118,22 @@ def workload_spec(cfg) -> LoaderSpec:
         sampling = SamplingSpec(cfg.num_neighbors, replace=cfg.replace, direction=cfg.direction)
     except ValueError as exc:
         raise ValueError(f"--num-neighbors {','.join(map(str, cfg.num_neighbors))}: {exc}") from None
-    node_input = NodeInput() if cfg.input == "all" else NodeInput(split=cfg.input)
+    node_input = _link_input(cfg) if cfg.link else NodeInput() if cfg.input == "all" else NodeInput(split=cfg.input)
     try:
         return LoaderSpec(sampling, node_input, batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
     except ValueError as exc:
         raise ValueError(f"--seed {cfg.seed}: {exc}") from None
+
+
+def _link_input(cfg) -> LinkInput:
+    if cfg.input == "all":
+        raise ValueError("--input all is not a link split: with --link give train, val or test (the link splits "
+                         "of `graphfeed partition --link-split`)")
+    if isinstance(cfg.neg_ratio, bool) or not 0 <= cfg.neg_ratio <= 1024:
+        raise ValueError(f"--neg-ratio must be a number in 0..1024 (binary negatives per seed edge), got "
+                         f"{cfg.neg_ratio!r}")
+    neg = NegativeSampling("binary", cfg.neg_ratio) if cfg.neg_ratio > 0 else None
+    return LinkInput(None, None, neg, split=cfg.input)
 
 
 @dataclass(frozen=True)
@@ -132,9 +158,13 @@ def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBe
     plan = EpochPlan(cfg.loader, counts, epoch)
     sampling, ntype = cfg.loader.sampling, cfg.loader.input.type_or(graph.label_type)
     positions = [input_positions(counts, p) for p in range(len(inputs))]
+    link_input = cfg.loader.input
+    link = LinkSeeds(link_input).resolve(graph, torch.cat(inputs)) if isinstance(link_input, LinkInput) else None
     seeds = edges = 0
     for seq, entry, batch_seeds, input_id in planned_batches(plan, inputs, positions):
-        if cfg.features:
+        if link is not None:    # batch_seeds are seed-edge positions
+            edges += batch_codec.num_edges(produce_link_batch(graph, link, batch_seeds, sampling, entry, epoch, seq))
+        elif cfg.features:
             edges += batch_codec.num_edges(produce_batch(graph, batch_seeds, sampling, entry, epoch, seq,
                                                          input_type=ntype, input_id=input_id))
         else:
@@ -226,5 +256,5 @@ def workload_fields(cfg) -> dict:
     """The workload settings a bench result reports (``bench sample`` and ``bench remote`` alike)."""
     return {"num_neighbors": list(cfg.num_neighbors), "batch_size": cfg.batch_size, "epochs": cfg.epochs,
             "warmup_epochs": 1, "input": cfg.input, "seed": cfg.seed, "replace": cfg.replace,
-            "direction": cfg.direction}
+            "direction": cfg.direction, "link": cfg.link, "neg_ratio": cfg.neg_ratio if cfg.link else None}
 

@@ -43,10 +43,16 @@ def _add_workload(p) -> None:
     p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
     p.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
     p.add_argument("--epochs", type=int, default=3, help="measured epochs after one warm-up (default 3)")
-    p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train)")
+    p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train); "
+                                                    "with --link the link split whose edges are the seeds")
     p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
     p.add_argument("--replace", action="store_true", help="sample with replacement")
     p.add_argument("--direction", default="in", choices=("in", "out"), help="in-edges (default) or out-edges")
+    p.add_argument("--link", action="store_true",
+                   help="link mode: seeds are the edges of link split --input (partition with --link-split); "
+                        "seeds/s counts seed edges; full link batches (negatives, endpoints' samples, features)")
+    p.add_argument("--neg-ratio", type=float, default=1.0,
+                   help="--link: binary negatives per seed edge, strict (default 1; 0 = none)")
 
 
 def _add_remote(sub) -> None:
@@ -76,7 +82,8 @@ def _workload(args) -> dict:
     """The workload arguments (:func:`_add_workload`) as the keyword fields both bench configs
     share; each config turns them into its one :class:`LoaderSpec` (``cfg.loader``)."""
     return dict(num_neighbors=_fanouts(args.num_neighbors), batch_size=args.batch_size, epochs=args.epochs,
-                input=args.input, seed=args.seed, replace=args.replace, direction=args.direction)
+                input=args.input, seed=args.seed, replace=args.replace, direction=args.direction, link=args.link,
+                neg_ratio=args.neg_ratio)
 
 
 def _servers(text: str):

@@ -137,7 +137,13 @@ def describe(root) -> str:
     if meta.is_homogeneous:
         efeats = ", ".join(f"{spec['dtype']}{spec['shape']}" for spec in meta.edge_features.values()) or "none"
         lines += [f"  node features   {_feature_text(meta, meta.label_type)}; {meta.num_classes} classes",
-                  f"  edge features   {efeats}"]
+                  f"  edge features   {efeats}" + ("; edge weights (weight_attr='edge_weight')"
+                                                        if meta.edge_weights else "")]
+        if meta.link_splits:
+            sizes = meta.link_split_sizes()
+            lines.append("  link splits     " + ", ".join(f"{k} {v:,}" for k, v in sizes.items())
+                         + " seed edges (val/test held out of the stored graph; per part: "
+                         + "; ".join(f"{k} {meta.link_splits[k]['sizes']}" for k in sizes) + ")")
     else:
         lines += _type_lines(meta)
     return "\n".join(lines + [sampler_line(), "", format_table(meta, stats)])

@@ -29,11 +29,31 @@ def add_arguments(parser) -> None:
     parser.add_argument("--topology", choices=sorted(TOPOLOGY_CHOICES), default="csc",
                         help="csc: in-edges (default, PyG's direction); csr: out-edges; both")
     parser.add_argument("--seed", type=int, default=0, help="seed for random assignment / METIS (default 0)")
+    parser.add_argument("--link-split", type=link_split_arg, default=None, metavar="val=S,test=S",
+                        help="hold out shares of the edges (node pairs: both directions together) as link "
+                             "seed splits val/test, left out of the stored graph; train is the rest "
+                             "(deterministic with --seed), e.g. val=0.05,test=0.10")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an output folder holding another partitioning")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="let a torch.save input unpickle arbitrary objects (only for files you trust)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress output on stderr")
+
+
+def link_split_arg(text: str) -> dict[str, float]:
+    """``"val=0.05,test=0.1"`` as ``{"val": 0.05, "test": 0.1}`` (argparse prints the error as a usage error)."""
+    import argparse
+
+    out = {}
+    for item in text.split(","):
+        name, sep, share = item.partition("=")
+        try:
+            out[name.strip()] = float(share) if sep else float("nan")
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise argparse.ArgumentTypeError(f"item {item!r}: write SPLIT=SHARE, e.g. val=0.05,test=0.10")
+    return out
 
 
 class _Reporter:
@@ -56,9 +76,10 @@ class _Reporter:
 
 def _differences(meta, graph, args, topologies) -> list[str]:
     wanted = {"input fingerprint": graph.fingerprint, "num_parts": args.num_parts, "method": args.method,
-              "topology": list(topologies), "seed": args.seed}
+              "topology": list(topologies), "seed": args.seed, "link split": args.link_split or {}}
     have = {"input fingerprint": meta.source_fingerprint, "num_parts": meta.num_parts, "method": meta.method,
-            "topology": list(meta.topologies), "seed": meta.seed}
+            "topology": list(meta.topologies), "seed": meta.seed,
+            "link split": {k: s["share"] for k, s in meta.link_splits.items() if k != "train"}}
     return [f"{k} {have[k]!s:.16} -> {wanted[k]!s:.16}" for k in wanted if have[k] != wanted[k]]
 
 
@@ -132,6 +153,6 @@ def run(args) -> int:
         print(f"{output} is up to date (same input and parameters); nothing to do")
         return 0
     partition_graph(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
-                    overwrite=args.overwrite, progress=report.progress, log=report.log)
+                    overwrite=args.overwrite, progress=report.progress, log=report.log, link_split=args.link_split)
     print(summary(output, time.perf_counter() - report.t0))
     return 0

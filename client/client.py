@@ -128,14 +128,15 @@ class Client:
                              weight_attr: str | None = None) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
-        ``edge_label_index`` ([2, E] original node ids), ``edge_label``, ``neg_sampling`` (``"binary"``,
+        ``edge_label_index`` ([2, E] original node ids, or a link split stored at partition time:
+        ``"train"``/``"val"``/``"test"``, resolved by the servers), ``edge_label``, ``neg_sampling`` (``"binary"``,
         ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
         ``batch_size`` counts seed edges.  ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
-        if int(link.index.max()) >= self.num_nodes:
+        if link.index is not None and int(link.index.max()) >= self.num_nodes:
             raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
                              f"node ids are 0..{self.num_nodes - 1}")
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,

@@ -128,7 +128,8 @@ class SamplingSpec:
     neighbors to the seeds); ``"out"`` samples out-edges.
 
     ``weight_attr`` (PyG's argument) samples neighbors with probability proportional to an edge
-    weight: ``"edge_attr"`` (the edge features' only column) or ``"edge_attr:K"`` (column ``K``);
+    weight: ``"edge_attr"`` (the edge features' only column), ``"edge_attr:K"`` (column ``K``) or
+    ``"edge_weight"`` (the input's ``edge_weight.npy`` / ``Data.edge_weight``, stored per part);
     see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
     edges (checked when a loader opens).
     """
@@ -184,19 +185,21 @@ class SamplingSpec:
 
 
 WEIGHT_SOURCE = "edge_attr"
+EDGE_WEIGHT = "edge_weight"     # the weights stored from an input's edge_weight.npy / Data.edge_weight
 
 
 def weight_column(weight_attr) -> int | None:
-    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column), ``K`` for
-    ``"edge_attr:K"``; ValueError naming the accepted forms otherwise."""
-    if isinstance(weight_attr, str) and weight_attr == WEIGHT_SOURCE:
+    """The edge feature column ``weight_attr`` names: None for ``"edge_attr"`` (one column) and for
+    ``"edge_weight"`` (the stored edge weights, no column), ``K`` for ``"edge_attr:K"``; ValueError
+    naming the accepted forms otherwise."""
+    if isinstance(weight_attr, str) and weight_attr in (WEIGHT_SOURCE, EDGE_WEIGHT):
         return None
     if isinstance(weight_attr, str) and weight_attr.startswith(WEIGHT_SOURCE + ":"):
         column = weight_attr[len(WEIGHT_SOURCE) + 1:]
         if column.isdigit():
             return int(column)
-    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column) or "
-                     f"'edge_attr:K' (column K), got {weight_attr!r}")
+    raise ValueError(f"weight_attr must name an edge feature column: 'edge_attr' (a single column), "
+                     f"'edge_attr:K' (column K) or 'edge_weight' (edge_weight.npy), got {weight_attr!r}")
 
 
 # what a user may pass as feature_dtype -> the canonical name LoaderSpec stores (a torch dtype's name)
@@ -390,7 +393,9 @@ class NegativeSampling:
 class LinkInput:
     """The seed edges of a link loader: ``index`` ([2, E] original node ids, row 0 = sources;
     PyG's ``edge_label_index``), ``label`` ([E] or None: every seed edge is a positive, label 1.0)
-    and ``neg`` (None: no negatives).
+    and ``neg`` (None: no negatives).  Or, instead of ``index``, ``split``: a link split stored at
+    partition time (``"train"``, ``"val"``, ``"test"``; ``graphfeed partition --link-split``), whose
+    seed edges the servers resolve, the parts' lists one after another (no ``label``).
 
     A seed edge belongs to the part that owns its source node; its position in ``index`` is its
     ``input_id``.  With binary negatives and labels whose minimum is 0, the labels are shifted by
@@ -398,13 +403,17 @@ class LinkInput:
     floats, otherwise int64.
     """
 
-    index: torch.Tensor
+    index: torch.Tensor | None = None
     label: torch.Tensor | None = None
     neg: NegativeSampling | None = None
+    split: str | None = None
     _shift_labels: bool = field(default=False, init=False, repr=False)   # set from the fields above
 
     def __post_init__(self):
-        object.__setattr__(self, "index", check_edge_label_index(self.index))
+        if self.split is not None:
+            _check_link_split(self)
+        else:
+            object.__setattr__(self, "index", check_edge_label_index(self.index))
         if self.label is not None:
             object.__setattr__(self, "label", _edge_labels(self.label, self.index.size(1)))
         if self.neg is not None and not isinstance(self.neg, NegativeSampling):
@@ -417,12 +426,16 @@ class LinkInput:
         """From PyG ``LinkNeighborLoader``'s arguments."""
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
-                             "sources), e.g. data.edge_index for every edge")
-        return cls(edge_label_index, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio))
+                             "sources), e.g. data.edge_index for every edge, or a link split name ('train')")
+        neg = NegativeSampling.of(neg_sampling, neg_sampling_ratio)
+        if isinstance(edge_label_index, str):
+            return cls(None, edge_label, neg, split=edge_label_index)
+        return cls(edge_label_index, edge_label, neg)
 
     @property
     def num_edges(self) -> int:
-        return int(self.index.size(1))
+        """Seed edges given as ``index`` (0 for a split: the servers know its size)."""
+        return 0 if self.index is None else int(self.index.size(1))
 
     def labels(self, positions: torch.Tensor) -> torch.Tensor:
         """The labels of the seed edges at ``positions`` as batches carry them (see the class doc)."""
@@ -430,10 +443,6 @@ class LinkInput:
             return torch.ones(positions.numel(), dtype=torch.float32)
         out = self.label.index_select(0, positions)
         return out + 1 if self._shift_labels else out
-
-    @property
-    def split(self) -> None:        # the NodeInput attributes code that handles either record reads
-        return None
 
     @property
     def node_type(self) -> None:
@@ -445,23 +454,38 @@ class LinkInput:
 
     @property
     def label_name(self) -> str:
-        return "link"
+        return "link" if self.split is None else f"link:{self.split}"
 
     def describe(self) -> str:
         neg = "" if self.neg is None else f", {self.neg.mode} negatives x{self.neg.amount:g}"
-        return f"{self.num_edges} seed edges{neg}"
+        seeds = f"{self.num_edges} seed edges" if self.split is None else f"link split {self.split!r}"
+        return f"{seeds}{neg}"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, LinkInput):
             return NotImplemented
-        if self.neg != other.neg or (self.label is None) != (other.label is None):
+        if self.neg != other.neg or (self.label is None) != (other.label is None) or self.split != other.split:
             return False
+        if self.index is None or other.index is None:
+            return self.index is None and other.index is None
         same_label = self.label is None or other.label is None or (
             self.label.dtype == other.label.dtype and torch.equal(self.label, other.label))
         return torch.equal(self.index, other.index) and same_label
 
     def __hash__(self) -> int:
-        return hash((self.num_edges, self.neg))
+        return hash((self.num_edges, self.neg, self.split))
+
+
+def _check_link_split(link: LinkInput) -> None:
+    """ValueError naming the fix unless ``link.split`` is a split name given alone (no index, no labels)."""
+    if link.index is not None:
+        raise ValueError("give edge_label_index as a link split name or as a [2, E] tensor, not both")
+    if link.split not in SPLITS:
+        raise ValueError(f"edge_label_index={link.split!r} is not a link split: use one of {', '.join(SPLITS)} "
+                         f"(stored by `graphfeed partition --link-split`) or a [2, E] tensor of node ids")
+    if link.label is not None:
+        raise ValueError(f"edge_label cannot be given with edge_label_index={link.split!r} (a stored split's "
+                         f"edges are positives); pass edge_label_index as a tensor to label the edges yourself")
 
 
 def check_edge_label_index(index) -> torch.Tensor:

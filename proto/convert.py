@@ -80,7 +80,10 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
 
 
 def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
-    msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist())
+    if link.index is None:
+        msg = pb.LinkSeeds(split=link.split)
+    else:
+        msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist())
     if link.label is not None:
         (msg.float_label if link.label.dtype.is_floating_point else msg.int_label).extend(link.label.tolist())
     if link.neg is not None:
@@ -94,13 +97,17 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
         raise ValueError(f"link: src has {len(msg.src)} ids, dst {len(msg.dst)}: give one of each per seed edge")
     if msg.float_label and msg.int_label:
         raise ValueError("link: set float_label or int_label, not both")
+    neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict) if msg.HasField("neg") else None
+    if msg.split:
+        if msg.src or msg.float_label or msg.int_label:
+            raise ValueError(f"link: split {msg.split!r} names the seed edges: leave src, dst and labels empty")
+        return LinkInput(None, None, neg, split=msg.split)
     index = torch.from_numpy(np.asarray([msg.src, msg.dst], dtype=np.int64).reshape(2, -1))
     label = None
     if msg.float_label:
         label = torch.from_numpy(np.asarray(msg.float_label, dtype=np.float32))
     elif msg.int_label:
         label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
-    neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict) if msg.HasField("neg") else None
     return LinkInput(index, label, neg)
 
 

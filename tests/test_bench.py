@@ -85,3 +85,37 @@ def test_cli_missing_graph_folder(tmp_path, capsys):
     rc = cli_main(["bench", "sample", "--graph", str(tmp_path / "nope")])
     err = capsys.readouterr().err
     assert rc == 2 and "no such partition folder" in err
+
+
+@pytest.fixture(scope="module")
+def tiny_link_p2(tmp_path_factory):
+    ei, x, y, splits = synth.generate_preset("tiny")
+    root = tmp_path_factory.mktemp("bench_link") / "tiny_link_p2"
+    partition_graph(GraphInput(ei, x, y, splits, name="tiny"), 2, root, method="random",
+                    link_split={"val": 0.05, "test": 0.1})
+    return root
+
+
+def test_cli_link_mode_counts_seed_edges(tiny_link_p2, tiny_p2, capsys):
+    from graphfeed.server.partition.format import read_meta
+
+    rc = cli_main(["bench", "sample", "--graph", str(tiny_link_p2), "--link", "--input", "val", "--num-neighbors",
+                   "4,2", "--batch-size", "256", "--epochs", "2", "--threads", "1"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(out) == 1
+    r = json.loads(out[0])
+    meta = read_meta(tiny_link_p2)
+    assert r["seeds_per_epoch"] == meta.link_split_sizes()["val"], "seeds are the split's seed edges"
+    assert r["batches_per_epoch"] == sum(-(-n // 256) for n in meta.link_splits["val"]["sizes"])
+    assert (r["link"], r["neg_ratio"], r["features"], r["input"]) == (True, 1.0, True, "val")
+    assert r["seeds_per_s"] / r["batches_per_s"] == pytest.approx(r["seeds_per_epoch"] / r["batches_per_epoch"],
+                                                                  rel=1e-3)
+    # endpoints of B seed edges plus B negatives: each of the <= 4B seed nodes has at most 4 + 8 edges
+    assert 0 < r["sampled_edges_per_epoch"] <= 4 * r["seeds_per_epoch"] * 12
+    without = bench_sample(SampleBenchConfig(str(tiny_link_p2), (4, 2), batch_size=256, epochs=1, input="val",
+                                             link=True, neg_ratio=0))
+    assert without["seeds_per_epoch"] == r["seeds_per_epoch"]
+    assert without["sampled_edges_per_epoch"] < r["sampled_edges_per_epoch"], "negatives' endpoints are sampled too"
+    rc = cli_main(["bench", "sample", "--graph", str(tiny_p2[0]), "--link"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--link-split" in err[0], "a partition without link splits names the fix"

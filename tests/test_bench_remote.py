@@ -112,3 +112,26 @@ def test_server_that_cannot_start_is_one_line_exit_1(tiny_parts_dir, tmp_path, c
     assert err.startswith("graphfeed bench remote: error: server part 1 exited with code 4 before it was ready")
     assert "Traceback" not in err
     assert not _processes_mentioning(str(broken)), "the started server 0 must be stopped too"
+
+
+def test_link_mode_through_two_servers_equals_inprocess_counts(tmp_path, capsys):
+    from graphfeed.server.partition import synth
+    from graphfeed.server.partition.builder import GraphInput, partition_graph
+    from graphfeed.server.partition.format import read_meta
+
+    ei, x, y, splits = synth.generate_preset("tiny")
+    root = tmp_path / "tiny_link"
+    partition_graph(GraphInput(ei, x, y, splits, name="tiny"), 2, root, method="random", link_split={"val": 0.05})
+    rc = cli_main(["bench", "remote", "--graph", str(root), "--servers", "2", "--link", "--input", "val",
+                   "--neg-ratio", "2", "--num-neighbors", "4,2", "--batch-size", "200", "--prefetch", "2",
+                   "--epochs", "1", "--compare"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(out) == 1, out
+    r = json.loads(out[0])
+    ref = r["inprocess"]
+    assert r["seeds_per_epoch"] == ref["seeds_per_epoch"] == read_meta(root).link_split_sizes()["val"]
+    assert r["batches_per_epoch"] == ref["batches_per_epoch"] and r["servers"] == 2
+    assert r["sampled_edges_per_epoch"] == ref["sampled_edges_per_epoch"], "the same link batches as in-process"
+    assert (r["link"], r["neg_ratio"], r["input"]) == (True, 2.0, "val")
+    assert r["ratio_vs_inprocess"] == pytest.approx(r["seeds_per_s"] / ref["seeds_per_s"], abs=1e-3)
+    _assert_consistent_rates(r)

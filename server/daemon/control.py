@@ -294,10 +294,19 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise _invalid(f"node_ids has id {bad}, outside the graph: original {what} ids are 0..{n - 1}")
 
     def _check_link(self, link: LinkInput) -> None:
-        """Link seeds: a homogeneous graph; edge_label_index's ids are original node ids of the graph."""
-        if not self.served.meta.is_homogeneous:
+        """Link seeds: a homogeneous graph; edge_label_index's ids are original node ids of the graph, or
+        its split is stored in this partition."""
+        meta = self.served.meta
+        if not meta.is_homogeneous:
             raise _invalid("link loaders serve homogeneous graphs only so far: typed seed edges are not supported "
                            "yet; use a homogeneous graph")
+        if link.split is not None:
+            if link.split not in meta.link_splits:
+                raise _invalid(f"edge_label_index={link.split!r}: the partition has no link split {link.split!r} "
+                               f"(it has {', '.join(meta.link_split_sizes()) or 'none'}); re-partition with `graphfeed "
+                               f"partition --link-split val=0.05,test=0.10` or pass edge_label_index as a tensor")
+            return
+        assert link.index is not None   # a LinkInput has a split or an index
         n, hi = self.served.num_nodes, int(link.index.max())
         if hi >= n:
             raise _invalid(f"edge_label_index has node id {hi}, outside the graph: original node ids are 0..{n - 1}")

@@ -24,8 +24,10 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     """Iterate PyG ``Data`` link batches sampled from a partitioned graph.
 
     Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
-    ids, row 0 = sources), ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
-    ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
+    ids, row 0 = sources; or a link split stored by ``graphfeed partition --link-split``:
+    ``"train"``, ``"val"``, ``"test"``, each part's seed edges one part after another),
+    ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
+    ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
     ``batch_size`` counts seed edges.  Batches carry ``edge_label_index`` (local ids) and
     ``edge_label``, or in triplet mode ``src_index``, ``dst_pos_index``, ``dst_neg_index``;
     ``input_id`` (positions of the seed edges); ``n_id`` starts with the ``batch_size`` endpoint

@@ -6,6 +6,7 @@ each edge type written on its own.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ import numpy as np
 
 from graphfeed.core.process import pid_alive
 from graphfeed.server.partition.format import (
+    LINK_SPLITS,
     META_FILE,
     TOPOLOGIES,
     PartitionMeta,
@@ -190,24 +192,28 @@ def _write_nodes(graph: GraphInput, ntype: str, paths: PartitionPaths, numbering
 
 
 def _write_edges(graph: GraphInput, etype: EdgeType, paths: PartitionPaths, numbering: dict[str, _Numbering],
-                 topologies, progress: Progress, log: Log) -> None:
-    """CSC (in-edges of owned destination-type nodes) and/or CSR (out-edges of owned source-type nodes)."""
+                 topologies, progress: Progress, log: Log, keep: np.ndarray | None = None) -> None:
+    """CSC (in-edges of owned destination-type nodes) and/or CSR (out-edges of owned source-type nodes)
+    of the edges at positions ``keep`` (None: every edge; stored edge ids stay input positions)."""
     edges, (src, _, dst) = graph.edges[etype], etype
     named = "" if graph.is_homogeneous else f" {edge_type_dirname(etype)}"
     log(f"renumbering{named} edges")
-    src_new = _renumber(edges.edge_index[0], numbering[src].new_of_orig)
-    dst_new = _renumber(edges.edge_index[1], numbering[dst].new_of_orig)
+    ends = edges.edge_index if keep is None else edges.edge_index[:, keep]
+    src_new = _renumber(ends[0], numbering[src].new_of_orig)
+    dst_new = _renumber(ends[1], numbering[dst].new_of_orig)
     for topo in topologies:
-        log(f"sorting {topo.upper()} adjacency{named} ({edges.num_edges:,} edges)")
+        log(f"sorting {topo.upper()} adjacency{named} ({ends.shape[1]:,} edges)")
         key, other = (dst_new, src_new) if topo == "csc" else (src_new, dst_new)
         key_type, other_type = (dst, src) if topo == "csc" else (src, dst)
         _write_topology(edges, etype, paths, topo, key, other, numbering[key_type].ranges,
-                        numbering[other_type].num_nodes, progress)
+                        numbering[other_type].num_nodes, progress, keep)
 
 
 def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths, topo: str, key, other, ranges,
-                    n_other: int, progress: Progress) -> None:
+                    n_other: int, progress: Progress, keep: np.ndarray | None = None) -> None:
     indptr, indices, eid = _compressed(key, other, int(ranges[-1]), n_other)
+    if keep is not None:
+        eid = keep[eid]
     for k in progress(range(ranges.size - 1), f"writing {topo}"):
         lo, hi = indptr[ranges[k]], indptr[ranges[k + 1]]
         save_array(paths.edge_file(k, topo, "indptr", etype), indptr[ranges[k]:ranges[k + 1] + 1] - lo)
@@ -215,27 +221,100 @@ def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths
         save_array(paths.edge_file(k, topo, "eid", etype), eid[lo:hi])
         if edges.edge_attr is not None:
             save_array(paths.edge_file(k, topo, "edge_attr", etype), edges.edge_attr[eid[lo:hi]])
+        if edges.edge_weight is not None:
+            save_array(paths.edge_file(k, topo, "edge_weight", etype), edges.edge_weight[eid[lo:hi]])
+
+
+def check_link_shares(shares: dict[str, float]) -> None:
+    """ValueError (naming ``--link-split`` and the fix) unless ``shares`` are val/test shares in (0, 1)
+    summing to less than 1."""
+    bad = sorted(set(shares) - {"val", "test"})
+    if bad or not shares:
+        raise ValueError(f"--link-split names {', '.join(bad) or 'no split'}: give val=SHARE and/or test=SHARE "
+                         f"(train is every other edge), e.g. --link-split val=0.05,test=0.10")
+    if any(not 0 < v < 1 for v in shares.values()) or sum(shares.values()) >= 1:
+        raise ValueError(f"--link-split shares must each be in (0, 1) and sum to less than 1, got {shares}")
+
+
+def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int = 0) -> dict[str, np.ndarray]:
+    """Positions (ascending) in ``edge_index`` of the seed edges of every link split: ``val`` and ``test``
+    (those in ``shares``) hold out that share of the graph's node pairs, ``train`` is every other edge.
+
+    Edges ``(u, v)`` and ``(v, u)`` (and repeats of either) are one node pair, held out together, so an
+    undirected graph stored with both directions never keeps the reverse of a held-out edge.  Pairs are
+    picked by a random permutation of ``seed``: deterministic.  ValueError (naming ``--link-split``)
+    for a split other than val/test, a share outside (0, 1), shares summing to 1 or more, or a share
+    that holds out no pair.
+    """
+    check_link_shares(shares)
+    ends = edge_index.astype(np.int64, copy=False)
+    n = int(ends.max()) + 1 if ends.size else 1
+    keys = np.minimum(ends[0], ends[1]) * n + np.maximum(ends[0], ends[1])
+    pairs, pair_of = np.unique(keys, return_inverse=True)
+    rank = np.empty(pairs.size, dtype=np.int64)
+    rank[np.random.default_rng(seed).permutation(pairs.size)] = np.arange(pairs.size)
+    rank_of_edge, start = rank[pair_of.reshape(-1)], 0
+    out: dict[str, np.ndarray] = {}
+    for split in ("val", "test"):
+        if split not in shares:
+            continue
+        count = int(round(shares[split] * pairs.size))
+        if count == 0:
+            raise ValueError(f"--link-split {split}={shares[split]} holds out no edge ({pairs.size} node pairs); "
+                             f"give a larger share")
+        out[split] = np.flatnonzero((rank_of_edge >= start) & (rank_of_edge < start + count))
+        start += count
+    out["train"] = np.flatnonzero(rank_of_edge >= start)
+    return {split: out[split] for split in LINK_SPLITS if split in out}
+
+
+def _write_link_splits(graph: GraphInput, paths: PartitionPaths, numbering: _Numbering,
+                       splits: dict[str, np.ndarray]) -> dict[str, list[int]]:
+    """Each part's seed edges of every link split (those whose source it owns, by input position);
+    returns each split's per-part counts."""
+    ei, ranges = graph.edge_index, numbering.ranges
+    sizes = {}
+    for split, pos in splits.items():
+        src, dst = numbering.new_of_orig[ei[0, pos]], numbering.new_of_orig[ei[1, pos]]
+        part = np.searchsorted(ranges, src, side="right") - 1
+        order = np.argsort(part, kind="stable")
+        counts = np.bincount(part, minlength=ranges.size - 1)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        for k in range(ranges.size - 1):
+            mine = order[offsets[k]:offsets[k + 1]]
+            for name, values in (("src", src), ("dst", dst), ("eid", pos)):
+                save_array(paths.link_split_file(k, split, name), values[mine].astype(np.int64))
+        sizes[split] = counts.tolist()
+    return sizes
 
 
 def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: Path, *, method: str,
                      topologies=("csc",), seed: int = 0, progress: Progress | None = None,
-                     log: Log | None = None) -> PartitionMeta:
+                     log: Log | None = None, link_split: dict[str, float] | None = None) -> PartitionMeta:
     """Write the partition folder into ``out`` (which must be empty), META.json last; returns its meta.
 
     ``parts`` is the part of every node of the homogeneous view (:func:`assign_parts`). Each node
     type is renumbered on its own, so part k owns ``[node_ranges[t][k], node_ranges[t][k+1])`` of
     type t. Peak memory beyond the input, while one topology of one edge type is built: its
     renumbered endpoints (int32 when ids fit) plus three int64 arrays of its E entries (sort keys,
-    permutation, sort buffer).
+    permutation, sort buffer).  ``link_split`` (``{"val": share, "test": share}``, homogeneous graphs):
+    hold out those edges as link seed splits (:func:`link_split_edges`), not stored in the topology.
     """
     progress, log = progress or _no_progress, log or _no_log
     numbering = {ntype: _Numbering.of(p, num_parts) for ntype, p in _parts_by_type(graph, parts).items()}
     paths = PartitionPaths(out)
+    splits = link_split_edges(graph.edge_index, link_split, seed) if link_split else {}
     for ntype in graph.node_types:
         _write_nodes(graph, ntype, paths, numbering[ntype], progress)
     for etype in graph.edge_types:
-        _write_edges(graph, etype, paths, numbering, topologies, progress, log)
+        _write_edges(graph, etype, paths, numbering, topologies, progress, log, splits.get("train"))
     meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
+    if link_split and splits:
+        log(f"link splits: {', '.join(f'{k} {v.size:,}' for k, v in splits.items())} edges")
+        sizes = _write_link_splits(graph, paths, numbering[graph.label_type], splits)
+        shares = {**link_split, "train": 1.0 - sum(link_split.values())}
+        meta = dataclasses.replace(meta, link_splits={k: {"share": float(shares[k]), "sizes": sizes[k]}
+                                                      for k in sizes})
     write_meta(out, meta)
     return meta
 
@@ -257,6 +336,7 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
                   for ntype, t in graph.nodes.items()},
         edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
                        for etype, e in graph.edges.items() if e.edge_attr is not None},
+        edge_weights=[edge_type_dirname(etype) for etype, e in graph.edges.items() if e.edge_weight is not None],
         num_classes=int(graph.num_classes),
         split_sizes={k: int(v.size) for k, v in graph.splits.items()},
         label_type=graph.label_type,
@@ -272,14 +352,20 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
 
 def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike, *, method: str = "random",
                     topologies=("csc",), seed: int = 0, overwrite: bool = False,
-                    progress: Progress | None = None, log: Log | None = None) -> PartitionMeta:
+                    progress: Progress | None = None, log: Log | None = None,
+                    link_split: dict[str, float] | None = None) -> PartitionMeta:
     """Partition ``graph`` into ``output`` atomically: the folder appears complete or not at all.
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
     into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
     which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not
     exist, be empty, or (with ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
+    ``link_split``: see :func:`write_partitions` (homogeneous graphs only).
     """
+    if link_split and not graph.is_homogeneous:
+        raise ValueError("--link-split needs a homogeneous graph: typed link splits are not supported yet")
+    if link_split:
+        check_link_shares(link_split)
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
     if not 1 <= num_parts <= graph.num_nodes:
@@ -298,7 +384,7 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
     try:
         os.chmod(tmp, 0o755 & ~_umask())
         meta = write_partitions(graph, parts, num_parts, tmp, method=method, topologies=tuple(topologies),
-                                seed=seed, progress=progress, log=log)
+                                seed=seed, progress=progress, log=log, link_split=link_split)
         _replace_dir(tmp, output, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,10 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
                                             eid the edge's position in the input edge_index
     ROOT/part_{k}/edges/.../csr_{indptr,indices,eid}.npy   out-edges (when asked for)
     ROOT/part_{k}/edges/.../{csc,csr}_edge_attr.npy         optional, aligned with indices
+    ROOT/part_{k}/edges/.../{csc,csr}_edge_weight.npy       optional float [E_k] sampling weights, aligned
+    ROOT/part_{k}/edges/.../link_{split}_{src,dst,eid}.npy  optional (``--link-split``): the seed edges of
+                                            link split ``split`` (train/val/test) whose source part k owns,
+                                            global src/dst ids and input edge positions, by position
 
 Node ids are renumbered per node type so that part k owns the contiguous range
 ``[node_ranges[ntype][k], node_ranges[ntype][k+1])`` of every node type (see
@@ -42,7 +46,10 @@ DEFAULT_EDGE_TYPE = ("_N", "to", "_N")
 TOPOLOGIES = ("csc", "csr")
 
 
-_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}}  # added within version 1
+LINK_SPLITS = ("train", "val", "test")
+# added within version 1 (left out of META.json while they hold these defaults)
+_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "link_splits": {},
+                   "edge_weights": []}
 
 
 class PartitionFormatError(ValueError):
@@ -64,6 +71,10 @@ class PartitionMeta:
     ``split_sizes`` are those of ``label_type``, the one node type with splits;
     ``num_classes_by_type`` covers every type with labels. Keys added after format version 1
     was first written have defaults that describe a homogeneous graph, so older folders read.
+    ``link_splits[split]`` (``--link-split``; empty without) is ``{"share": float, "sizes": [per part]}``:
+    the share of node pairs asked for and each part's count of that link split's seed edges; the
+    val/test edges are not in the stored topology.  ``edge_weights`` lists the edge types (by
+    :func:`edge_type_dirname`) stored with sampling weights (an input's ``edge_weight``).
     """
 
     num_parts: int
@@ -78,6 +89,8 @@ class PartitionMeta:
     edge_features: dict[str, dict] = field(default_factory=dict)
     label_type: str = DEFAULT_NODE_TYPE    # the node type that holds y and the splits
     num_classes_by_type: dict[str, int] = field(default_factory=dict)
+    link_splits: dict[str, dict] = field(default_factory=dict)
+    edge_weights: list[str] = field(default_factory=list)
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0
@@ -92,6 +105,11 @@ class PartitionMeta:
     @property
     def is_homogeneous(self) -> bool:
         return self.node_types == [DEFAULT_NODE_TYPE] and [tuple(e) for e in self.edge_types] == [DEFAULT_EDGE_TYPE]
+
+    def link_split_sizes(self, part: int | None = None) -> dict[str, int]:
+        """Seed edges of every link split (of part ``part``, or of the whole graph); empty without splits."""
+        splits = [(name, self.link_splits[name]) for name in LINK_SPLITS if name in self.link_splits]
+        return {name: int(sum(s["sizes"]) if part is None else s["sizes"][part]) for name, s in splits}
 
     def edge_type_tuples(self) -> list[tuple[str, str, str]]:
         return [(e[0], e[1], e[2]) for e in self.edge_types]
@@ -149,6 +167,12 @@ class PartitionPaths:
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         return self.edge_dir(k, etype) / f"{topology}_{name}.npy"
+
+    def link_split_file(self, k: int, split: str, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
+        """``name`` (src, dst or eid) of part ``k``'s seed edges of link split ``split``."""
+        if split not in LINK_SPLITS:
+            raise ValueError(f"link split must be one of {LINK_SPLITS}, got {split!r}")
+        return self.edge_dir(k, etype) / f"link_{split}_{name}.npy"
 
 
 def read_meta(root: str | os.PathLike) -> PartitionMeta:

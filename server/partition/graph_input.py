@@ -38,10 +38,12 @@ class NodeTypeInput:
 
 @dataclass
 class EdgeTypeInput:
-    """One edge type: ``edge_index`` int64 [2, E] (row 0 = source-type ids), ``edge_attr`` [E, ...] or None."""
+    """One edge type: ``edge_index`` int64 [2, E] (row 0 = source-type ids), ``edge_attr`` [E, ...] or None,
+    ``edge_weight`` [E] (sampling weights, ``weight_attr="edge_weight"``) or None."""
 
     edge_index: np.ndarray
     edge_attr: np.ndarray | None = None
+    edge_weight: np.ndarray | None = None
 
     @property
     def num_edges(self) -> int:
@@ -52,11 +54,12 @@ class GraphInput:
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
     def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
-                 edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0):
+                 edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0,
+                 edge_weight: np.ndarray | None = None):
         """The homogeneous graph: ``x`` [N, F], ``y`` [N, ...] or None (unlabelled), ``edge_index`` [2, E],
         ``splits`` of node ids."""
         self._set({DEFAULT_NODE_TYPE: NodeTypeInput(int(x.shape[0]), x, y)},
-                  {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr)},
+                  {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr, edge_weight)},
                   splits, DEFAULT_NODE_TYPE, name, fingerprint, num_classes)
 
     @classmethod
@@ -138,6 +141,10 @@ class GraphInput:
     def edge_attr(self) -> np.ndarray | None:
         return self._only(self.edges, "edge").edge_attr
 
+    @property
+    def edge_weight(self) -> np.ndarray | None:
+        return self._only(self.edges, "edge").edge_weight
+
 
 # ----------------------------------------------------------------------------- fingerprint
 
@@ -176,6 +183,8 @@ def fingerprint(graph: GraphInput) -> str:
         _hash_array(h, f"{label}.edge_index", e.edge_index)
         if e.edge_attr is not None:
             _hash_array(h, f"{label}.edge_attr", e.edge_attr)
+        if e.edge_weight is not None:
+            _hash_array(h, f"{label}.edge_weight", e.edge_weight)
     h.update(f"label_type:{graph.label_type};".encode())
     for split in sorted(graph.splits):
         _hash_array(h, f"split:{split}", graph.splits[split])
@@ -193,4 +202,6 @@ def _homogeneous_fingerprint(graph: GraphInput) -> str:
         _hash_array(h, f"split:{split}", graph.splits[split])
     if graph.edge_attr is not None:
         _hash_array(h, "edge_attr", graph.edge_attr)
+    if graph.edge_weight is not None:
+        _hash_array(h, "edge_weight", graph.edge_weight)
     return h.hexdigest()

@@ -56,9 +56,9 @@ __all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fi
            "read_npy_folder", "read_torch_file"]
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
-NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr")
+NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight")
 # Data attributes read (or, for num_nodes/name, understood) by read_torch_file
-DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "name", "num_nodes",
+DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes",
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
@@ -108,7 +108,7 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
-                              name=_graph_name(folder), where=where)
+                              name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"])
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
     return graph
 
@@ -148,9 +148,11 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
         raise InputError(f"{where('train_mask')} is missing: give the training nodes as train_mask (bool [N]) "
                          f"or train_idx (node ids)")
     edge_attr = to_numpy(field_of(obj, "edge_attr"), where("edge_attr"))
+    edge_weight = to_numpy(field_of(obj, "edge_weight"), where("edge_weight"))
     name = field_of(obj, "name")
     name = name if isinstance(name, str) and name else file.stem
-    graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where)
+    graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where,
+                              edge_weight=edge_weight)
     graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
     return graph
 
@@ -188,8 +190,19 @@ def _check_y(y: np.ndarray | None, num_nodes: int, where) -> None:
                          f"give one label per node (same order as x)")
 
 
+def _check_edge_weight(edge_weight: np.ndarray, num_edges: int, w: str) -> np.ndarray:
+    """``edge_weight`` as float [E] (one weight per edge); InputError naming the fix.  Values (negative, NaN,
+    all zero for a node) are checked when a loader samples with them (``weight_attr="edge_weight"``)."""
+    if edge_weight.ndim != 1 or edge_weight.shape[0] != num_edges:
+        raise InputError(f"{w} has shape {list(edge_weight.shape)}, edge_index has {num_edges} edges: give one "
+                         f"weight per edge ([E])")
+    if not (np.issubdtype(edge_weight.dtype, np.number) or edge_weight.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, got dtype {edge_weight.dtype}")
+    return edge_weight if np.issubdtype(edge_weight.dtype, np.floating) else edge_weight.astype(np.float32)
+
+
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
-                      where: Callable[[str], str] = lambda n: n) -> GraphInput:
+                      where: Callable[[str], str] = lambda n: n, edge_weight=None) -> GraphInput:
     """Validate a homogeneous graph's arrays and assemble a :class:`GraphInput` with its fingerprint.
 
     ``splits`` maps split name to ids or None (absent: stored as empty); ``where(name)``
@@ -208,7 +221,9 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
         raise InputError(f"{where('train_idx')} is empty: give at least one training node")
     if edge_attr is not None:
         check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
+    if edge_weight is not None:
+        edge_weight = _check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
     graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=label_classes(y))
+                       num_classes=label_classes(y), edge_weight=edge_weight)
     graph.fingerprint = fingerprint(graph)
     return graph

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, SeedInput, weight_column
+from graphfeed.core.spec import EDGE_WEIGHT, LinkInput, NodeInput, SamplingSpec, SeedInput, weight_column
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
@@ -168,6 +168,13 @@ class EdgeStore:
         self.topology(kind)  # the same checks
         return _tensor(self.paths.edge_file(self.part_id, kind, "edge_attr", self.etype))
 
+    def edge_weight(self, kind: str = "csc") -> torch.Tensor | None:
+        """Sampling weights (the input's ``edge_weight``) aligned with ``topology(kind).indices``, or None."""
+        if edge_type_dirname(self.etype) not in self.meta.edge_weights:
+            return None
+        self.topology(kind)  # the same checks
+        return _tensor(self.paths.edge_file(self.part_id, kind, "edge_weight", self.etype))
+
 
 class EdgeWeights:
     """Checked edge weights of one part's topologies, per ``(kind, weight_attr)`` (made once each)."""
@@ -186,6 +193,22 @@ class EdgeWeights:
         return self._cache[key]
 
     def _load(self, kind: str, weight_attr: str) -> torch.Tensor:
+        w = self._stored(kind) if weight_attr == EDGE_WEIGHT else self._column(kind, weight_attr)
+        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+            source = "edge_weight" if weight_attr == EDGE_WEIGHT else "edge_attr column"
+            raise ValueError(f"weight_attr={weight_attr!r}: edge weights must be finite and >= 0 (found negative, "
+                             f"NaN or infinite ones); fix the {source}")
+        self._check_nodes(kind, weight_attr, w)
+        return w
+
+    def _stored(self, kind: str) -> torch.Tensor:
+        w = self.store.edge_weight(kind)
+        if w is None:
+            raise ValueError(f"weight_attr={EDGE_WEIGHT!r}: the graph has no edge weights; partition it with "
+                             f"edge_weight.npy ([E]) in the input folder (or Data.edge_weight), or drop weight_attr")
+        return w.to(torch.float64)
+
+    def _column(self, kind: str, weight_attr: str) -> torch.Tensor:
         attr, column = self.store.edge_attr(kind), weight_column(weight_attr)
         if attr is None:
             raise ValueError(f"weight_attr={weight_attr!r}: the graph has no edge features; partition it with "
@@ -194,10 +217,9 @@ class EdgeWeights:
         if column is None and cols != 1 or column is not None and not 0 <= column < cols:
             raise ValueError(f"weight_attr={weight_attr!r}: the edge features have shape {list(attr.shape[1:])}; "
                              f"name one column as 'edge_attr:K' with K in 0..{max(cols, 1) - 1}")
-        w = (attr if attr.dim() == 1 else attr[:, column or 0]).to(torch.float64)
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-            raise ValueError(f"weight_attr={weight_attr!r}: edge weights must be finite and >= 0 (found negative, "
-                             f"NaN or infinite ones); fix the edge_attr column")
+        return (attr if attr.dim() == 1 else attr[:, column or 0]).to(torch.float64)
+
+    def _check_nodes(self, kind: str, weight_attr: str, w: torch.Tensor) -> None:
         indptr = self.store.topology(kind).indptr.to(torch.int64)
         deg = indptr[1:] - indptr[:-1]
         sums = torch.zeros(deg.numel(), dtype=torch.float64).index_add_(
@@ -208,7 +230,6 @@ class EdgeWeights:
             raise ValueError(f"weight_attr={weight_attr!r}: {dead.numel()} node(s) have {side}-edges whose weights "
                              f"are all zero (they could never be sampled); give them a positive weight or drop "
                              f"weight_attr")
-        return w
 
 
 def default_edge_type(meta: PartitionMeta, ntype: str) -> EdgeType:
@@ -301,16 +322,40 @@ class Partition:
             self.weights.get(sampling.topology, sampling.weight_attr)
 
     def input_edges(self, link: LinkInput) -> torch.Tensor:
-        """Positions of the seed edges of ``link`` whose source node this part owns (ascending)."""
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending).  For a
+        link split: the part's stored seed edges, at positions after every earlier part's (the parts'
+        lists one after another, as a node split's)."""
         if not self.meta.is_homogeneous:
             raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
                              "supported yet; use a homogeneous graph")
-        n = self.book.num_nodes
-        if int(link.index.max()) >= n:
-            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
+        if link.split is not None:
+            return self.link_split(link.split)[0]
+        n, index = self.book.num_nodes, link.index
+        assert index is not None   # a LinkInput has a split or an index
+        if int(index.max()) >= n:
+            raise ValueError(f"edge_label_index has node id {int(index.max())}, outside the graph: original "
                              f"node ids are 0..{n - 1}")
-        mask, _ = self.to_global(link.index[0])
+        mask, _ = self.to_global(index[0])
         return mask.nonzero().view(-1)
+
+    def link_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(positions, src, dst)`` of this part's seed edges of link split ``name``: their positions in
+        the split (after every earlier part's) and global endpoint ids.  ValueError naming the fix
+        (``graphfeed partition --link-split``) when the partition has no such split."""
+        sizes = self.meta.link_splits.get(name, {}).get("sizes")
+        if sizes is None:
+            have = ", ".join(self.meta.link_split_sizes()) or "none"
+            raise ValueError(f"edge_label_index={name!r}: the partition has no link split {name!r} (it has {have}); "
+                             f"re-partition with `graphfeed partition --link-split val=0.05,test=0.10` or pass "
+                             f"edge_label_index as a [2, E] tensor")
+        start = int(sum(sizes[:self.part_id]))
+        src, dst = (_tensor(self.paths.link_split_file(self.part_id, name, end)) for end in ("src", "dst"))
+        return torch.arange(start, start + int(sizes[self.part_id])), src, dst
+
+    def link_split_eids(self, name: str) -> torch.Tensor:
+        """Input edge positions (in the partitioned ``edge_index``) of this part's seed edges of ``name``."""
+        self.link_split(name)   # the same check
+        return _tensor(self.paths.link_split_file(self.part_id, name, "eid"))
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
 

@@ -48,9 +48,14 @@ class LinkSeeds:
 
     def resolve(self, graph, positions: torch.Tensor) -> LinkSeeds:
         """Resolve the endpoints of the seed edges at ``positions`` through ``graph.to_global`` (every
-        part is asked: an endpoint may live anywhere).  ValueError naming an id outside the graph."""
+        part is asked: an endpoint may live anywhere).  ValueError naming an id outside the graph.  A link
+        split's seed edges come from the parts in this process instead (each serves its own:
+        :meth:`Partition.link_split`)."""
+        if self.link.split is not None:
+            return self._resolve_split(graph)
         if positions.numel() == 0:
             return self
+        assert self.link.index is not None   # a LinkInput has a split or an index
         ends = self.link.index[:, positions]
         gids = graph.to_global(ends.reshape(-1)).view(2, -1)
         missing = gids < 0
@@ -59,6 +64,15 @@ class LinkSeeds:
             raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original node ids "
                              f"are 0..{graph.num_nodes - 1}")
         self.src[positions], self.dst[positions] = gids[0], gids[1]
+        return self
+
+    def _resolve_split(self, graph) -> LinkSeeds:
+        stored = [part.link_split(self.link.split) for part in graph.parts]
+        size = max((int(pos[-1]) + 1 for pos, _, _ in stored if pos.numel()), default=0)
+        self.src = torch.full((size,), -1, dtype=torch.int64)
+        self.dst = torch.full((size,), -1, dtype=torch.int64)
+        for pos, src, dst in stored:
+            self.src[pos], self.dst[pos] = src, dst
         return self
 
 
