@@ -90,7 +90,8 @@ class SampleBenchConfig:
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and self.link:
-            raise ValueError("--link runs on the CPU only (GPU sampling covers node batches for now): drop --device cuda")
+            raise ValueError("--link runs on the CPU only (GPU sampling covers node batches for now): "
+                             "drop --device cuda")
         if self.gpu_cache_mb < 0:
             raise ValueError(f"--gpu-cache-mb must be >= 0, got {self.gpu_cache_mb}")
         if not os.path.isdir(self.graph):
