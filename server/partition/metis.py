@@ -21,8 +21,13 @@ BALANCE_SLACK = 0.05   # a part holds its share of each node type and of the see
 _EDGE_CHUNK = 1 << 24  # edges per chunk in whole-edge-list passes: bounds temporaries to ~130 MB
 
 
-def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0) -> np.ndarray:
-    """Part of every node of the homogeneous view (int64 [N]); deterministic for a given ``seed``."""
+def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0,
+                node_weights: np.ndarray | None = None) -> np.ndarray:
+    """Part of every node of the homogeneous view (int64 [N]); deterministic for a given ``seed``.
+
+    ``node_weights`` (int [N], >= 0; homogeneous graphs): one more balance constraint, e.g. each
+    node's pre-sampled access count (``--method hotness``), so every part gets its share of it too.
+    """
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64)
     import pymetis
@@ -31,7 +36,7 @@ def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0) -> np.ndarray:
     pieces = [(e.edge_index[0], e.edge_index[1], offsets[src], offsets[dst])
               for (src, _, dst), e in graph.edges.items()]
     xadj, adjncy = symmetric_adjacency_of(pieces, graph.num_nodes)
-    vweights = _vertex_weights(graph, offsets)
+    vweights = _vertex_weights(graph, offsets, node_weights)
     _, membership = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights,
                                        options=pymetis.Options(seed=int(seed)))
     del vweights
@@ -47,9 +52,9 @@ def _train_ids(graph: GraphInput, offsets: dict[str, int]) -> np.ndarray:
     return offsets[graph.label_type] + np.asarray(graph.splits.get("train", np.empty(0)), dtype=np.int64)
 
 
-def _vertex_weights(graph: GraphInput, offsets: dict[str, int]) -> np.ndarray:
-    """METIS balance constraints, flattened [N * C]: one per non-empty node type (its nodes), and one for
-    the label type's training nodes."""
+def _vertex_weights(graph: GraphInput, offsets: dict[str, int], node_weights: np.ndarray | None = None) -> np.ndarray:
+    """METIS balance constraints, flattened [N * C]: one per non-empty node type (its nodes), one for
+    the label type's training nodes, and ``node_weights`` when given (scaled to fit METIS's 32-bit sums)."""
     n = graph.num_nodes
     columns = []
     for ntype, t in graph.nodes.items():
@@ -61,7 +66,18 @@ def _vertex_weights(graph: GraphInput, offsets: dict[str, int]) -> np.ndarray:
     train[_train_ids(graph, offsets)] = 1
     if train.any():
         columns.append(train)
+    if node_weights is not None:
+        columns.append(_fit_int32(np.asarray(node_weights, dtype=np.int64)))
     return np.stack(columns, axis=1).reshape(-1)
+
+
+def _fit_int32(weights: np.ndarray) -> np.ndarray:
+    """``weights`` scaled down (rounding up, so a non-zero weight stays non-zero) until their sum is
+    below 2^30: METIS sums a constraint's weights in 32-bit integers."""
+    total = int(weights.sum())
+    if total < 1 << 30:
+        return weights
+    return -(-weights * (1 << 29) // total)
 
 
 def _balance_groups(graph: GraphInput, offsets: dict[str, int]) -> list[np.ndarray]:
