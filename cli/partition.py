@@ -2,7 +2,8 @@
 
 Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (see
 :mod:`graphfeed.server.partition.inputs` and :mod:`graphfeed.server.partition.typed_inputs`),
-assigns nodes to parts (random, METIS, or METIS balancing pre-sampled access counts: hotness), writes the folder atomically and prints a summary.
+assigns nodes to parts (random, METIS, or METIS balancing pre-sampled access counts: hotness),
+writes the folder atomically and prints a summary.
 An output folder that already holds the same partitioning (same input fingerprint and
 parameters) is left alone and reported up to date.
 """
@@ -25,8 +26,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num-parts", "-p", type=int, required=True, help="number of partitions (1..nodes)")
     parser.add_argument("--method", choices=("random", "metis", "hotness"), default="metis",
                         help="random assignment, METIS (fewer cut edges; balances nodes and training nodes) or "
-                             "hotness (METIS that also balances each part's access count, found by pre-sampling "
-                             "the training nodes' neighbourhoods; homogeneous graphs)")
+                             "hotness (METIS balancing each part's access count, found by pre-sampling the training "
+                             "nodes' neighbourhoods, instead of its nodes; homogeneous graphs)")
     parser.add_argument("--hotness-epochs", type=int, default=1,
                         help="hotness: epochs of pre-sampling to count accesses (default 1, at most 10)")
     parser.add_argument("--num-neighbors", type=fanouts_arg, default=(15, 10, 5), metavar="F1,F2,...",

@@ -33,7 +33,7 @@ from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]
 
-# hotness: METIS that also balances each part's pre-sampled access count (the caller counts them)
+# hotness: METIS balancing each part's pre-sampled access count (the caller counts them) instead of nodes
 METHODS = ("random", "metis", "hotness")
 # progress(iterable, description) -> iterable (e.g. a tqdm bar); log(message) for steps without a loop.
 Progress = Callable[[Iterable, str], Iterable]
