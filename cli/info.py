@@ -134,6 +134,11 @@ def describe(root) -> str:
         f"  nodes / edges   {meta.num_nodes:,} / {total:,} directed",
         f"  edge cut        {meta.edge_cut:,} ({cut_pct:.1f}% of edges cross parts)",
     ]
+    if meta.method_settings:
+        lines.append("  method settings " + ", ".join(f"{k} {v}" for k, v in sorted(meta.method_settings.items())))
+    if meta.access_mass:
+        lines.append("  access mass     " + " / ".join(f"{m:,}" for m in meta.access_mass)
+                     + " pre-sampled accesses per part")
     if meta.is_homogeneous:
         efeats = ", ".join(f"{spec['dtype']}{spec['shape']}" for spec in meta.edge_features.values()) or "none"
         lines += [f"  node features   {_feature_text(meta, meta.label_type)}; {meta.num_classes} classes",

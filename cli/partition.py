@@ -2,7 +2,8 @@
 
 Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (see
 :mod:`graphfeed.server.partition.inputs` and :mod:`graphfeed.server.partition.typed_inputs`),
-assigns nodes to parts (random or METIS), writes the folder atomically and prints a summary.
+assigns nodes to parts (random, METIS, or METIS balancing pre-sampled access counts: hotness),
+writes the folder atomically and prints a summary.
 An output folder that already holds the same partitioning (same input fingerprint and
 parameters) is left alone and reported up to date.
 """
@@ -23,8 +24,16 @@ def add_arguments(parser) -> None:
                                       "typed: one sub-folder per node type and per edge type src__rel__dst) "
                                       "or a PyG Data / HeteroData saved with torch.save")
     parser.add_argument("--num-parts", "-p", type=int, required=True, help="number of partitions (1..nodes)")
-    parser.add_argument("--method", choices=("random", "metis"), default="metis",
-                        help="random assignment or METIS (fewer cut edges; balances nodes and training nodes)")
+    parser.add_argument("--method", choices=("random", "metis", "hotness"), default="metis",
+                        help="random assignment, METIS (fewer cut edges; balances nodes and training nodes) or "
+                             "hotness (METIS balancing each part's access count, found by pre-sampling the training "
+                             "nodes' neighbourhoods, instead of its nodes; homogeneous graphs)")
+    parser.add_argument("--hotness-epochs", type=int, default=1,
+                        help="hotness: epochs of pre-sampling to count accesses (default 1, at most 10)")
+    parser.add_argument("--num-neighbors", type=fanouts_arg, default=(15, 10, 5), metavar="F1,F2,...",
+                        help="hotness: the loader's fanouts to pre-sample with (default 15,10,5)")
+    parser.add_argument("--batch-size", type=int, default=1024,
+                        help="hotness: the loader's batch size to pre-sample with (default 1024)")
     parser.add_argument("--output", "-o", required=True, help="partition folder to create")
     parser.add_argument("--topology", choices=sorted(TOPOLOGY_CHOICES), default="csc",
                         help="csc: in-edges (default, PyG's direction); csr: out-edges; both")
@@ -56,6 +65,16 @@ def link_split_arg(text: str) -> dict[str, float]:
     return out
 
 
+def fanouts_arg(text: str) -> tuple[int, ...]:
+    """``"15,10,5"`` as ``(15, 10, 5)``."""
+    import argparse
+
+    try:
+        return tuple(int(f) for f in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated integer fanouts, e.g. 15,10,5") from None
+
+
 class _Reporter:
     """Step lines and tqdm bars on stderr, with the elapsed time."""
 
@@ -71,16 +90,37 @@ class _Reporter:
             return iterable
         from tqdm import tqdm
         return tqdm(iterable, desc=f"[{time.perf_counter() - self.t0:7.1f}s] {desc}", file=sys.stderr,
-                    unit="part", leave=False, mininterval=0.5)
+                    leave=False, mininterval=0.5)
+
+
+def _access_sampling(args):
+    """The hotness pre-sampling's settings (None for other methods); UsageError naming a bad argument."""
+    from graphfeed.server.sampling.access import AccessSampling
+
+    if args.method != "hotness":
+        return None
+    try:
+        return AccessSampling(args.num_neighbors, args.batch_size, args.hotness_epochs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _differences(meta, graph, args, topologies) -> list[str]:
+    how = _access_sampling(args)
     wanted = {"input fingerprint": graph.fingerprint, "num_parts": args.num_parts, "method": args.method,
-              "topology": list(topologies), "seed": args.seed, "link split": args.link_split or {}}
+              "topology": list(topologies), "seed": args.seed, "link split": args.link_split or {},
+              **_setting_items(how.settings() if how else {})}
     have = {"input fingerprint": meta.source_fingerprint, "num_parts": meta.num_parts, "method": meta.method,
-            "topology": list(meta.topologies), "seed": meta.seed,
+            "topology": list(meta.topologies), "seed": meta.seed, **_setting_items(meta.method_settings),
             "link split": {k: s["share"] for k, s in meta.link_splits.items() if k != "train"}}
-    return [f"{k} {have[k]!s:.16} -> {wanted[k]!s:.16}" for k in wanted if have[k] != wanted[k]]
+    keys = list(wanted) + [k for k in have if k not in wanted]
+    return [f"{k} {have.get(k, '-')!s:.16} -> {wanted.get(k, '-')!s:.16}" for k in keys
+            if have.get(k) != wanted.get(k)]
+
+
+def _setting_items(settings: dict) -> dict:
+    """The method's settings as their own items of the up-to-date check (``--hotness-epochs 1`` -> epochs)."""
+    return {f"hotness {k}": v for k, v in settings.items()}
 
 
 def _check_output(output: Path, graph, args, topologies) -> bool:
@@ -112,6 +152,19 @@ def _check_output(output: Path, graph, args, topologies) -> bool:
     return False
 
 
+def _count_accesses(graph, how, seed: int, report: _Reporter):
+    from graphfeed.server.sampling.access import count_accesses
+
+    report.log(f"pre-sampling {how.epochs} epoch(s) of the training nodes (fanouts "
+               f"{','.join(map(str, how.num_neighbors))}, batch {how.batch_size}) to count accesses")
+    try:
+        counts = count_accesses(graph, how, seed, report.progress)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    report.log(f"counted {int(counts.sum()):,} accesses to {int((counts > 0).sum()):,} nodes")
+    return counts
+
+
 def summary(root, seconds: float) -> str:
     from graphfeed.cli.info import format_table, part_stats
     from graphfeed.server.partition.format import read_meta
@@ -124,6 +177,7 @@ def summary(root, seconds: float) -> str:
         f"topology {'+'.join(meta.topologies)}",
         format_table(meta, part_stats(root, meta)),
         f"edge cut: {cut}",
+        *([f"access mass per part: {', '.join(f'{m:,}' for m in meta.access_mass)}"] if meta.access_mass else []),
         f"time: {seconds:.1f} s",
     ])
 
@@ -134,6 +188,10 @@ def run(args) -> int:
 
     if args.num_parts < 1:
         raise UsageError(f"--num-parts must be at least 1, got {args.num_parts}")
+    how = _access_sampling(args)
+    if how and args.link_split:
+        raise UsageError("--method hotness counts node-loader accesses and does not combine with --link-split; "
+                         "use --method metis")
     topologies = TOPOLOGY_CHOICES[args.topology]
     output = Path(args.output)
     report = _Reporter(args.quiet)
@@ -152,7 +210,9 @@ def run(args) -> int:
     if _check_output(output, graph, args, topologies):
         print(f"{output} is up to date (same input and parameters); nothing to do")
         return 0
+    counts = _count_accesses(graph, how, args.seed, report) if how else None
     partition_graph(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
-                    overwrite=args.overwrite, progress=report.progress, log=report.log, link_split=args.link_split)
+                    overwrite=args.overwrite, progress=report.progress, log=report.log, link_split=args.link_split,
+                    node_weights=counts, method_settings=how.settings() if how else None)
     print(summary(output, time.perf_counter() - report.t0))
     return 0

@@ -31,9 +31,10 @@ from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, Grap
 from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
 
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
-           "graph_edge_cut", "partition_graph", "symmetric_adjacency", "write_partitions"]
+           "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]
 
-METHODS = ("random", "metis")
+# hotness: METIS balancing each part's pre-sampled access count (the caller counts them) instead of nodes
+METHODS = ("random", "metis", "hotness")
 # progress(iterable, description) -> iterable (e.g. a tqdm bar); log(message) for steps without a loop.
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
@@ -49,14 +50,38 @@ def _no_log(message):
     pass
 
 
-def assign_parts(graph: GraphInput, num_parts: int, method: str, seed: int = 0) -> np.ndarray:
+def assign_parts(graph: GraphInput, num_parts: int, method: str, seed: int = 0,
+                 node_weights: np.ndarray | None = None) -> np.ndarray:
     """Part of every node of the homogeneous view (int64 [N], node types stacked in ``graph.node_types``
-    order, see :meth:`GraphInput.node_offsets`); deterministic for a given ``seed``."""
+    order, see :meth:`GraphInput.node_offsets`); deterministic for a given ``seed``.  ``hotness`` needs
+    ``node_weights`` (each node's access count, int [N]): METIS balances them as one more constraint."""
     if method == "random":
         return _random_parts(graph, num_parts, seed)
     if method == "metis":
         return metis_parts(graph, num_parts, seed)
+    if method == "hotness":
+        _check_node_weights(graph, node_weights)
+        return metis_parts(graph, num_parts, seed, node_weights=node_weights)
     raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
+
+
+def _check_node_weights(graph: GraphInput, node_weights: np.ndarray | None) -> None:
+    if not graph.is_homogeneous:
+        raise ValueError("--method hotness needs a homogeneous graph (typed graphs: use --method metis)")
+    if node_weights is None or np.shape(node_weights) != (graph.num_nodes,):
+        raise ValueError(f"--method hotness needs one access count per node ({graph.num_nodes}), got "
+                         f"{None if node_weights is None else np.shape(node_weights)}")
+    if np.asarray(node_weights).min(initial=0) < 0:
+        raise ValueError("--method hotness: access counts must be >= 0")
+
+
+def whole_topology(graph: GraphInput, kind: str = "csc") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(indptr, indices, eid)`` (int64) of a homogeneous graph's every node in its input ids: one part
+    holding the whole graph, as the writer stores it (CSC: in-edges; CSR: out-edges)."""
+    src, dst = graph.edge_index[0], graph.edge_index[1]
+    key, other = (dst, src) if kind == "csc" else (src, dst)
+    indptr, indices, eid = _compressed(key, other, graph.num_nodes)
+    return indptr, indices.astype(np.int64, copy=False), eid
 
 
 def _random_parts(graph: GraphInput, num_parts: int, seed: int) -> np.ndarray:
@@ -290,7 +315,8 @@ def _write_link_splits(graph: GraphInput, paths: PartitionPaths, numbering: _Num
 
 def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: Path, *, method: str,
                      topologies=("csc",), seed: int = 0, progress: Progress | None = None,
-                     log: Log | None = None, link_split: dict[str, float] | None = None) -> PartitionMeta:
+                     log: Log | None = None, link_split: dict[str, float] | None = None,
+                     node_weights: np.ndarray | None = None, method_settings: dict | None = None) -> PartitionMeta:
     """Write the partition folder into ``out`` (which must be empty), META.json last; returns its meta.
 
     ``parts`` is the part of every node of the homogeneous view (:func:`assign_parts`). Each node
@@ -299,6 +325,7 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
     renumbered endpoints (int32 when ids fit) plus three int64 arrays of its E entries (sort keys,
     permutation, sort buffer).  ``link_split`` (``{"val": share, "test": share}``, homogeneous graphs):
     hold out those edges as link seed splits (:func:`link_split_edges`), not stored in the topology.
+    ``method_settings`` are recorded in META.json, with each part's sum of ``node_weights`` (hotness).
     """
     progress, log = progress or _no_progress, log or _no_log
     numbering = {ntype: _Numbering.of(p, num_parts) for ntype, p in _parts_by_type(graph, parts).items()}
@@ -309,6 +336,10 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
     for etype in graph.edge_types:
         _write_edges(graph, etype, paths, numbering, topologies, progress, log, splits.get("train"))
     meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
+    if node_weights is not None:
+        mass = np.bincount(parts, weights=node_weights, minlength=num_parts)
+        meta = dataclasses.replace(meta, method_settings=dict(method_settings or {}),
+                                   access_mass=[int(m) for m in mass])
     if link_split and splits:
         log(f"link splits: {', '.join(f'{k} {v.size:,}' for k, v in splits.items())} edges")
         sizes = _write_link_splits(graph, paths, numbering[graph.label_type], splits)
@@ -353,14 +384,17 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
 def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike, *, method: str = "random",
                     topologies=("csc",), seed: int = 0, overwrite: bool = False,
                     progress: Progress | None = None, log: Log | None = None,
-                    link_split: dict[str, float] | None = None) -> PartitionMeta:
+                    link_split: dict[str, float] | None = None, node_weights: np.ndarray | None = None,
+                    method_settings: dict | None = None) -> PartitionMeta:
     """Partition ``graph`` into ``output`` atomically: the folder appears complete or not at all.
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
     into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
     which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not
     exist, be empty, or (with ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
-    ``link_split``: see :func:`write_partitions` (homogeneous graphs only).
+    ``link_split``: see :func:`write_partitions` (homogeneous graphs only).  ``method="hotness"`` needs
+    ``node_weights`` (each node's pre-sampled access count, int [N]; see
+    :func:`graphfeed.server.sampling.access.count_accesses`), recorded with ``method_settings``.
     """
     if link_split and not graph.is_homogeneous:
         raise ValueError("--link-split needs a homogeneous graph: typed link splits are not supported yet")
@@ -368,6 +402,8 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
         check_link_shares(link_split)
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
+    if method == "hotness":
+        _check_node_weights(graph, node_weights)
     if not 1 <= num_parts <= graph.num_nodes:
         raise ValueError(f"--num-parts must be between 1 and the number of nodes ({graph.num_nodes}), got {num_parts}")
     bad = [t for t in topologies if t not in TOPOLOGIES]
@@ -378,13 +414,15 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
     output.parent.mkdir(parents=True, exist_ok=True)
     log = log or _no_log
     log(f"assigning {graph.num_nodes:,} nodes to {num_parts} part(s) ({method})")
-    parts = assign_parts(graph, num_parts, method, seed)
+    parts = assign_parts(graph, num_parts, method, seed, node_weights)
     _remove_stale_temporaries(output)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-{os.getpid()}-", dir=output.parent))
     try:
         os.chmod(tmp, 0o755 & ~_umask())
         meta = write_partitions(graph, parts, num_parts, tmp, method=method, topologies=tuple(topologies),
-                                seed=seed, progress=progress, log=log, link_split=link_split)
+                                seed=seed, progress=progress, log=log, link_split=link_split,
+                                node_weights=node_weights if method == "hotness" else None,
+                                method_settings=method_settings)
         _replace_dir(tmp, output, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,7 +49,7 @@ TOPOLOGIES = ("csc", "csr")
 LINK_SPLITS = ("train", "val", "test")
 # added within version 1 (left out of META.json while they hold these defaults)
 _LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "link_splits": {},
-                   "edge_weights": []}
+                   "edge_weights": [], "method_settings": {}, "access_mass": []}
 
 
 class PartitionFormatError(ValueError):
@@ -75,6 +75,9 @@ class PartitionMeta:
     the share of node pairs asked for and each part's count of that link split's seed edges; the
     val/test edges are not in the stored topology.  ``edge_weights`` lists the edge types (by
     :func:`edge_type_dirname`) stored with sampling weights (an input's ``edge_weight``).
+    ``method_settings`` are the assignment's own parameters (``--method hotness``: the pre-sampling's
+    ``num_neighbors``, ``batch_size`` and ``epochs``; empty for random and METIS) and ``access_mass``
+    each part's sum of pre-sampled access counts (hotness only; empty otherwise).
     """
 
     num_parts: int
@@ -91,6 +94,8 @@ class PartitionMeta:
     num_classes_by_type: dict[str, int] = field(default_factory=dict)
     link_splits: dict[str, dict] = field(default_factory=dict)
     edge_weights: list[str] = field(default_factory=list)
+    method_settings: dict = field(default_factory=dict)
+    access_mass: list[int] = field(default_factory=list)
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0
