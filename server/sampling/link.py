@@ -22,12 +22,14 @@ such edges out of ``edge_label_index``): no silent non-strict fallback.
 """
 from __future__ import annotations
 
+from typing import Callable, ContextManager
+
 import torch
 
-from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, SamplingSpec
 from graphfeed.server.sampling import rng
+from graphfeed.server.sampling.producer import produce_batch
 
 ROUNDS = 32               # draws per negative with strict (the first plus 31 redraws)
 NEG_HOP = 1 << 20         # the RNG "hop" of negatives: above any sampling hop, so the streams differ
@@ -114,7 +116,8 @@ def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -
 
 
 def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                       epoch: int, seq: int, feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                       epoch: int, seq: int, feature_dtype: torch.dtype | None = None,
+                       stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` of a link loader: the seed edges at ``positions`` (resolved in
     ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
     first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
@@ -127,11 +130,5 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
                                           link.neg.strict, seed)
         ends += [neg_dst] if link.neg.mode == "triplet" else [neg_src, neg_dst]
     nodes, local = torch.unique(torch.cat(ends), return_inverse=True)
-    sub = graph.sample(nodes, spec, seed)
-    x, y, orig = graph.gather(sub.nodes)
-    wire = batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
-                              num_sampled_nodes=sub.num_sampled_nodes, num_sampled_edges=sub.num_sampled_edges,
-                              batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
-                              input_id=positions, extra=link_fields(link, positions, local),
-                              edge_attr=graph.edge_attr(sub, spec))
-    return batch_codec.cast_features(wire, feature_dtype)
+    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=graph.label_type, input_id=positions,
+                         feature_dtype=feature_dtype, stage=stage, extra=link_fields(link, positions, local))

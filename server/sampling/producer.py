@@ -35,18 +35,24 @@ class SamplingGraph(Protocol):
     def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
 
 
-def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                  epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
+def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch.Tensor], spec: SamplingSpec,
+                  plan_entry: BatchSpec, epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
                   stage: Callable[[str], ContextManager] | None = None,
-                  feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                  feature_dtype: torch.dtype | None = None,
+                  extra: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
     :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
     (a loader's :attr:`LoaderSpec.feature_torch_dtype`; None = as stored).
 
+    The one producer of node and link batches: a link batch (:func:`graphfeed.server.sampling.link.produce_link_batch`)
+    passes its endpoints as ``seeds`` (per node type when they are of several types, distinct global ids),
+    its seed edges' positions as ``input_id`` and its labelled edges as ``extra`` (batch fields of
+    :data:`graphfeed.core.batch.BATCH_FIELDS`).
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
-    sub = graph.sample_typed({input_type: seeds}, spec, plan_entry.seed, input_type)
+    typed_seeds = seeds if isinstance(seeds, Mapping) else {input_type: seeds}
+    sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type)
     nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
     edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
@@ -55,7 +61,7 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
             edges[graph.edge_types[0]]["edge_attr"] = edge_attr
         wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
-                                        input_id=input_id)
+                                        input_id=input_id, extra=extra)
         return batch_codec.cast_features(wire, feature_dtype)
 
 

@@ -144,7 +144,8 @@ class Session:
                 with tel.stage("batch"):
                     if self._link_seeds is not None:
                         batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
-                                                   run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype)
+                                                   run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype,
+                                                   stage=tel.stage)
                     else:
                         batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
                                               input_type=self.input_type,
