@@ -11,7 +11,7 @@ from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
-from graphfeed.core.spec import LinkInput, LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
@@ -125,22 +125,25 @@ class Client:
                              shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
                              replace: bool = False, direction: str = "in", rank: int | None = None,
                              world_size: int | None = None, kind: str | None = None,
-                             weight_attr: str | None = None) -> RemoteNeighborLoader:
+                             weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
-        ``edge_label_index`` ([2, E] original node ids), ``edge_label``, ``neg_sampling`` (``"binary"``,
-        ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
-        ``batch_size`` counts seed edges.  ValueError (one line, naming the argument) for bad input."""
+        ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``),
+        ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
+        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
+        ``feature_dtype`` as :meth:`neighbor_loader`.  ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
-        if int(link.index.max()) >= self.num_nodes:
-            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
-                             f"node ids are 0..{self.num_nodes - 1}")
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             kind=kind or "", weight_attr=weight_attr)
+                             kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype)
+        if link.edge_type is None and list(self.node_types) != [self.label_type]:
+            raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
+                             f"with one of {', '.join(map(str, self.edge_types))}")
+        spec.check_schema(self.node_types, self.edge_types)
+        check_link_ids(link, self.num_nodes_of)
         return self.open_loader(spec, prefetch=prefetch)
 
     def num_nodes_of(self, ntype: str | None) -> int:

@@ -74,6 +74,9 @@ BATCH_FIELDS: dict[str, Field] = {
     "dst_pos_index": Field(BATCH, False, torch.int64, "triplet mode: local id of each seed edge's destination"),
     "dst_neg_index": Field(BATCH, False, torch.int64, "triplet mode: local ids of the negative destinations, "
                                                       "[B] (amount 1) or [B, amount]"),
+    "link_edge_type": Field(BATCH, False, torch.int64, "typed link batches: [1], position of the seed edges' type "
+                                                       "among the batch's sorted edge types (rows of the link "
+                                                       "fields index its source / destination type's n_id)"),
 }
 META_LENGTH = 5
 
@@ -335,6 +338,13 @@ def _batch_values(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: batch[name] for name, f in fields_of(BATCH).items() if name != META and name in batch}
 
 
+def _data_values(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`_batch_values` as a ``Data`` carries them (a one-type batch has no seed edge type to name)."""
+    values = _batch_values(batch)
+    values.pop("link_edge_type", None)
+    return values
+
+
 def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     from torch_geometric.data import Data
 
@@ -342,7 +352,17 @@ def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     etensors, ecounts = _store_values(batch, EDGE, edge_type_name(DEFAULT_EDGE_TYPE))
     present = {**ntensors, **etensors}
     tensors = {name: present[name] for name in BATCH_FIELDS if name in present}   # today's attribute order
-    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **_batch_values(batch), **position)
+    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **_data_values(batch), **position)
+
+
+def _link_store(lay: BatchLayout, name: str, link_type: torch.Tensor | None):
+    """Where PyG's hetero ``LinkNeighborLoader`` puts a typed link batch's field ``name``: ``src_index`` on the
+    seed edge type's source type, ``dst_pos_index``/``dst_neg_index`` on its destination type, the rest
+    (``input_id``, ``edge_label_index``, ``edge_label``) on the edge type; None for a node batch."""
+    if link_type is None:
+        return None
+    etype = lay.edge_types[int(link_type[0])]
+    return {"src_index": etype[0], "dst_pos_index": etype[2], "dst_neg_index": etype[2]}.get(name, etype)
 
 
 def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
@@ -362,8 +382,10 @@ def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int,
         for name, value in {**tensors, **counts}.items():
             setattr(store, name, value)
     data[lay.input_type].batch_size = size
-    for name, value in _batch_values(batch).items():   # on the input type's store, as PyG puts input_id
-        setattr(data[lay.input_type], name, value)
+    values = _batch_values(batch)
+    link_type = values.pop("link_edge_type", None)
+    for name, value in values.items():   # on the input type's store, as PyG puts input_id
+        setattr(data[_link_store(lay, name, link_type) or lay.input_type], name, value)
     for name, value in position.items():
         setattr(data, name, value)
     return data

@@ -393,18 +393,23 @@ class LinkInput:
     and ``neg`` (None: no negatives).
 
     A seed edge belongs to the part that owns its source node; its position in ``index`` is its
-    ``input_id``.  With binary negatives and labels whose minimum is 0, the labels are shifted by
-    one so that 0 means "negative" (as PyG does).  Labels are stored as float32 when given as
-    floats, otherwise int64.
+    ``input_id``.  ``edge_type`` (a typed graph's ``(src, rel, dst)``; None = the homogeneous graph's one
+    edge type) makes row 0 original ids of node type ``src`` and row 1 of ``dst``; negatives then draw
+    their destinations over the ``dst`` nodes, checked against that edge type.  With binary negatives
+    and labels whose minimum is 0, the labels are shifted by one so that 0 means "negative" (as PyG
+    does).  Labels are stored as float32 when given as floats, otherwise int64.
     """
 
     index: torch.Tensor
     label: torch.Tensor | None = None
     neg: NegativeSampling | None = None
+    edge_type: EdgeType | None = None
     _shift_labels: bool = field(default=False, init=False, repr=False)   # set from the fields above
 
     def __post_init__(self):
         object.__setattr__(self, "index", check_edge_label_index(self.index))
+        if self.edge_type is not None:
+            object.__setattr__(self, "edge_type", edge_type(self.edge_type))
         if self.label is not None:
             object.__setattr__(self, "label", _edge_labels(self.label, self.index.size(1)))
         if self.neg is not None and not isinstance(self.neg, NegativeSampling):
@@ -414,11 +419,13 @@ class LinkInput:
 
     @classmethod
     def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None) -> LinkInput:
-        """From PyG ``LinkNeighborLoader``'s arguments."""
+        """From PyG ``LinkNeighborLoader``'s arguments; ``edge_label_index`` may be ``((src, rel, dst), index)``
+        (PyG's form for a typed graph)."""
+        etype, edge_label_index = _typed_edge_label_index(edge_label_index)
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
                              "sources), e.g. data.edge_index for every edge")
-        return cls(edge_label_index, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio))
+        return cls(edge_label_index, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio), etype)
 
     @property
     def num_edges(self) -> int:
@@ -436,12 +443,17 @@ class LinkInput:
         return None
 
     @property
-    def node_type(self) -> None:
-        return None
+    def node_type(self) -> str | None:
+        """The seed edges' source node type (None: the label type of a homogeneous graph)."""
+        return None if self.edge_type is None else self.edge_type[0]
 
     def type_or(self, label_type: str) -> str:
-        """The seed edges' endpoints are of the label type (link loaders serve homogeneous graphs so far)."""
-        return label_type
+        """The node type of the seed edges' sources (``label_type`` when no edge type is given)."""
+        return label_type if self.edge_type is None else self.edge_type[0]
+
+    def end_types(self, label_type: str) -> tuple[str, str]:
+        """The node types of the seed edges' sources and destinations."""
+        return (label_type, label_type) if self.edge_type is None else (self.edge_type[0], self.edge_type[2])
 
     @property
     def label_name(self) -> str:
@@ -449,19 +461,39 @@ class LinkInput:
 
     def describe(self) -> str:
         neg = "" if self.neg is None else f", {self.neg.mode} negatives x{self.neg.amount:g}"
-        return f"{self.num_edges} seed edges{neg}"
+        typed = "" if self.edge_type is None else f" of type {self.edge_type}"
+        return f"{self.num_edges} seed edges{typed}{neg}"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, LinkInput):
             return NotImplemented
-        if self.neg != other.neg or (self.label is None) != (other.label is None):
+        if self.neg != other.neg or self.edge_type != other.edge_type or (self.label is None) != (other.label is None):
             return False
         same_label = self.label is None or other.label is None or (
             self.label.dtype == other.label.dtype and torch.equal(self.label, other.label))
         return torch.equal(self.index, other.index) and same_label
 
     def __hash__(self) -> int:
-        return hash((self.num_edges, self.neg))
+        return hash((self.num_edges, self.neg, self.edge_type))
+
+
+def _typed_edge_label_index(value) -> tuple[EdgeType | None, object]:
+    """``(edge type, index)`` of PyG's typed form ``((src, rel, dst), index)``; ``(None, value)`` otherwise."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list)) \
+            and len(value[0]) == 3 and all(isinstance(n, str) for n in value[0]):
+        return edge_type(value[0]), value[1]
+    return None, value
+
+
+def check_link_ids(link: LinkInput, num_nodes_of) -> None:
+    """ValueError naming the fix when ``link``'s ids are outside the graph: ``num_nodes_of(ntype)`` gives the
+    node count of a type (the label type's for a homogeneous graph)."""
+    for row, (ntype, what) in enumerate(zip(link.end_types(""), ("source", "destination"))):
+        n, hi = int(num_nodes_of(ntype or None)), int(link.index[row].max())
+        if hi >= n:
+            kind = "node" if link.edge_type is None else f"{ntype!r} node ({what} of {link.edge_type})"
+            raise ValueError(f"edge_label_index has node id {hi}, outside the graph: original {kind} ids are "
+                             f"0..{n - 1}")
 
 
 def check_edge_label_index(index) -> torch.Tensor:
@@ -544,7 +576,11 @@ class LoaderSpec:
     def check_schema(self, node_types: Iterable[str], edge_types: Iterable) -> None:
         """ValueError unless the types this spec names exist in a graph with these node and edge types:
         the input's node type (when set) and every key of a per-edge-type fanout dict."""
-        node_types = list(node_types)
+        node_types, edge_types = list(node_types), [tuple(e) for e in edge_types]
+        etype = getattr(self.input, "edge_type", None)
+        if etype is not None and etype not in edge_types:
+            raise ValueError(f"edge_label_index names edge type {etype}, which the graph does not have; its edge "
+                             f"types are {', '.join(map(str, edge_types))}")
         if self.input.node_type is not None and self.input.node_type not in node_types:
             raise ValueError(f"input_nodes names node type {self.input.node_type!r}, which the graph does not have; "
                              f"its node types are {', '.join(map(repr, node_types))}")

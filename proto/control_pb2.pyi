@@ -176,18 +176,20 @@ class NegativeSampling(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., amount: _Optional[float] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class LinkSeeds(_message.Message):
-    __slots__ = ("src", "dst", "float_label", "int_label", "neg")
+    __slots__ = ("src", "dst", "float_label", "int_label", "neg", "edge_type")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     FLOAT_LABEL_FIELD_NUMBER: _ClassVar[int]
     INT_LABEL_FIELD_NUMBER: _ClassVar[int]
     NEG_FIELD_NUMBER: _ClassVar[int]
+    EDGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     src: _containers.RepeatedScalarFieldContainer[int]
     dst: _containers.RepeatedScalarFieldContainer[int]
     float_label: _containers.RepeatedScalarFieldContainer[float]
     int_label: _containers.RepeatedScalarFieldContainer[int]
     neg: NegativeSampling
-    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ...) -> None: ...
+    edge_type: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ..., edge_type: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype")

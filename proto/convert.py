@@ -80,7 +80,7 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
 
 
 def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
-    msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist())
+    msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist(), edge_type=list(link.edge_type or ()))
     if link.label is not None:
         (msg.float_label if link.label.dtype.is_floating_point else msg.int_label).extend(link.label.tolist())
     if link.neg is not None:
@@ -101,7 +101,9 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
     elif msg.int_label:
         label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
     neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict) if msg.HasField("neg") else None
-    return LinkInput(index, label, neg)
+    if msg.edge_type and len(msg.edge_type) != 3:
+        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
+    return LinkInput(index, label, neg, tuple(msg.edge_type) if msg.edge_type else None)  # type: ignore[arg-type]
 
 
 def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:

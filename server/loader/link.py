@@ -24,7 +24,9 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     """Iterate PyG ``Data`` link batches sampled from a partitioned graph.
 
     Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
-    ids, row 0 = sources), ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
+    ids, row 0 = sources; on a typed graph ``((src, rel, dst), index)``, rows of the source / destination
+    type's original ids, batches then ``HeteroData`` with the link fields on the edge type as PyG's),
+    ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
     ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
     ``batch_size`` counts seed edges.  Batches carry ``edge_label_index`` (local ids) and
     ``edge_label``, or in triplet mode ``src_index``, ``dst_pos_index``, ``dst_neg_index``;
@@ -32,19 +34,19 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     nodes (sorted by global id).  Epochs, ranks and ``drop_last`` follow the epoch contract over
     seed edges (every seed edge once per epoch across ranks).  Iteration, ``set_epoch``,
     ``len``, one live iterator, ``state_dict``/``load_state_dict`` and the DDP agreement check
-    are :class:`LocalNeighborLoader`'s (only the batch producer differs).
+    are :class:`LocalNeighborLoader`'s (only the batch producer differs); ``feature_dtype`` too.
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 weight_attr: str | None = None):
+                 weight_attr: str | None = None, feature_dtype=None):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             weight_attr=weight_attr)
+                             weight_attr=weight_attr, feature_dtype=feature_dtype)
         self._setup(graph, spec)
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
 

@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, SeedInput, weight_column
+from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, SeedInput, check_link_ids, weight_column
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
@@ -301,15 +301,11 @@ class Partition:
             self.weights.get(sampling.topology, sampling.weight_attr)
 
     def input_edges(self, link: LinkInput) -> torch.Tensor:
-        """Positions of the seed edges of ``link`` whose source node this part owns (ascending)."""
-        if not self.meta.is_homogeneous:
-            raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
-                             "supported yet; use a homogeneous graph")
-        n = self.book.num_nodes
-        if int(link.index.max()) >= n:
-            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
-                             f"node ids are 0..{n - 1}")
-        mask, _ = self.to_global(link.index[0])
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending); ValueError
+        for ids outside the graph, or typed seed edges without their edge type."""
+        check_link_types(self.meta, link)
+        check_link_ids(link, lambda t: self.nodes(t or self.label_type).book.num_nodes)
+        mask, _ = self.nodes(link.type_or(self.label_type)).to_global(link.index[0])
         return mask.nonzero().view(-1)
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
@@ -340,6 +336,17 @@ class Partition:
     def to_global(self, orig_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mask, gids)``: which of ``orig_ids`` this part owns, and their global ids."""
         return self.nodes(self.ntype).to_global(orig_ids)
+
+
+def check_link_types(meta: PartitionMeta, link: LinkInput) -> None:
+    """ValueError naming the fix when ``link`` gives no edge type for a typed graph, or one the graph lacks."""
+    etypes = meta.edge_type_tuples()
+    if link.edge_type is None and not meta.is_homogeneous:
+        raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
+                         f"with one of {', '.join(map(str, etypes))}")
+    if link.edge_type is not None and link.edge_type not in etypes:
+        raise ValueError(f"edge_label_index names edge type {link.edge_type}, which the graph does not have; its "
+                         f"edge types are {', '.join(map(str, etypes))}")
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:

@@ -194,14 +194,16 @@ class PartitionedGraph:
         topologies = self._like.part.meta.topologies
         return "csr" if "csr" in topologies else "csc"
 
-    def has_edges(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-        """bool [n]: whether each ``(src[i], dst[i])`` (global ids) is an edge of the graph, asked of the
-        part that owns ``src[i]`` (``dst[i]`` without CSR topology) -- a peer worker when not local."""
+    def has_edges(self, src: torch.Tensor, dst: torch.Tensor, etype: EdgeType | None = None) -> torch.Tensor:
+        """bool [n]: whether each ``(src[i], dst[i])`` (global ids) is an edge of edge type ``etype`` (None:
+        the homogeneous graph's), asked of the part that owns ``src[i]`` (``dst[i]`` without CSR topology)
+        -- a peer worker when not local."""
         kind = self.edge_check_topology()
         pairs = torch.stack([src.to(torch.int64), dst.to(torch.int64)], dim=1)
-        split = self.book.split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
+        owner_type = self.label_type if etype is None else etype[0] if kind == "csr" else etype[2]
+        split = self.books[owner_type].split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
         out = torch.zeros(pairs.size(0), dtype=torch.bool)
-        for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind)):
+        for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind, etype)):
             out[pos] = found
         return out
 
@@ -229,12 +231,18 @@ class PartitionedGraph:
                 out.index_copy_(0, pos, rows)
         return out
 
-    def to_global(self, orig_ids: torch.Tensor) -> torch.Tensor:
-        """Global ids of original ids ``orig_ids`` (-1 where no part holds one), asking every part."""
+    def num_nodes_of(self, ntype: str | None) -> int:
+        """Nodes of type ``ntype`` (None: the label type) in the whole graph."""
+        return self.books[self.label_type if ntype is None else ntype].num_nodes
+
+    def to_global(self, orig_ids: torch.Tensor, ntype: str | None = None) -> torch.Tensor:
+        """Global ids of original ids ``orig_ids`` of node type ``ntype`` (None: the label type; -1 where no
+        part holds one), asking every part."""
         orig_ids = torch.as_tensor(orig_ids, dtype=torch.int64).reshape(-1)
         out = torch.full_like(orig_ids, -1)
         every = [(p, torch.arange(orig_ids.numel())) for p in range(self.book.num_parts)]
-        for _, (mask, gids) in self._pieces(orig_ids, every, lambda source, ids: source.start_to_global(ids)):
+        for _, (mask, gids) in self._pieces(orig_ids, every,
+                                            lambda source, ids: source.start_to_global(ids, ntype)):
             out[mask] = gids
         return out
 

@@ -27,7 +27,7 @@ from typing import Callable, ContextManager
 import torch
 
 from graphfeed.core.epoch import BatchSpec
-from graphfeed.core.spec import LinkInput, SamplingSpec
+from graphfeed.core.spec import EdgeType, LinkInput, SamplingSpec
 from graphfeed.server.sampling import rng
 from graphfeed.server.sampling.producer import produce_batch
 
@@ -54,33 +54,40 @@ class LinkSeeds:
         if positions.numel() == 0:
             return self
         ends = self.link.index[:, positions]
-        gids = graph.to_global(ends.reshape(-1)).view(2, -1)
+        src_type, dst_type = self.link.end_types(graph.label_type)
+        if src_type == dst_type:
+            gids = graph.to_global(ends.reshape(-1), src_type).view(2, -1)
+        else:
+            gids = torch.stack([graph.to_global(ends[0], src_type), graph.to_global(ends[1], dst_type)])
         missing = gids < 0
         if bool(missing.any()):
-            bad = int(ends[missing][0])
-            raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original node ids "
-                             f"are 0..{graph.num_nodes - 1}")
+            row = int(missing.nonzero()[0, 0])
+            bad, ntype = int(ends[missing][0]), (src_type, dst_type)[row]
+            what = "node" if graph.is_homogeneous else f"{ntype!r} node"
+            raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original {what} ids "
+                             f"are 0..{graph.num_nodes_of(ntype) - 1}")
         self.src[positions], self.dst[positions] = gids[0], gids[1]
         return self
 
 
 def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int, strict: bool,
-                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   seed: int, etype: EdgeType | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(neg_src, neg_dst)`` global ids of ``count`` negatives for seed edges ``positions`` (sources
-    ``src``), drawn as the module doc says.  :class:`StrictNegativeError` when ``strict`` and
+    ``src``) of edge type ``etype`` (None: the homogeneous graph's), drawn as the module doc says, the
+    destinations over ``etype``'s destination nodes.  :class:`StrictNegativeError` when ``strict`` and
     :data:`ROUNDS` draws give an edge of the graph every time."""
     b = positions.numel()
     j = torch.arange(count, dtype=torch.int64)
     which, draw = j % b, j // b
     neg_src = src.index_select(0, which)
     keys = rng.node_keys(rng.hop_base(seed, NEG_HOP), positions.index_select(0, which))
-    n = graph.num_nodes
+    n = graph.num_nodes_of(None if etype is None else etype[2])
     neg_dst = rng.draws(keys, draw * ROUNDS) % n
     if not strict:
         return neg_src, neg_dst
     todo = torch.arange(count, dtype=torch.int64)
     for r in range(1, ROUNDS + 1):
-        todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo])]
+        todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo], etype)]
         if todo.numel() == 0:
             return neg_src, neg_dst
         if r < ROUNDS:
@@ -123,12 +130,28 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
     first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
     :class:`StrictNegativeError` as :func:`draw_negatives`."""
     link, seed = seeds.link, plan_entry.seed
+    src_type, dst_type = link.end_types(graph.label_type)
     src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
-    ends = [src, dst]
+    ends = [(src_type, src), (dst_type, dst)]
     if link.neg is not None:
         neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(positions.numel()),
-                                          link.neg.strict, seed)
-        ends += [neg_dst] if link.neg.mode == "triplet" else [neg_src, neg_dst]
-    nodes, local = torch.unique(torch.cat(ends), return_inverse=True)
-    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=graph.label_type, input_id=positions,
-                         feature_dtype=feature_dtype, stage=stage, extra=link_fields(link, positions, local))
+                                          link.neg.strict, seed, link.edge_type)
+        ends += [(dst_type, neg_dst)] if link.neg.mode == "triplet" else [(src_type, neg_src), (dst_type, neg_dst)]
+    nodes, local = _endpoint_seeds(ends)
+    extra = link_fields(link, positions, local)
+    if link.edge_type is not None and not graph.is_homogeneous:
+        extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
+    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=positions,
+                         feature_dtype=feature_dtype, stage=stage, extra=extra)
+
+
+def _endpoint_seeds(ends: list[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The sample's seeds (per node type: the distinct endpoint ids, sorted) and every endpoint's local id
+    within its type, in the order of ``ends`` (``(node type, global ids)`` groups)."""
+    seeds, local = {}, [torch.empty(0, dtype=torch.int64)] * len(ends)
+    for ntype in dict.fromkeys(t for t, _ in ends):
+        which = [i for i, (t, _) in enumerate(ends) if t == ntype]
+        seeds[ntype], inverse = torch.unique(torch.cat([ends[i][1] for i in which]), return_inverse=True)
+        for i, piece in zip(which, inverse.split([ends[i][1].numel() for i in which])):
+            local[i] = piece
+    return seeds, torch.cat(local)

@@ -64,13 +64,16 @@ class PartSource(Protocol):
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
 
-    # link loaders and edge features: the default edge type (a homogeneous graph's one edge type)
+    # link loaders (edge type / node type None: the default one, a homogeneous graph's) and edge features
+    # (the default edge type)
 
-    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
+    def start_has_edges(self, pairs: torch.Tensor, kind: str,
+                        etype: EdgeType | None = None) -> Handle[torch.Tensor]: ...
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
 
-    def start_to_global(self, orig_ids: torch.Tensor) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def center_type(etype: EdgeType, direction: str) -> str:
@@ -103,19 +106,22 @@ class LocalSource:
         return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
                       store.orig_id.index_select(0, local)))
 
-    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
-        return Ready(self.has_edges(pairs, kind))
+    def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> Ready[torch.Tensor]:
+        return Ready(self.has_edges(pairs, kind, etype))
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
         return Ready(self.edge_attr(pairs, kind))
 
-    def start_to_global(self, orig_ids: torch.Tensor) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
-        return Ready(self.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64)))
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
+        store = self.part.nodes(self.part.label_type if ntype is None else ntype)
+        return Ready(store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64)))
 
     # ---- the work ---------------------------------------------------------------------------------
 
-    def has_edges(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
-        """bool [n]: whether each ``pairs[i] = (src, dst)`` (global ids) is an edge of the graph.
+    def has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> torch.Tensor:
+        """bool [n]: whether each ``pairs[i] = (src, dst)`` (global ids) is an edge of edge type ``etype``
+        (None: the part's default edge type, a homogeneous graph's one).
 
         ``kind="csr"`` looks in the out-edges of ``src`` (this part must own every ``src``),
         ``"csc"`` in the in-edges of ``dst`` (this part must own every ``dst``).  A binary search
@@ -126,8 +132,10 @@ class LocalSource:
             raise ValueError(f"kind must be 'csr' or 'csc', got {kind!r}")
         pairs = torch.as_tensor(pairs, dtype=torch.int64).reshape(-1, 2)
         own, other = (pairs[:, 0], pairs[:, 1]) if kind == "csr" else (pairs[:, 1], pairs[:, 0])
-        topo = self.part.topology(kind)
-        rows = check_owned(self.part.nodes(self.part.ntype), own) - self.part.start
+        edges = self.part.edges(self.part.etype if etype is None else etype)
+        store = self.part.nodes(edges.etype[0] if kind == "csr" else edges.etype[2])
+        topo = edges.topology(kind)
+        rows = check_owned(store, own) - store.start
         return _contains_sorted(topo.indptr, topo.indices, rows, other)
 
     def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,

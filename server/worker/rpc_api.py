@@ -132,10 +132,12 @@ def gather(ntype: str, gids: torch.Tensor):
     return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
 
 
-def has_edges(pairs: torch.Tensor, kind: str) -> torch.Tensor:
-    """bool [n]: which ``(src, dst)`` pairs are edges, looked up in this part's ``kind`` topology."""
+def has_edges(pairs: torch.Tensor, kind: str, etype: tuple | None = None) -> torch.Tensor:
+    """bool [n]: which ``(src, dst)`` pairs are edges (of edge type ``etype``; None = the default one),
+    looked up in this part's ``kind`` topology."""
     worker = _bound()
-    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind))   # checks ownership
+    etype = None if etype is None else tuple(str(n) for n in etype)
+    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind), etype)   # checks ownership
 
 
 def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -144,10 +146,12 @@ def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
     return worker.graph.sources[worker.part.part_id].edge_attr(pairs, str(kind))   # checks ownership
 
 
-def to_global(orig_ids: torch.Tensor):
-    """``(mask, gids)``: which original ids this worker's part owns, and their global ids."""
+def to_global(orig_ids: torch.Tensor, ntype: str | None = None):
+    """``(mask, gids)``: which original ids (of node type ``ntype``; None = the label type) this worker's
+    part owns, and their global ids; ValueError for an unknown type."""
     worker = _bound()
-    return worker.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
+    store = worker.part.nodes(worker.part.label_type if ntype is None else str(ntype))
+    return store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
 ALLOWED = frozenset({pull, pull_into, attach, one_hop, gather, has_edges, edge_attr, to_global})
