@@ -98,7 +98,9 @@ class Client:
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None,
-                        weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
+                        weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                        input_time=None, temporal_strategy: str = "uniform",
+                        disjoint: bool = False) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -108,8 +110,9 @@ class Client:
         ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
         name, else ``"nodes"``).  ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype; None = as
         stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
-        of float32 features); labels and ids are untouched.  They become one :class:`LoaderSpec`
-        (:meth:`open_loader`).
+        of float32 features); labels and ids are untouched.  ``disjoint``, ``time_attr``, ``input_time``
+        and ``temporal_strategy`` as :class:`~graphfeed.server.loader.local.LocalNeighborLoader`'s.
+        They become one :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
@@ -117,7 +120,8 @@ class Client:
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
-                             feature_dtype=feature_dtype)
+                             feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
+                             disjoint=disjoint, input_time=input_time)
         return self.open_loader(spec, prefetch=prefetch)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
@@ -125,20 +129,24 @@ class Client:
                              shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
                              replace: bool = False, direction: str = "in", rank: int | None = None,
                              world_size: int | None = None, kind: str | None = None,
-                             weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
+                             weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                             edge_label_time=None, temporal_strategy: str = "uniform",
+                             disjoint: bool = False) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
-        ``feature_dtype`` as :meth:`neighbor_loader`.  ValueError (one line, naming the argument) for bad input."""
+        ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy`` as :meth:`neighbor_loader`,
+        ``edge_label_time`` one time per seed edge.  ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype)
+                             kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype,
+                             time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
         if link.edge_type is None and list(self.node_types) != [self.label_type]:
             raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
                              f"with one of {', '.join(map(str, self.edge_types))}")

@@ -57,6 +57,8 @@ BATCH_FIELDS: dict[str, Field] = {
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "
                                           "edge types with features"),
     "n_id": Field(NODE, True, torch.int64, "original ids of the type's batch nodes, the input type's seeds first"),
+    "batch": Field(NODE, False, torch.int64, "disjoint sampling: the subgraph (seed, or seed edge) of each of "
+                                             "the type's batch nodes, aligned with n_id"),
     "e_id": Field(EDGE, True, torch.int64, "original ids (input positions) of the type's sampled edges"),
     "num_sampled_nodes": Field(NODE, True, torch.int64, "new nodes of the type per hop, [hops + 1]; the input "
                                                         "type's first entry = batch_size", as_list=True),
@@ -187,10 +189,11 @@ def _encode_scope(scope: str, values: Mapping[str, torch.Tensor | None], suffix:
 def encode(*, x: torch.Tensor | None, y: torch.Tensor | None, edge_index: torch.Tensor, n_id: torch.Tensor,
            e_id: torch.Tensor, num_sampled_nodes, num_sampled_edges, batch_size: int, epoch: int,
            seq: int, index: int, input_id, extra: Mapping[str, torch.Tensor] | None = None,
-           edge_attr: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+           edge_attr: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a homogeneous graph: :func:`encode_typed` with node type
-    ``"_N"`` and edge type ``("_N", "to", "_N")``."""
-    nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes}}
+    ``"_N"`` and edge type ``("_N", "to", "_N")`` (``batch``: disjoint sampling's subgraph per node)."""
+    nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes,
+                                 "batch": batch}}
     edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges,
                                  "edge_attr": edge_attr}}
     return encode_typed(nodes=nodes, edges=edges, input_type=DEFAULT_NODE_TYPE, batch_size=batch_size,

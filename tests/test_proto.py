@@ -26,6 +26,7 @@ def test_every_batch_field_is_documented_and_encoded():
                         edge_index=torch.zeros(2, 1, dtype=torch.int64), n_id=torch.arange(3),
                         e_id=torch.zeros(1, dtype=torch.int64), num_sampled_nodes=[1, 2], num_sampled_edges=[1],
                         batch_size=1, epoch=0, seq=0, index=0, input_id=[0], edge_attr=torch.zeros(1, 4),
+                        batch=torch.zeros(3, dtype=torch.int64),
                         extra={"edge_label_index": torch.zeros(2, 1, dtype=torch.int64),
                                "edge_label": torch.ones(1), "link_edge_type": torch.zeros(1, dtype=torch.int64),
                                **{k: torch.zeros(1, dtype=torch.int64)

@@ -35,18 +35,23 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     seed edges (every seed edge once per epoch across ranks).  Iteration, ``set_epoch``,
     ``len``, one live iterator, ``state_dict``/``load_state_dict`` and the DDP agreement check
     are :class:`LocalNeighborLoader`'s (only the batch producer differs); ``feature_dtype`` too.
+    ``disjoint=True``: each seed edge (and each binary negative) is its own subgraph (``batch.batch``);
+    ``time_attr`` with ``edge_label_time`` (one per seed edge; negatives take their seed edge's)
+    samples temporally, as PyG.
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 weight_attr: str | None = None, feature_dtype=None):
+                 weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                 edge_label_time=None, temporal_strategy: str = "uniform", disjoint: bool = False):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             weight_attr=weight_attr, feature_dtype=feature_dtype)
+                             weight_attr=weight_attr, feature_dtype=feature_dtype, time_attr=time_attr,
+                             temporal_strategy=temporal_strategy, disjoint=disjoint)
         self._setup(graph, spec)
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
 

@@ -12,6 +12,9 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
                                             eid the edge's position in the input edge_index
     ROOT/part_{k}/edges/.../csr_{indptr,indices,eid}.npy   out-edges (when asked for)
     ROOT/part_{k}/edges/.../{csc,csr}_edge_attr.npy         optional, aligned with indices
+    ROOT/part_{k}/nodes/{ntype}/time.npy   int64 node timestamps (optional; temporal sampling)
+    ROOT/part_{k}/edges/.../{csc,csr}_edge_time.npy         int64 edge timestamps (optional), aligned with indices
+    ROOT/part_{k}/edges/.../{csc,csr}_nbr_time.npy          int64 node timestamp of each neighbor (with time.npy)
 
 Node ids are renumbered per node type so that part k owns the contiguous range
 ``[node_ranges[ntype][k], node_ranges[ntype][k+1])`` of every node type (see
@@ -42,7 +45,8 @@ DEFAULT_EDGE_TYPE = ("_N", "to", "_N")
 TOPOLOGIES = ("csc", "csr")
 
 
-_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}}  # added within version 1
+# added within version 1
+_LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "edge_times": []}
 
 
 class PartitionFormatError(ValueError):
@@ -78,6 +82,7 @@ class PartitionMeta:
     edge_features: dict[str, dict] = field(default_factory=dict)
     label_type: str = DEFAULT_NODE_TYPE    # the node type that holds y and the splits
     num_classes_by_type: dict[str, int] = field(default_factory=dict)
+    edge_times: list[str] = field(default_factory=list)   # edge types (dirnames) with edge timestamps
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0

@@ -86,6 +86,12 @@ class NodeStore:
     def orig_id(self) -> torch.Tensor:
         return _tensor(self.paths.node_file(self.part_id, "orig_id", self.ntype))
 
+    @cached_property
+    def time(self) -> torch.Tensor | None:
+        """int64 node timestamps [num_nodes], or None when the type has none."""
+        t = self._optional("time")
+        return None if t is None else t.to(torch.int64)
+
     def split(self, name: str) -> torch.Tensor:
         """Global ids of this part's nodes in split ``name`` (sorted); only the label type has splits."""
         if name not in SPLITS:
@@ -167,6 +173,28 @@ class EdgeStore:
             return None
         self.topology(kind)  # the same checks
         return _tensor(self.paths.edge_file(self.part_id, kind, "edge_attr", self.etype))
+
+    def times(self, kind: str, time_attr: str) -> torch.Tensor:
+        """int64 timestamps aligned with ``topology(kind).indices``: each edge's own (``"edge_time"``) or its
+        neighbor's node time (``"time"``); ValueError naming the fix when the partition stores none."""
+        stored = self.stored_times()
+        if time_attr not in stored:
+            have = f"it stores {', '.join(map(repr, stored))}" if stored else "it stores no timestamps"
+            raise ValueError(f"time_attr={time_attr!r} names no stored time column ({have}): partition the graph "
+                             f"with node_time.npy (Data.time) for time_attr='time' or edge_time.npy "
+                             f"(Data.edge_time) for time_attr='edge_time'")
+        self.topology(kind)  # the same checks
+        name = "edge_time" if time_attr == "edge_time" else "nbr_time"
+        cache = self.__dict__.setdefault("_times", {})
+        if (kind, name) not in cache:
+            cache[(kind, name)] = _tensor(self.paths.edge_file(self.part_id, kind, name, self.etype)).to(torch.int64)
+        return cache[(kind, name)]
+
+    def stored_times(self) -> list[str]:
+        """The ``time_attr`` values this edge type can serve."""
+        features = self.meta.features
+        out = ["time"] if all("time" in features.get(t, {}) for t in (self.etype[0], self.etype[2])) else []
+        return out + (["edge_time"] if edge_type_dirname(self.etype) in self.meta.edge_times else [])
 
 
 class EdgeWeights:
@@ -291,9 +319,24 @@ class Partition:
         mask, _ = self.nodes(ntype).to_global(node_input.ids)
         return mask.nonzero().view(-1)
 
-    def check_sampling(self, sampling: SamplingSpec) -> None:
+    def edge_times(self, etype: EdgeType, kind: str, time_attr: str) -> torch.Tensor:
+        """Timestamps aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeStore.times`)."""
+        return self.edges(etype).times(kind, time_attr)
+
+    def check_sampling(self, sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
         """ValueError (naming the argument and the fix) unless this part can serve ``sampling``'s
-        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`)."""
+        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`); for ``time_attr``, a stored
+        time column (homogeneous graphs so far) and, for node ``seeds`` without ``input_time``, stored
+        node times of their type."""
+        if sampling.time_attr is not None:
+            if not self.meta.is_homogeneous:
+                raise ValueError("time_attr is not supported yet for typed graphs: sample typed graphs without "
+                                 "time_attr or use a homogeneous graph")
+            self.edge_times(self.etype, sampling.topology, sampling.time_attr)
+            if isinstance(seeds, NodeInput) and seeds.time is None \
+                    and self.nodes(seeds.type_or(self.label_type)).time is None:
+                raise ValueError(f"time_attr={sampling.time_attr!r} needs the seeds' times: pass input_time (one "
+                                 f"per input node id), or partition the graph with node_time.npy (Data.time)")
         if sampling.weight_attr is not None:
             if not self.meta.is_homogeneous:
                 raise ValueError("weight_attr is not supported yet for typed graphs: sample typed graphs "

@@ -29,6 +29,7 @@ import torch
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import EdgeType, LinkInput, SamplingSpec
 from graphfeed.server.sampling import rng
+from graphfeed.server.sampling.neighbor import SUBGRAPH_SHIFT
 from graphfeed.server.sampling.producer import produce_batch
 
 ROUNDS = 32               # draws per negative with strict (the first plus 31 redraws)
@@ -129,29 +130,44 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
     ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
     first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
     :class:`StrictNegativeError` as :func:`draw_negatives`."""
-    link, seed = seeds.link, plan_entry.seed
+    link, seed, b = seeds.link, plan_entry.seed, positions.numel()
     src_type, dst_type = link.end_types(graph.label_type)
     src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
-    ends = [(src_type, src), (dst_type, dst)]
+    own = torch.arange(b)                       # disjoint: seed edge i is subgraph i
+    ends = [(src_type, src, own), (dst_type, dst, own)]
+    times = None if link.time is None else link.time.index_select(0, positions)
     if link.neg is not None:
-        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(positions.numel()),
-                                          link.neg.strict, seed, link.edge_type)
-        ends += [(dst_type, neg_dst)] if link.neg.mode == "triplet" else [(src_type, neg_src), (dst_type, neg_dst)]
-    nodes, local = _endpoint_seeds(ends)
+        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(b), link.neg.strict, seed,
+                                          link.edge_type)
+        paired = torch.arange(neg_dst.numel()) % b        # negative j pairs with seed edge j mod b
+        if link.neg.mode == "triplet":                     # a seed edge's negatives join its subgraph
+            ends += [(dst_type, neg_dst, paired)]
+        else:                                              # a binary negative is a subgraph of its own
+            alone = b + torch.arange(neg_dst.numel())
+            ends += [(src_type, neg_src, alone), (dst_type, neg_dst, alone)]
+            times = None if times is None else torch.cat([times, times.index_select(0, paired)])
+    nodes, local, subgraphs = _endpoint_seeds(ends, spec.disjoint)
     extra = link_fields(link, positions, local)
     if link.edge_type is not None and not graph.is_homogeneous:
         extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
     return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=positions,
-                         feature_dtype=feature_dtype, stage=stage, extra=extra)
+                         feature_dtype=feature_dtype, stage=stage, extra=extra, subgraphs=subgraphs,
+                         seed_time=times if spec.temporal else None)
 
 
-def _endpoint_seeds(ends: list[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The sample's seeds (per node type: the distinct endpoint ids, sorted) and every endpoint's local id
-    within its type, in the order of ``ends`` (``(node type, global ids)`` groups)."""
-    seeds, local = {}, [torch.empty(0, dtype=torch.int64)] * len(ends)
-    for ntype in dict.fromkeys(t for t, _ in ends):
-        which = [i for i, (t, _) in enumerate(ends) if t == ntype]
-        seeds[ntype], inverse = torch.unique(torch.cat([ends[i][1] for i in which]), return_inverse=True)
+def _endpoint_seeds(ends: list[tuple[str, torch.Tensor, torch.Tensor]], disjoint: bool
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor] | None]:
+    """The sample's seeds (per node type: the distinct endpoint ids, sorted; with ``disjoint`` distinct
+    per subgraph, sorted by subgraph then id), every endpoint's local id within its type in the order of
+    ``ends`` (``(node type, global ids, subgraphs)`` groups), and with ``disjoint`` each seed's subgraph."""
+    seeds, subgraphs = {}, {}
+    local = [torch.empty(0, dtype=torch.int64)] * len(ends)
+    for ntype in dict.fromkeys(t for t, _, _ in ends):
+        which = [i for i, (t, _, _) in enumerate(ends) if t == ntype]
+        keys = torch.cat([(ends[i][2] << SUBGRAPH_SHIFT) + ends[i][1] if disjoint else ends[i][1] for i in which])
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        seeds[ntype] = unique & ((1 << SUBGRAPH_SHIFT) - 1) if disjoint else unique
+        subgraphs[ntype] = unique >> SUBGRAPH_SHIFT
         for i, piece in zip(which, inverse.split([ends[i][1].numel() for i in which])):
             local[i] = piece
-    return seeds, torch.cat(local)
+    return seeds, torch.cat(local), subgraphs if disjoint else None

@@ -60,7 +60,7 @@ class PartSource(Protocol):
     local: bool
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> Handle[OneHop]: ...
+                      hop: int, seed_time: torch.Tensor | None = None) -> Handle[OneHop]: ...
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
 
@@ -93,8 +93,8 @@ class LocalSource:
     # ---- the PartSource protocol ------------------------------------------------------------------
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> Ready[OneHop]:
-        return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop))
+                      hop: int, seed_time: torch.Tensor | None = None) -> Ready[OneHop]:
+        return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
         """Rows the driver copies into place next (``index_copy_``): read with torch's ``index_select``,
@@ -139,12 +139,19 @@ class LocalSource:
         return _contains_sorted(topo.indptr, topo.indices, rows, other)
 
     def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                hop: int) -> OneHop:
+                hop: int, seed_time: torch.Tensor | None = None) -> OneHop:
         """One hop of ``etype`` in ``spec``'s direction for nodes ``gids`` (of the hop's center type,
         owned by this part); ``hop`` is the RNG hop.  Weighted by ``spec.weight_attr`` when set
-        (homogeneous graphs only: ValueError for a typed graph)."""
+        (homogeneous graphs only: ValueError for a typed graph); temporal (``spec.time_attr``) with
+        ``seed_time`` (one per node of ``gids``): only edges whose time is not later than it."""
         topo = self.part.edges(etype).topology(spec.topology)
         start = self.part.nodes(center_type(etype, spec.direction)).start
+        if spec.time_attr is not None:
+            if seed_time is None:
+                raise ValueError("temporal sampling needs a seed time per frontier node")
+            edge_time = self.part.edge_times(etype, spec.topology, spec.time_attr)
+            sample = dispatch.temporal_one_hop if spec.temporal_strategy == "uniform" else dispatch.last_one_hop
+            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.replace, seed, hop)
         if spec.weight_attr is not None:
             self.part.check_sampling(spec)   # typed graphs: not supported yet
             weight = self.part.weights.get(spec.topology, spec.weight_attr)
@@ -189,14 +196,22 @@ class LocalSource:
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
     def serve_one_hop(self, etype, gids, fanout: int, replace: bool, direction: str, seed: int,
-                      hop: int, weight_attr: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      hop: int, weight_attr: str | None = None, time_attr: str | None = None,
+                      temporal_strategy: str = "uniform", seed_time: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` for ``gids`` (checked to be
         this part's nodes of the hop's center type; weighted by the edge feature column ``weight_attr``
-        when given); ValueError for an unknown edge type."""
+        when given; temporal by ``time_attr`` with ``seed_time`` per node); ValueError for an unknown
+        edge type."""
         etype = self.part.edges(tuple(etype)).etype     # ValueError naming the graph's edge types
-        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr)
+        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr,
+                            time_attr=time_attr, temporal_strategy=temporal_strategy)
         gids = check_owned(self.part.nodes(center_type(etype, direction)), gids)
-        res = self.one_hop(etype, gids, spec, fanout, seed, hop)
+        if seed_time is not None:
+            seed_time = torch.as_tensor(seed_time, dtype=torch.int64).reshape(-1)
+            if seed_time.numel() != gids.numel():
+                raise ValueError(f"seed_time has {seed_time.numel()} entries for {gids.numel()} nodes")
+        res = self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time)
         return res.counts, res.neighbors, res.eids
 
 

@@ -52,9 +52,10 @@ class RemoteSource:
         self.telemetry = telemetry
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> PeerCall[OneHop]:
+                      hop: int, seed_time: torch.Tensor | None = None) -> PeerCall[OneHop]:
+        temporal = () if spec.time_attr is None else (spec.time_attr, spec.temporal_strategy, seed_time)
         fut = self._call("one_hop", rpc_api.one_hop, tuple(etype), gids, fanout, spec.replace, spec.direction,
-                         seed, hop, spec.weight_attr)
+                         seed, hop, spec.weight_attr, *temporal)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:

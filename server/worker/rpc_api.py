@@ -115,14 +115,17 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
 
 
 def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,
-            weight_attr: str | None = None):
+            weight_attr: str | None = None, time_attr: str | None = None, temporal_strategy: str = "uniform",
+            seed_time: torch.Tensor | None = None):
     """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` (``(src, rel, dst)``) for nodes
     ``gids`` (of the hop's center type) owned by this worker's part, weighted by the edge feature
-    column ``weight_attr`` when given; ValueError for an unknown type."""
+    column ``weight_attr`` when given, temporal (``time_attr``, ``temporal_strategy``, one
+    ``seed_time`` per node) when given; ValueError for an unknown type."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
     return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop),
-                             None if weight_attr is None else str(weight_attr))
+                             None if weight_attr is None else str(weight_attr),
+                             None if time_attr is None else str(time_attr), str(temporal_strategy), seed_time)
 
 
 def gather(ntype: str, gids: torch.Tensor):
