@@ -127,7 +127,8 @@ class LocalNeighborLoader:
 
 
 def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
-    """ValueError unless every part can serve ``sampling``'s options for ``seeds`` (:meth:`Partition.check_sampling`)."""
+    """ValueError unless every part can serve ``sampling``'s options for ``seeds``
+    (:meth:`Partition.check_sampling`)."""
     for part in parts:
         part.check_sampling(sampling, seeds)
 
