@@ -202,3 +202,18 @@ def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, gr
         assert len(list(client.neighbor_loader(num_neighbors=FANOUTS, batch_size=200, time_attr="time"))) > 0
     for s in cluster:
         assert health_status(s.address) == SERVING and s.proc.poll() is None
+
+
+@pytest.mark.parametrize("kw", [dict(disjoint=True), dict(time_attr="edge_time"),
+                                dict(time_attr="time", temporal_strategy="last")])
+def test_native_equals_reference_for_disjoint_and_temporal_batches(parts_dir, monkeypatch, kw):
+    from graphfeed.server.sampling import dispatch
+
+    if dispatch._NATIVE is None:
+        pytest.skip("the native ops are not loaded")
+    native = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=64, shuffle=True, seed=9, **kw))
+    monkeypatch.setattr(dispatch, "_NATIVE", None)     # the pure-torch reference from here on
+    reference = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=64, shuffle=True, seed=9, **kw))
+    assert len(native) == len(reference) > 1
+    for a, b in zip(native, reference, strict=True):
+        _same(a, b)
