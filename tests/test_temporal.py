@@ -217,3 +217,42 @@ def test_native_equals_reference_for_disjoint_and_temporal_batches(parts_dir, mo
     assert len(native) == len(reference) > 1
     for a, b in zip(native, reference, strict=True):
         _same(a, b)
+
+
+def test_times_are_read_from_npy_folders_and_pyg_data_and_stored_per_topology(graph, tmp_path):
+    from torch_geometric.data import Data
+
+    from graphfeed.server.partition.inputs import InputError, read_graph
+    from graphfeed.server.partition.store import open_parts
+
+    ei, x, y, splits, node_time, edge_time = graph
+    folder = tmp_path / "g"
+    folder.mkdir()
+    for name, array in dict(edge_index=ei, x=x, y=y, train_idx=splits["train"], node_time=node_time,
+                            edge_time=edge_time).items():
+        np.save(folder / f"{name}.npy", array)
+    from_npy = read_graph(folder)
+    data = Data(x=torch.from_numpy(x), y=torch.from_numpy(y), edge_index=torch.from_numpy(ei),
+                train_idx=torch.from_numpy(splits["train"]), time=torch.from_numpy(node_time),
+                edge_time=torch.from_numpy(edge_time))
+    torch.save(data, tmp_path / "g.pt")
+    from_pyg = read_graph(tmp_path / "g.pt")
+    assert from_npy.dropped == [] and from_pyg.dropped == [] and from_npy.fingerprint == from_pyg.fingerprint
+    builder.partition_graph(from_npy, 2, tmp_path / "p", method="metis", topologies=("csc", "csr"))
+    meta, parts = open_parts(tmp_path / "p")
+    assert meta.edge_times == ["_N__to___N"]   # edge_type_dirname(("_N", "to", "_N"))
+    for part in parts:   # stored times are the input's: per node, per edge (by e_id), per neighbour
+        assert torch.equal(part.nodes("_N").time, torch.from_numpy(node_time)[part.orig_id])
+        for kind in ("csc", "csr"):
+            topo = part.topology(kind)
+            assert torch.equal(part.edge_times(part.etype, kind, "edge_time"), torch.from_numpy(edge_time)[topo.eid])
+            nbr = torch.from_numpy(node_time)[_orig_of(parts, topo.indices)]
+            assert torch.equal(part.edge_times(part.etype, kind, "time"), nbr)
+    np.save(folder / "edge_time.npy", edge_time[:-1])
+    with pytest.raises(InputError, match="edge_time.npy must be integer timestamps, one per row"):
+        read_graph(folder)
+
+
+def _orig_of(parts, gids: torch.Tensor) -> torch.Tensor:
+    """Original ids of global ids (the parts' orig_id arrays one after another)."""
+    return torch.cat([p.orig_id for p in parts])[gids]
