@@ -76,6 +76,10 @@ BATCH_FIELDS: dict[str, Field] = {
     "dst_pos_index": Field(BATCH, False, torch.int64, "triplet mode: local id of each seed edge's destination"),
     "dst_neg_index": Field(BATCH, False, torch.int64, "triplet mode: local ids of the negative destinations, "
                                                       "[B] (amount 1) or [B, amount]"),
+    "seed_time": Field(BATCH, False, torch.int64, "temporal sampling: the time of each seed (node batches, "
+                                                  "[batch_size]) or seed edge (triplet link batches, [B])"),
+    "edge_label_time": Field(BATCH, False, torch.int64, "temporal link batches: the time of each edge of "
+                                                        "edge_label_index (a negative has its seed edge's)"),
     "link_edge_type": Field(BATCH, False, torch.int64, "typed link batches: [1], position of the seed edges' type "
                                                        "among the batch's sorted edge types (rows of the link "
                                                        "fields index its source / destination type's n_id)"),

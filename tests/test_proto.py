@@ -29,6 +29,8 @@ def test_every_batch_field_is_documented_and_encoded():
                         batch=torch.zeros(3, dtype=torch.int64),
                         extra={"edge_label_index": torch.zeros(2, 1, dtype=torch.int64),
                                "edge_label": torch.ones(1), "link_edge_type": torch.zeros(1, dtype=torch.int64),
+                               "seed_time": torch.zeros(1, dtype=torch.int64),
+                               "edge_label_time": torch.zeros(1, dtype=torch.int64),
                                **{k: torch.zeros(1, dtype=torch.int64)
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
     # with features, labels, edge features and the link fields, a one-type batch carries every field once

@@ -100,6 +100,7 @@ def test_temporal_node_batches_never_sample_the_future(parts_dir, graph, time_at
     for b in loader:
         check_disjoint(b, ei, FANOUTS, b.batch_size)
         check_temporal(b, ei, node_time, edge_time, time_attr, _node_seed_time(b, node_time))
+        assert torch.equal(b.seed_time, _node_seed_time(b, node_time)), "PyG's seed_time: each seed's time"
         edges += b.edge_index.size(1)
     assert 0 < edges < plain, "the time limit removed some neighbours"
 
@@ -129,6 +130,7 @@ def test_temporal_link_batches_inherit_the_seed_edge_time(parts_dir, graph):
         check_disjoint(b, ei, FANOUTS, 2 * k)
         sub_time = torch.cat([when[b.input_id], when[b.input_id]])   # binary negative j: seed edge j's time
         check_temporal(b, ei, node_time, edge_time, "time", sub_time)
+        assert torch.equal(b.edge_label_time, sub_time), "PyG's edge_label_time, aligned with edge_label_index"
         ends = b.edge_label_index
         assert torch.equal(b.batch[ends[0]], torch.arange(2 * k)) and torch.equal(b.batch[ends[1]], torch.arange(2 * k))
 

@@ -148,6 +148,8 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
             times = None if times is None else torch.cat([times, times.index_select(0, paired)])
     nodes, local, subgraphs = _endpoint_seeds(ends, spec.disjoint)
     extra = link_fields(link, positions, local)
+    if times is not None and spec.temporal:   # PyG's names: triplet batches carry seed_time
+        extra["seed_time" if "src_index" in extra else "edge_label_time"] = times
     if link.edge_type is not None and not graph.is_homogeneous:
         extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
     return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=positions,

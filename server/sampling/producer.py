@@ -61,6 +61,8 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
     if spec.disjoint and subgraphs is None:
         subgraphs = {input_type: torch.arange(typed_seeds[input_type].numel())}
     sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type, subgraphs, seed_time)
+    if seed_time is not None and extra is None:   # a node batch carries PyG's seed_time
+        extra = {"seed_time": seed_time}
     nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
     edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
