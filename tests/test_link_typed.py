@@ -79,6 +79,28 @@ def test_local_typed_link_epoch_places_fields_as_pyg_with_strict_negatives(mag, 
         assert orig <= writes_set
 
 
+def test_disjoint_typed_batches_keep_every_edge_inside_one_subgraph(mag, seeds, writes_set):
+    from graphfeed.server.loader.local import LocalNeighborLoader
+
+    node = LocalNeighborLoader(mag[0], FANOUTS, batch_size=16, input_nodes=("paper", "train"), disjoint=True)
+    link = LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(WRITES, seeds), neg_sampling="binary",
+                                   batch_size=16, disjoint=True)
+    for b in [next(iter(node)), next(iter(link))]:
+        for ntype in b.node_types:   # a node is in its subgraph once
+            pairs = set(zip(b[ntype].batch.tolist(), b[ntype].n_id.tolist()))
+            assert len(pairs) == b[ntype].n_id.numel()
+        for etype in b.edge_types:
+            row, col = b[etype].edge_index
+            assert torch.equal(b[etype[0]].batch[row], b[etype[2]].batch[col]), etype
+        assert sum(b[e].edge_index.size(1) for e in b.edge_types) > 0
+    index = b[WRITES].edge_label_index   # each labelled pair (seed edge or binary negative) is its own subgraph
+    assert torch.equal(b["author"].batch[index[0]], torch.arange(index.size(1)))
+    assert torch.equal(b["paper"].batch[index[1]], torch.arange(index.size(1)))
+    row, col = b[WRITES].edge_index
+    orig = set(zip(b["author"].n_id[row].tolist(), b["paper"].n_id[col].tolist()))
+    assert orig <= writes_set
+
+
 def test_typed_link_input_round_trips_and_errors_name_the_edge_type(mag, seeds):
     spec = LoaderSpec.of(LinkInput.of((WRITES, seeds), neg_sampling="binary"), FANOUTS, batch_size=8)
     assert spec.input.edge_type == WRITES and loader_spec_from_proto(open_session_request(spec, "g")) == spec

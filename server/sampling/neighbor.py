@@ -76,7 +76,7 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     device = seeds[input_type].device        # a CUDA topology's hops run on its device (dispatch.one_hop)
     if subgraph_time is not None and subgraphs is None:
         raise ValueError("subgraph_time needs subgraphs: temporal sampling is disjoint (one subgraph per seed)")
-    nodes = {t: _TypeNodes(seeds.get(t), device, None if subgraphs is None else subgraphs.get(t))
+    nodes = {t: _TypeNodes(seeds.get(t), device, None if subgraphs is None else subgraphs.get(t, _empty(device)))
              for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
     for hop in range(num_hops):
