@@ -3,10 +3,13 @@
 A link batch is the node batch's pipeline with a different seed record
 (:class:`graphfeed.core.spec.LinkInput`): the plan slices seed-edge *positions* (each part's
 are the seed edges whose source it owns, :meth:`Partition.input_nodes`), this module turns
-them into endpoint pairs, draws the negatives, samples the neighborhood of every endpoint
-with :meth:`PartitionedGraph.sample` and encodes the batch with the link fields of
+them into endpoint pairs, draws the negatives, and hands the endpoints (seeds per node type:
+a typed seed edge's source and destination types; with ``disjoint`` one subgraph per seed edge
+and per binary negative) to the one producer,
+:func:`graphfeed.server.sampling.producer.produce_batch`, with the link fields of
 :mod:`graphfeed.core.batch` (``input_id``, ``edge_label_index``/``edge_label``, or
-``src_index``/``dst_pos_index``/``dst_neg_index`` in triplet mode).
+``src_index``/``dst_pos_index``/``dst_neg_index`` in triplet mode; ``edge_label_time`` /
+``seed_time`` when temporal; ``link_edge_type`` on a typed graph).
 
 Negatives.  The destination of negative ``j`` of a batch (paired with seed edge
 ``i = j mod B``, draw ``a = j div B``) is ``draw(seed, position of seed edge i, a * ROUNDS + r)
