@@ -11,7 +11,7 @@ from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.security import from_cluster
-from graphfeed.core.spec import LinkInput, LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
@@ -98,7 +98,9 @@ class Client:
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None,
-                        weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
+                        weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                        input_time=None, temporal_strategy: str = "uniform",
+                        disjoint: bool = False) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -108,8 +110,9 @@ class Client:
         ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
         name, else ``"nodes"``).  ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype; None = as
         stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
-        of float32 features); labels and ids are untouched.  They become one :class:`LoaderSpec`
-        (:meth:`open_loader`).
+        of float32 features); labels and ids are untouched.  ``disjoint``, ``time_attr``, ``input_time``
+        and ``temporal_strategy`` as :class:`~graphfeed.server.loader.local.LocalNeighborLoader`'s.
+        They become one :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
@@ -117,7 +120,8 @@ class Client:
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
-                             feature_dtype=feature_dtype)
+                             feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
+                             disjoint=disjoint, input_time=input_time)
         return self.open_loader(spec, prefetch=prefetch)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
@@ -125,23 +129,31 @@ class Client:
                              shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
                              replace: bool = False, direction: str = "in", rank: int | None = None,
                              world_size: int | None = None, kind: str | None = None,
-                             weight_attr: str | None = None) -> RemoteNeighborLoader:
+                             weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                             edge_label_time=None, temporal_strategy: str = "uniform",
+                             disjoint: bool = False) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
-        ``edge_label_index`` ([2, E] original node ids, or a link split stored at partition time:
-        ``"train"``/``"val"``/``"test"``, resolved by the servers), ``edge_label``, ``neg_sampling`` (``"binary"``,
-        ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
-        ``batch_size`` counts seed edges.  ValueError (one line, naming the argument) for bad input."""
+        ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
+        split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
+        ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
+        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
+        ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy`` as :meth:`neighbor_loader`,
+        ``edge_label_time`` one time per seed edge.  ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
-        if link.index is not None and int(link.index.max()) >= self.num_nodes:
-            raise ValueError(f"edge_label_index has node id {int(link.index.max())}, outside the graph: original "
-                             f"node ids are 0..{self.num_nodes - 1}")
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             kind=kind or "", weight_attr=weight_attr)
+                             kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype,
+                             time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
+        if link.split is None and link.edge_type is None and list(self.node_types) != [self.label_type]:
+            raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
+                             f"with one of {', '.join(map(str, self.edge_types))}")
+        spec.check_schema(self.node_types, self.edge_types)
+        if link.split is None:
+            check_link_ids(link, self.num_nodes_of)
         return self.open_loader(spec, prefetch=prefetch)
 
     def num_nodes_of(self, ntype: str | None) -> int:

@@ -57,6 +57,8 @@ BATCH_FIELDS: dict[str, Field] = {
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "
                                           "edge types with features"),
     "n_id": Field(NODE, True, torch.int64, "original ids of the type's batch nodes, the input type's seeds first"),
+    "batch": Field(NODE, False, torch.int64, "disjoint sampling: the subgraph (seed, or seed edge) of each of "
+                                             "the type's batch nodes, aligned with n_id"),
     "e_id": Field(EDGE, True, torch.int64, "original ids (input positions) of the type's sampled edges"),
     "num_sampled_nodes": Field(NODE, True, torch.int64, "new nodes of the type per hop, [hops + 1]; the input "
                                                         "type's first entry = batch_size", as_list=True),
@@ -74,6 +76,13 @@ BATCH_FIELDS: dict[str, Field] = {
     "dst_pos_index": Field(BATCH, False, torch.int64, "triplet mode: local id of each seed edge's destination"),
     "dst_neg_index": Field(BATCH, False, torch.int64, "triplet mode: local ids of the negative destinations, "
                                                       "[B] (amount 1) or [B, amount]"),
+    "seed_time": Field(BATCH, False, torch.int64, "temporal sampling: the time of each seed (node batches, "
+                                                  "[batch_size]) or seed edge (triplet link batches, [B])"),
+    "edge_label_time": Field(BATCH, False, torch.int64, "temporal link batches: the time of each edge of "
+                                                        "edge_label_index (a negative has its seed edge's)"),
+    "link_edge_type": Field(BATCH, False, torch.int64, "typed link batches: [1], position of the seed edges' type "
+                                                       "among the batch's sorted edge types (rows of the link "
+                                                       "fields index its source / destination type's n_id)"),
 }
 META_LENGTH = 5
 
@@ -184,10 +193,11 @@ def _encode_scope(scope: str, values: Mapping[str, torch.Tensor | None], suffix:
 def encode(*, x: torch.Tensor | None, y: torch.Tensor | None, edge_index: torch.Tensor, n_id: torch.Tensor,
            e_id: torch.Tensor, num_sampled_nodes, num_sampled_edges, batch_size: int, epoch: int,
            seq: int, index: int, input_id, extra: Mapping[str, torch.Tensor] | None = None,
-           edge_attr: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+           edge_attr: torch.Tensor | None = None, batch: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Build the wire form of a batch of a homogeneous graph: :func:`encode_typed` with node type
-    ``"_N"`` and edge type ``("_N", "to", "_N")``."""
-    nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes}}
+    ``"_N"`` and edge type ``("_N", "to", "_N")`` (``batch``: disjoint sampling's subgraph per node)."""
+    nodes = {DEFAULT_NODE_TYPE: {"x": x, "y": y, "n_id": n_id, "num_sampled_nodes": num_sampled_nodes,
+                                 "batch": batch}}
     edges = {DEFAULT_EDGE_TYPE: {"edge_index": edge_index, "e_id": e_id, "num_sampled_edges": num_sampled_edges,
                                  "edge_attr": edge_attr}}
     return encode_typed(nodes=nodes, edges=edges, input_type=DEFAULT_NODE_TYPE, batch_size=batch_size,
@@ -335,6 +345,13 @@ def _batch_values(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: batch[name] for name, f in fields_of(BATCH).items() if name != META and name in batch}
 
 
+def _data_values(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`_batch_values` as a ``Data`` carries them (a one-type batch has no seed edge type to name)."""
+    values = _batch_values(batch)
+    values.pop("link_edge_type", None)
+    return values
+
+
 def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     from torch_geometric.data import Data
 
@@ -342,7 +359,17 @@ def _data(batch: Mapping[str, torch.Tensor], size: int, position: dict):
     etensors, ecounts = _store_values(batch, EDGE, edge_type_name(DEFAULT_EDGE_TYPE))
     present = {**ntensors, **etensors}
     tensors = {name: present[name] for name in BATCH_FIELDS if name in present}   # today's attribute order
-    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **_batch_values(batch), **position)
+    return Data(**tensors, batch_size=size, **ncounts, **ecounts, **_data_values(batch), **position)
+
+
+def _link_store(lay: BatchLayout, name: str, link_type: torch.Tensor | None):
+    """Where PyG's hetero ``LinkNeighborLoader`` puts a typed link batch's field ``name``: ``src_index`` on the
+    seed edge type's source type, ``dst_pos_index``/``dst_neg_index`` on its destination type, the rest
+    (``input_id``, ``edge_label_index``, ``edge_label``) on the edge type; None for a node batch."""
+    if link_type is None:
+        return None
+    etype = lay.edge_types[int(link_type[0])]
+    return {"src_index": etype[0], "dst_pos_index": etype[2], "dst_neg_index": etype[2]}.get(name, etype)
 
 
 def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
@@ -362,8 +389,10 @@ def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int,
         for name, value in {**tensors, **counts}.items():
             setattr(store, name, value)
     data[lay.input_type].batch_size = size
-    for name, value in _batch_values(batch).items():   # on the input type's store, as PyG puts input_id
-        setattr(data[lay.input_type], name, value)
+    values = _batch_values(batch)
+    link_type = values.pop("link_edge_type", None)
+    for name, value in values.items():   # on the input type's store, as PyG puts input_id
+        setattr(data[_link_store(lay, name, link_type) or lay.input_type], name, value)
     for name, value in position.items():
         setattr(data, name, value)
     return data

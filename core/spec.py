@@ -132,12 +132,22 @@ class SamplingSpec:
     ``"edge_weight"`` (the input's ``edge_weight.npy`` / ``Data.edge_weight``, stored per part);
     see :func:`weight_column`.  The weights must be finite, >= 0, and not all zero for a node with
     edges (checked when a loader opens).
+
+    ``disjoint`` (PyG's argument): every seed (seed edge, for link loaders) grows its own subgraph;
+    batches carry ``batch``, the subgraph of every node, and node ids may repeat across subgraphs.
+    ``time_attr`` (PyG's argument, ``"time"``: node times, or ``"edge_time"``) samples temporally:
+    only neighbours (``"time"``) or edges (``"edge_time"``) not later than the seed's time, which
+    every node of the seed's subgraph inherits (temporal sampling is disjoint, as in PyG);
+    ``temporal_strategy`` ``"uniform"`` draws among them uniformly, ``"last"`` takes the most recent.
     """
 
     num_neighbors: Fanouts | TypedFanouts
     replace: bool = False
     direction: str = "in"
     weight_attr: str | None = None
+    time_attr: str | None = None
+    temporal_strategy: str = "uniform"
+    disjoint: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
@@ -145,6 +155,20 @@ class SamplingSpec:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
         if self.weight_attr is not None:
             weight_column(self.weight_attr)
+        if self.temporal_strategy not in TEMPORAL_STRATEGIES:
+            raise ValueError(f"temporal_strategy must be 'uniform' or 'last', got {self.temporal_strategy!r}")
+        if self.time_attr is not None:
+            if self.time_attr not in TIME_ATTRS:
+                raise ValueError(f"time_attr must name a stored time column, 'time' (node times) or 'edge_time' "
+                                 f"(edge times), got {self.time_attr!r}")
+            if self.weight_attr is not None:
+                raise ValueError("give weight_attr or time_attr, not both: weighted temporal sampling is not "
+                                 "supported")
+        object.__setattr__(self, "disjoint", bool(self.disjoint) or self.time_attr is not None)
+
+    @property
+    def temporal(self) -> bool:
+        return self.time_attr is not None
 
     @property
     def weighted(self) -> bool:
@@ -186,6 +210,8 @@ class SamplingSpec:
 
 WEIGHT_SOURCE = "edge_attr"
 EDGE_WEIGHT = "edge_weight"     # the weights stored from an input's edge_weight.npy / Data.edge_weight
+TEMPORAL_STRATEGIES = ("uniform", "last")
+TIME_ATTRS = ("time", "edge_time")     # node times (Data.time, node_time.npy), edge times (Data.edge_time)
 
 
 def weight_column(weight_attr) -> int | None:
@@ -254,12 +280,14 @@ class NodeInput:
     ids, distinct, int64), or neither (every node of the type, in the servers' id order).
 
     ``node_type`` is the seeds' node type; None means the graph's label type (``"_N"`` for a
-    homogeneous graph).  Ids are original ids within that type.
+    homogeneous graph).  Ids are original ids within that type.  ``time`` (PyG's ``input_time``,
+    temporal sampling) is each id's seed time, aligned with ``ids`` (None: the seeds' own node times).
     """
 
     split: str | None = None
     ids: torch.Tensor | None = None
     node_type: str | None = None
+    time: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.node_type is not None:
@@ -270,9 +298,14 @@ class NodeInput:
             raise ValueError(f"unknown split {self.split!r}: use one of {', '.join(SPLITS)} or a tensor of ids")
         if self.ids is not None:
             object.__setattr__(self, "ids", check_input_ids(self.ids))
+        if self.time is not None:
+            if self.ids is None:
+                raise ValueError("input_time needs input_nodes given as ids or a mask (one time per seed); with a "
+                                 "split or every node the seeds' own node times are used (time_attr='time')")
+            object.__setattr__(self, "time", seed_times(self.time, self.ids.numel(), "input_time", "input node"))
 
     @classmethod
-    def of(cls, input_nodes) -> NodeInput:
+    def of(cls, input_nodes, input_time=None) -> NodeInput:
         """From what a user passes as ``input_nodes`` (as PyG's ``NeighborLoader``): a split name, a
         tensor/list of ids, a boolean mask tensor (its True positions are the ids), None (every node),
         or a tuple ``(node_type, split | ids | mask | None)``."""
@@ -281,6 +314,8 @@ class NodeInput:
         node_type = None
         if isinstance(input_nodes, tuple) and len(input_nodes) == 2 and isinstance(input_nodes[0], str):
             node_type, input_nodes = input_nodes
+        if input_time is not None and (input_nodes is None or isinstance(input_nodes, str)):
+            return cls(split=input_nodes, node_type=node_type, time=input_time)   # refused, naming the fix
         if input_nodes is None:
             return cls(node_type=node_type)
         if isinstance(input_nodes, str):
@@ -289,8 +324,8 @@ class NodeInput:
             if input_nodes.dim() != 1:
                 raise ValueError(f"input_nodes as a boolean mask must be 1-D (one entry per node), got shape "
                                  f"{list(input_nodes.shape)}")
-            return cls(ids=input_nodes.nonzero().view(-1), node_type=node_type)   # PyG's mask form
-        return cls(ids=input_nodes, node_type=node_type)
+            return cls(ids=input_nodes.nonzero().view(-1), node_type=node_type, time=input_time)   # PyG's mask form
+        return cls(ids=input_nodes, node_type=node_type, time=input_time)
 
     def type_or(self, label_type: str) -> str:
         """The seeds' node type in a graph whose label type is ``label_type``."""
@@ -314,10 +349,27 @@ class NodeInput:
             return NotImplemented
         if self.split != other.split or self.node_type != other.node_type or (self.ids is None) != (other.ids is None):
             return False
+        if not _same_optional(self.time, other.time):
+            return False
         return self.ids is None or other.ids is None or torch.equal(self.ids, other.ids)
 
     def __hash__(self) -> int:
         return hash((self.split, self.node_type, None if self.ids is None else self.ids.numel()))
+
+
+def seed_times(value, count: int, name: str, what: str) -> torch.Tensor:
+    """``value`` as int64 [count] seed times; ValueError naming ``name`` and the fix otherwise."""
+    t = torch.as_tensor(value)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer timestamps, got dtype {t.dtype}")
+    t = t.reshape(-1).to(torch.int64).contiguous()
+    if t.numel() != count:
+        raise ValueError(f"{name} has {t.numel()} entries for {count} {what}s: give one time per {what}")
+    return t
+
+
+def _same_optional(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None) == (b is None) and (a is None or b is None or torch.equal(a, b))
 
 
 NEG_MODES = ("binary", "triplet")
@@ -398,14 +450,18 @@ class LinkInput:
     seed edges the servers resolve, the parts' lists one after another (no ``label``).
 
     A seed edge belongs to the part that owns its source node; its position in ``index`` is its
-    ``input_id``.  With binary negatives and labels whose minimum is 0, the labels are shifted by
-    one so that 0 means "negative" (as PyG does).  Labels are stored as float32 when given as
-    floats, otherwise int64.
+    ``input_id``.  ``edge_type`` (a typed graph's ``(src, rel, dst)``; None = the homogeneous graph's one
+    edge type) makes row 0 original ids of node type ``src`` and row 1 of ``dst``; negatives then draw
+    their destinations over the ``dst`` nodes, checked against that edge type.  With binary negatives
+    and labels whose minimum is 0, the labels are shifted by one so that 0 means "negative" (as PyG
+    does).  Labels are stored as float32 when given as floats, otherwise int64.
     """
 
     index: torch.Tensor | None = None
     label: torch.Tensor | None = None
     neg: NegativeSampling | None = None
+    edge_type: EdgeType | None = None
+    time: torch.Tensor | None = None      # PyG's edge_label_time: each seed edge's time (temporal sampling)
     split: str | None = None
     _shift_labels: bool = field(default=False, init=False, repr=False)   # set from the fields above
 
@@ -414,6 +470,10 @@ class LinkInput:
             _check_link_split(self)
         else:
             object.__setattr__(self, "index", check_edge_label_index(self.index))
+        if self.edge_type is not None:
+            object.__setattr__(self, "edge_type", edge_type(self.edge_type))
+        if self.time is not None:
+            object.__setattr__(self, "time", seed_times(self.time, self.num_edges, "edge_label_time", "seed edge"))
         if self.label is not None:
             object.__setattr__(self, "label", _edge_labels(self.label, self.index.size(1)))
         if self.neg is not None and not isinstance(self.neg, NegativeSampling):
@@ -422,15 +482,18 @@ class LinkInput:
         object.__setattr__(self, "_shift_labels", binary and self.label is not None and bool(self.label.min() == 0))
 
     @classmethod
-    def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None) -> LinkInput:
-        """From PyG ``LinkNeighborLoader``'s arguments."""
+    def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
+           edge_label_time=None) -> LinkInput:
+        """From PyG ``LinkNeighborLoader``'s arguments; ``edge_label_index`` may be ``((src, rel, dst), index)``
+        (PyG's form for a typed graph)."""
+        etype, edge_label_index = _typed_edge_label_index(edge_label_index)
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
                              "sources), e.g. data.edge_index for every edge, or a link split name ('train')")
         neg = NegativeSampling.of(neg_sampling, neg_sampling_ratio)
         if isinstance(edge_label_index, str):
-            return cls(None, edge_label, neg, split=edge_label_index)
-        return cls(edge_label_index, edge_label, neg)
+            return cls(None, edge_label, neg, etype, edge_label_time, split=edge_label_index)
+        return cls(edge_label_index, edge_label, neg, etype, edge_label_time)
 
     @property
     def num_edges(self) -> int:
@@ -445,12 +508,17 @@ class LinkInput:
         return out + 1 if self._shift_labels else out
 
     @property
-    def node_type(self) -> None:
-        return None
+    def node_type(self) -> str | None:
+        """The seed edges' source node type (None: the label type of a homogeneous graph)."""
+        return None if self.edge_type is None else self.edge_type[0]
 
     def type_or(self, label_type: str) -> str:
-        """The seed edges' endpoints are of the label type (link loaders serve homogeneous graphs so far)."""
-        return label_type
+        """The node type of the seed edges' sources (``label_type`` when no edge type is given)."""
+        return label_type if self.edge_type is None else self.edge_type[0]
+
+    def end_types(self, label_type: str) -> tuple[str, str]:
+        """The node types of the seed edges' sources and destinations."""
+        return (label_type, label_type) if self.edge_type is None else (self.edge_type[0], self.edge_type[2])
 
     @property
     def label_name(self) -> str:
@@ -458,13 +526,17 @@ class LinkInput:
 
     def describe(self) -> str:
         neg = "" if self.neg is None else f", {self.neg.mode} negatives x{self.neg.amount:g}"
+        typed = "" if self.edge_type is None else f" of type {self.edge_type}"
         seeds = f"{self.num_edges} seed edges" if self.split is None else f"link split {self.split!r}"
-        return f"{seeds}{neg}"
+        return f"{seeds}{typed}{neg}"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, LinkInput):
             return NotImplemented
-        if self.neg != other.neg or (self.label is None) != (other.label is None) or self.split != other.split:
+        if self.neg != other.neg or self.edge_type != other.edge_type or (self.label is None) != (other.label is None) \
+                or self.split != other.split:
+            return False
+        if not _same_optional(self.time, other.time):
             return False
         if self.index is None or other.index is None:
             return self.index is None and other.index is None
@@ -473,7 +545,7 @@ class LinkInput:
         return torch.equal(self.index, other.index) and same_label
 
     def __hash__(self) -> int:
-        return hash((self.num_edges, self.neg, self.split))
+        return hash((self.num_edges, self.neg, self.edge_type, self.split))
 
 
 def _check_link_split(link: LinkInput) -> None:
@@ -483,9 +555,31 @@ def _check_link_split(link: LinkInput) -> None:
     if link.split not in SPLITS:
         raise ValueError(f"edge_label_index={link.split!r} is not a link split: use one of {', '.join(SPLITS)} "
                          f"(stored by `graphfeed partition --link-split`) or a [2, E] tensor of node ids")
+    if link.edge_type is not None or link.time is not None:
+        raise ValueError(f"edge_label_index={link.split!r}: stored link splits are of a homogeneous graph and carry "
+                         f"no times; pass edge_label_index as a tensor for typed or temporal seed edges")
     if link.label is not None:
         raise ValueError(f"edge_label cannot be given with edge_label_index={link.split!r} (a stored split's "
                          f"edges are positives); pass edge_label_index as a tensor to label the edges yourself")
+
+
+def _typed_edge_label_index(value) -> tuple[EdgeType | None, object]:
+    """``(edge type, index)`` of PyG's typed form ``((src, rel, dst), index)``; ``(None, value)`` otherwise."""
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list)) \
+            and len(value[0]) == 3 and all(isinstance(n, str) for n in value[0]):
+        return edge_type(value[0]), value[1]
+    return None, value
+
+
+def check_link_ids(link: LinkInput, num_nodes_of) -> None:
+    """ValueError naming the fix when ``link``'s ids are outside the graph: ``num_nodes_of(ntype)`` gives the
+    node count of a type (the label type's for a homogeneous graph)."""
+    for row, (ntype, what) in enumerate(zip(link.end_types(""), ("source", "destination"))):
+        n, hi = int(num_nodes_of(ntype or None)), int(link.index[row].max())
+        if hi >= n:
+            kind = "node" if link.edge_type is None else f"{ntype!r} node ({what} of {link.edge_type})"
+            raise ValueError(f"edge_label_index has node id {hi}, outside the graph: original {kind} ids are "
+                             f"0..{n - 1}")
 
 
 def check_edge_label_index(index) -> torch.Tensor:
@@ -554,6 +648,13 @@ class LoaderSpec:
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
             object.__setattr__(self, "kind", self.input.label_name if self.is_link else self.input.label)
+        if self.is_link and self.sampling.temporal and getattr(self.input, "time", None) is None:
+            raise ValueError("time_attr on a link loader needs edge_label_time: give one time per seed edge "
+                             "(the time its neighbourhood is sampled at)")
+        if getattr(self.input, "time", None) is not None and not self.sampling.temporal:
+            name = "edge_label_time" if self.is_link else "input_time"
+            raise ValueError(f"{name} is given but time_attr is not: pass time_attr='time' (node times) or "
+                             f"'edge_time' (edge times) for temporal sampling, or leave {name} out")
 
     @property
     def is_link(self) -> bool:
@@ -568,7 +669,11 @@ class LoaderSpec:
     def check_schema(self, node_types: Iterable[str], edge_types: Iterable) -> None:
         """ValueError unless the types this spec names exist in a graph with these node and edge types:
         the input's node type (when set) and every key of a per-edge-type fanout dict."""
-        node_types = list(node_types)
+        node_types, edge_types = list(node_types), [tuple(e) for e in edge_types]
+        etype = getattr(self.input, "edge_type", None)
+        if etype is not None and etype not in edge_types:
+            raise ValueError(f"edge_label_index names edge type {etype}, which the graph does not have; its edge "
+                             f"types are {', '.join(map(str, edge_types))}")
         if self.input.node_type is not None and self.input.node_type not in node_types:
             raise ValueError(f"input_nodes names node type {self.input.node_type!r}, which the graph does not have; "
                              f"its node types are {', '.join(map(repr, node_types))}")
@@ -578,12 +683,18 @@ class LoaderSpec:
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
            rank: int | None = None, world_size: int | None = None, kind: str = "",
-           weight_attr: str | None = None, feature_dtype=None) -> LoaderSpec:
+           weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+           temporal_strategy: str = "uniform", disjoint: bool = False, input_time=None) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
         a link loader); ``rank``/``world_size`` default to ``torch.distributed``'s
         (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`."""
         rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr)
+        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr,
+                                time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
+        if input_time is not None:
+            if isinstance(input_nodes, LinkInput):
+                raise ValueError("a link loader's seed times are edge_label_time, not input_time")
+            input_nodes = NodeInput.of(input_nodes, input_time)
         return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind,
                    feature_dtype=feature_dtype)

@@ -146,18 +146,24 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     EDGE_TYPE_FANOUTS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_ATTR_FIELD_NUMBER: _ClassVar[int]
+    TIME_ATTR_FIELD_NUMBER: _ClassVar[int]
+    TEMPORAL_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    DISJOINT_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
     edge_type_fanouts: _containers.RepeatedCompositeFieldContainer[EdgeTypeFanouts]
     weight_attr: str
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ...) -> None: ...
+    time_attr: str
+    temporal_strategy: str
+    disjoint: bool
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)
@@ -176,23 +182,27 @@ class NegativeSampling(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., amount: _Optional[float] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class LinkSeeds(_message.Message):
-    __slots__ = ("src", "dst", "float_label", "int_label", "neg", "split")
+    __slots__ = ("src", "dst", "float_label", "int_label", "neg", "time", "edge_type", "split")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     FLOAT_LABEL_FIELD_NUMBER: _ClassVar[int]
     INT_LABEL_FIELD_NUMBER: _ClassVar[int]
     NEG_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    EDGE_TYPE_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     src: _containers.RepeatedScalarFieldContainer[int]
     dst: _containers.RepeatedScalarFieldContainer[int]
     float_label: _containers.RepeatedScalarFieldContainer[float]
     int_label: _containers.RepeatedScalarFieldContainer[int]
     neg: NegativeSampling
+    time: _containers.RepeatedScalarFieldContainer[int]
+    edge_type: _containers.RepeatedScalarFieldContainer[str]
     split: str
-    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ..., split: _Optional[str] = ...) -> None: ...
+    def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ..., time: _Optional[_Iterable[int]] = ..., edge_type: _Optional[_Iterable[str]] = ..., split: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype", "input_time")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +217,7 @@ class OpenSessionRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TIME_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -221,7 +232,8 @@ class OpenSessionRequest(_message.Message):
     kind: str
     node_type: str
     feature_dtype: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ...) -> None: ...
+    input_time: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ..., input_time: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")

@@ -37,7 +37,9 @@ def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
 
 
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction, weight_attr=spec.weight_attr or "")
+    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction, weight_attr=spec.weight_attr or "",
+                          time_attr=spec.time_attr or "", temporal_strategy=spec.temporal_strategy,
+                          disjoint=spec.disjoint)
     if not spec.is_typed:
         msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
         return msg
@@ -56,7 +58,8 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
         num_neighbors = tuple(msg.num_neighbors)
     try:
         return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in",
-                            weight_attr=msg.weight_attr or None)
+                            weight_attr=msg.weight_attr or None, time_attr=msg.time_attr or None,
+                            temporal_strategy=msg.temporal_strategy or "uniform", disjoint=msg.disjoint)
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
 
@@ -74,6 +77,8 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
         req.split = spec.input.split
     elif spec.input.ids is not None:
         req.node_ids.ids.extend(spec.input.ids.tolist())
+        if spec.input.time is not None:
+            req.input_time.extend(spec.input.time.tolist())
     else:
         raise ValueError("a remote session needs explicit input nodes: a split or ids (every node = all ids)")
     return req
@@ -83,7 +88,8 @@ def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
     if link.index is None:
         msg = pb.LinkSeeds(split=link.split)
     else:
-        msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist())
+        msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist(), edge_type=list(link.edge_type or ()),
+                           time=[] if link.time is None else link.time.tolist())
     if link.label is not None:
         (msg.float_label if link.label.dtype.is_floating_point else msg.int_label).extend(link.label.tolist())
     if link.neg is not None:
@@ -108,7 +114,11 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
         label = torch.from_numpy(np.asarray(msg.float_label, dtype=np.float32))
     elif msg.int_label:
         label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
-    return LinkInput(index, label, neg)
+    if msg.edge_type and len(msg.edge_type) != 3:
+        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
+    time = torch.from_numpy(np.asarray(msg.time, dtype=np.int64)) if msg.time else None
+    return LinkInput(index, label, neg, tuple(msg.edge_type) if msg.edge_type else None,  # type: ignore[arg-type]
+                     time)
 
 
 def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
@@ -136,7 +146,9 @@ def _node_input(req: pb.OpenSessionRequest) -> SeedInput:
         raise ValueError("no input nodes: set split (train/val/test) or node_ids")
     if not req.node_ids.ids:
         raise ValueError("node_ids is empty: give at least one original node id")
-    return NodeInput(ids=torch.from_numpy(np.asarray(req.node_ids.ids, dtype=np.int64)), node_type=node_type)
+    time = torch.from_numpy(np.asarray(req.input_time, dtype=np.int64)) if req.input_time else None
+    return NodeInput(ids=torch.from_numpy(np.asarray(req.node_ids.ids, dtype=np.int64)), node_type=node_type,
+                     time=time)
 
 
 def graph_schema(info: pb.ClusterInfo) -> tuple[list[str], list[EdgeType], str]:

@@ -142,13 +142,15 @@ def test_one_part_typed_graph_fused_op_equals_the_driver(tmp_path, monkeypatch):
 
 
 def test_weighted_and_link_loaders_refuse_a_typed_graph_in_one_line(mag):
-    """weight_attr and link seeds are homogeneous-only so far: a clear one-line ValueError, not a wrong batch."""
+    """weight_attr is homogeneous-only so far, and link seeds on a typed graph need their edge type: a clear
+    one-line ValueError, not a wrong batch."""
     from graphfeed.server.loader.link import LocalLinkNeighborLoader
 
     parts, _ = mag
     with pytest.raises(ValueError, match="weight_attr is not supported yet for typed graphs") as info:
         LocalNeighborLoader(parts, [3], batch_size=8, input_nodes=("paper", "train"), weight_attr="edge_attr")
     assert "\n" not in str(info.value)
-    with pytest.raises(ValueError, match="homogeneous graphs only") as info:
+    with pytest.raises(ValueError, match=r"on a typed graph needs its edge type: pass \(\(src, rel, dst\), index\)") \
+            as info:
         LocalLinkNeighborLoader(parts, [3], edge_label_index=torch.tensor([[0, 1], [1, 2]]), batch_size=2)
     assert "\n" not in str(info.value)

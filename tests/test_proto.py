@@ -26,8 +26,11 @@ def test_every_batch_field_is_documented_and_encoded():
                         edge_index=torch.zeros(2, 1, dtype=torch.int64), n_id=torch.arange(3),
                         e_id=torch.zeros(1, dtype=torch.int64), num_sampled_nodes=[1, 2], num_sampled_edges=[1],
                         batch_size=1, epoch=0, seq=0, index=0, input_id=[0], edge_attr=torch.zeros(1, 4),
+                        batch=torch.zeros(3, dtype=torch.int64),
                         extra={"edge_label_index": torch.zeros(2, 1, dtype=torch.int64),
-                               "edge_label": torch.ones(1),
+                               "edge_label": torch.ones(1), "link_edge_type": torch.zeros(1, dtype=torch.int64),
+                               "seed_time": torch.zeros(1, dtype=torch.int64),
+                               "edge_label_time": torch.zeros(1, dtype=torch.int64),
                                **{k: torch.zeros(1, dtype=torch.int64)
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
     # with features, labels, edge features and the link fields, a one-type batch carries every field once

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import grpc
 
 from graphfeed.core.constants import SPLITS, worker_name
-from graphfeed.core.spec import LinkInput, LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import edge_type_to_proto, loader_spec_from_proto
@@ -30,6 +30,7 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
+from graphfeed.server.partition.store import check_link_types
 from graphfeed.server.worker.commands import (
     BadRequest,
     CloseSession,
@@ -294,22 +295,23 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise _invalid(f"node_ids has id {bad}, outside the graph: original {what} ids are 0..{n - 1}")
 
     def _check_link(self, link: LinkInput) -> None:
-        """Link seeds: a homogeneous graph; edge_label_index's ids are original node ids of the graph, or
-        its split is stored in this partition."""
+        """Link seeds: an edge type of the graph (required on a typed graph); edge_label_index's ids are
+        original ids of its source / destination node types, or its split is stored in this partition."""
         meta = self.served.meta
-        if not meta.is_homogeneous:
-            raise _invalid("link loaders serve homogeneous graphs only so far: typed seed edges are not supported "
-                           "yet; use a homogeneous graph")
         if link.split is not None:
+            if not meta.is_homogeneous:
+                raise _invalid(f"edge_label_index={link.split!r}: link splits are stored for homogeneous graphs only; "
+                               f"pass edge_label_index=((src, rel, dst), index) on a typed graph")
             if link.split not in meta.link_splits:
                 raise _invalid(f"edge_label_index={link.split!r}: the partition has no link split {link.split!r} "
                                f"(it has {', '.join(meta.link_split_sizes()) or 'none'}); re-partition with `graphfeed "
                                f"partition --link-split val=0.05,test=0.10` or pass edge_label_index as a tensor")
             return
-        assert link.index is not None   # a LinkInput has a split or an index
-        n, hi = self.served.num_nodes, int(link.index.max())
-        if hi >= n:
-            raise _invalid(f"edge_label_index has node id {hi}, outside the graph: original node ids are 0..{n - 1}")
+        try:
+            check_link_types(meta, link)
+            check_link_ids(link, lambda ntype: int(meta.node_ranges[ntype or _label_type(meta)][-1]))
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
 
     @rpc
     async def OpenSession(self, request, context):

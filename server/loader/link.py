@@ -24,29 +24,36 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     """Iterate PyG ``Data`` link batches sampled from a partitioned graph.
 
     Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
-    ids, row 0 = sources; or a link split stored by ``graphfeed partition --link-split``:
-    ``"train"``, ``"val"``, ``"test"``, each part's seed edges one part after another),
-    ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
-    ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
+    ids, row 0 = sources; on a typed graph ``((src, rel, dst), index)``, rows of the source / destination
+    type's original ids, batches then ``HeteroData`` with the link fields on the edge type as PyG's; or a
+    link split stored by ``graphfeed partition --link-split``: ``"train"``, ``"val"``, ``"test"``, each
+    part's seed edges one part after another),
+    ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
+    ``"triplet"``, a dict with ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``;
     ``batch_size`` counts seed edges.  Batches carry ``edge_label_index`` (local ids) and
     ``edge_label``, or in triplet mode ``src_index``, ``dst_pos_index``, ``dst_neg_index``;
     ``input_id`` (positions of the seed edges); ``n_id`` starts with the ``batch_size`` endpoint
     nodes (sorted by global id).  Epochs, ranks and ``drop_last`` follow the epoch contract over
     seed edges (every seed edge once per epoch across ranks).  Iteration, ``set_epoch``,
     ``len``, one live iterator, ``state_dict``/``load_state_dict`` and the DDP agreement check
-    are :class:`LocalNeighborLoader`'s (only the batch producer differs).
+    are :class:`LocalNeighborLoader`'s (only the batch producer differs); ``feature_dtype`` too.
+    ``disjoint=True``: each seed edge (and each binary negative) is its own subgraph (``batch.batch``);
+    ``time_attr`` with ``edge_label_time`` (one per seed edge; negatives take their seed edge's)
+    samples temporally, as PyG.
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 weight_attr: str | None = None):
+                 weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
+                 edge_label_time=None, temporal_strategy: str = "uniform", disjoint: bool = False):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             weight_attr=weight_attr)
+                             weight_attr=weight_attr, feature_dtype=feature_dtype, time_attr=time_attr,
+                             temporal_strategy=temporal_strategy, disjoint=disjoint)
         self._setup(graph, spec)
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
 

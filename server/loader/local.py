@@ -17,7 +17,7 @@ from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
-from graphfeed.server.sampling.producer import planned_batches, produce_batch
+from graphfeed.server.sampling.producer import node_seed_time, planned_batches, produce_batch
 
 
 class LocalNeighborLoader:
@@ -34,7 +34,10 @@ class LocalNeighborLoader:
     default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
     :mod:`graphfeed.core.epoch` for ``drop_last``).
     ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight
-    (homogeneous graphs so far).
+    (homogeneous graphs so far).  ``disjoint=True`` gives every seed its own subgraph (``batch.batch``);
+    ``time_attr`` (``"time"`` or ``"edge_time"``), ``input_time`` (one per id of ``input_nodes``; default:
+    the seeds' stored node times) and ``temporal_strategy`` (``"uniform"``/``"last"``) sample
+    temporally, as PyG (disjoint, homogeneous graphs so far).
 
     ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
     floating-point features as the servers do for a remote loader with the same argument.
@@ -49,11 +52,15 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None):
+                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
+                 time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
+                 disjoint: bool = False):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype)
+                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype,
+                             time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint,
+                             input_time=input_time)
         self._setup(graph, spec)
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
@@ -61,7 +68,7 @@ class LocalNeighborLoader:
         its positions, and start the epoch bookkeeping (shared with the link loader)."""
         self.graph, self.spec = graph, spec
         spec.check_schema(graph.node_types, graph.edge_types)
-        check_sampling(graph.parts, spec.sampling)
+        check_sampling(graph.parts, spec.sampling, spec.input)
         self.input_type = spec.input.type_or(graph.label_type)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
@@ -101,8 +108,11 @@ class LocalNeighborLoader:
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
         """The wire form of batch ``seq`` (plan entry ``entry``, ``seeds`` at input positions ``input_id``)."""
-        return produce_batch(self.graph, seeds, self.spec.sampling, entry, epoch, seq, input_type=self.input_type,
-                             input_id=input_id, feature_dtype=self.spec.feature_torch_dtype)
+        sampling = self.spec.sampling
+        return produce_batch(self.graph, seeds, sampling, entry, epoch, seq, input_type=self.input_type,
+                             input_id=input_id, feature_dtype=self.spec.feature_torch_dtype,
+                             seed_time=node_seed_time(self.graph, self.spec.input, sampling, self.input_type, seeds,
+                                                      input_id))
 
     def state_dict(self) -> dict:
         """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""
@@ -116,10 +126,11 @@ class LocalNeighborLoader:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
 
 
-def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec) -> None:
-    """ValueError unless every part can serve ``sampling``'s options (:meth:`Partition.check_sampling`)."""
+def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
+    """ValueError unless every part can serve ``sampling``'s options for ``seeds``
+    (:meth:`Partition.check_sampling`)."""
     for part in parts:
-        part.check_sampling(sampling)
+        part.check_sampling(sampling, seeds)
 
 
 def part_inputs(parts: Sequence[Partition], node_input: SeedInput) -> list[torch.Tensor]:

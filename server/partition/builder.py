@@ -207,7 +207,7 @@ def _write_nodes(graph: GraphInput, ntype: str, paths: PartitionPaths, numbering
     desc = "writing nodes" if graph.is_homogeneous else f"writing {ntype} nodes"
     for k in progress(range(ranges.size - 1), desc):
         owned = numbering.order[ranges[k]:ranges[k + 1]]
-        for name, values in (("x", t.x), ("y", t.y)):
+        for name, values in (("x", t.x), ("y", t.y), ("time", t.time)):
             if values is not None:
                 save_array(paths.node_file(k, name, ntype), values[owned])
         save_array(paths.node_file(k, "orig_id", ntype), owned)
@@ -230,12 +230,15 @@ def _write_edges(graph: GraphInput, etype: EdgeType, paths: PartitionPaths, numb
         log(f"sorting {topo.upper()} adjacency{named} ({ends.shape[1]:,} edges)")
         key, other = (dst_new, src_new) if topo == "csc" else (src_new, dst_new)
         key_type, other_type = (dst, src) if topo == "csc" else (src, dst)
+        other_time = graph.nodes[other_type].time   # a neighbor's node time, in renumbered id order
+        nbr_time = None if other_time is None else other_time[numbering[other_type].order]
         _write_topology(edges, etype, paths, topo, key, other, numbering[key_type].ranges,
-                        numbering[other_type].num_nodes, progress, keep)
+                        numbering[other_type].num_nodes, progress, keep, nbr_time)
 
 
 def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths, topo: str, key, other, ranges,
-                    n_other: int, progress: Progress, keep: np.ndarray | None = None) -> None:
+                    n_other: int, progress: Progress, keep: np.ndarray | None = None,
+                    nbr_time: np.ndarray | None = None) -> None:
     indptr, indices, eid = _compressed(key, other, int(ranges[-1]), n_other)
     if keep is not None:
         eid = keep[eid]
@@ -248,6 +251,10 @@ def _write_topology(edges: EdgeTypeInput, etype: EdgeType, paths: PartitionPaths
             save_array(paths.edge_file(k, topo, "edge_attr", etype), edges.edge_attr[eid[lo:hi]])
         if edges.edge_weight is not None:
             save_array(paths.edge_file(k, topo, "edge_weight", etype), edges.edge_weight[eid[lo:hi]])
+        if edges.edge_time is not None:
+            save_array(paths.edge_file(k, topo, "edge_time", etype), edges.edge_time[eid[lo:hi]])
+        if nbr_time is not None:
+            save_array(paths.edge_file(k, topo, "nbr_time", etype), nbr_time[indices[lo:hi]])
 
 
 def check_link_shares(shares: dict[str, float]) -> None:
@@ -363,11 +370,13 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
         node_ranges={ntype: numbering[ntype].ranges.tolist() for ntype in graph.node_types},
         num_edges={edge_type_dirname(etype): e.num_edges for etype, e in graph.edges.items()},
         topologies=list(topologies),
-        features={ntype: {name: _array_spec(a) for name, a in (("x", t.x), ("y", t.y)) if a is not None}
+        features={ntype: {name: _array_spec(a) for name, a in (("x", t.x), ("y", t.y), ("time", t.time))
+                          if a is not None}
                   for ntype, t in graph.nodes.items()},
         edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
                        for etype, e in graph.edges.items() if e.edge_attr is not None},
         edge_weights=[edge_type_dirname(etype) for etype, e in graph.edges.items() if e.edge_weight is not None],
+        edge_times=[edge_type_dirname(etype) for etype, e in graph.edges.items() if e.edge_time is not None],
         num_classes=int(graph.num_classes),
         split_sizes={k: int(v.size) for k, v in graph.splits.items()},
         label_type=graph.label_type,

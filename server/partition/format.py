@@ -16,6 +16,9 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
     ROOT/part_{k}/edges/.../link_{split}_{src,dst,eid}.npy  optional (``--link-split``): the seed edges of
                                             link split ``split`` (train/val/test) whose source part k owns,
                                             global src/dst ids and input edge positions, by position
+    ROOT/part_{k}/nodes/{ntype}/time.npy   int64 node timestamps (optional; temporal sampling)
+    ROOT/part_{k}/edges/.../{csc,csr}_edge_time.npy         int64 edge timestamps (optional), aligned with indices
+    ROOT/part_{k}/edges/.../{csc,csr}_nbr_time.npy          int64 node timestamp of each neighbor (with time.npy)
 
 Node ids are renumbered per node type so that part k owns the contiguous range
 ``[node_ranges[ntype][k], node_ranges[ntype][k+1])`` of every node type (see
@@ -49,7 +52,7 @@ TOPOLOGIES = ("csc", "csr")
 LINK_SPLITS = ("train", "val", "test")
 # added within version 1 (left out of META.json while they hold these defaults)
 _LATER_DEFAULTS = {"label_type": DEFAULT_NODE_TYPE, "num_classes_by_type": {}, "link_splits": {},
-                   "edge_weights": [], "method_settings": {}, "access_mass": []}
+                   "edge_weights": [], "method_settings": {}, "access_mass": [], "edge_times": []}
 
 
 class PartitionFormatError(ValueError):
@@ -96,6 +99,7 @@ class PartitionMeta:
     edge_weights: list[str] = field(default_factory=list)
     method_settings: dict = field(default_factory=dict)
     access_mass: list[int] = field(default_factory=list)
+    edge_times: list[str] = field(default_factory=list)   # edge types (dirnames) with edge timestamps
     graph_name: str = ""
     method: str = "random"
     edge_cut: int = 0

@@ -30,6 +30,7 @@ class NodeTypeInput:
     num_nodes: int
     x: np.ndarray | None = None
     y: np.ndarray | None = None
+    time: np.ndarray | None = None     # int64 [num_nodes] node timestamps (temporal sampling, time_attr="time")
 
     @property
     def num_classes(self) -> int:
@@ -44,6 +45,7 @@ class EdgeTypeInput:
     edge_index: np.ndarray
     edge_attr: np.ndarray | None = None
     edge_weight: np.ndarray | None = None
+    edge_time: np.ndarray | None = None   # int64 [E] edge timestamps (temporal sampling, time_attr="edge_time")
 
     @property
     def num_edges(self) -> int:
@@ -55,11 +57,13 @@ class GraphInput:
 
     def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
                  edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0,
-                 edge_weight: np.ndarray | None = None):
+                 edge_weight: np.ndarray | None = None, node_time: np.ndarray | None = None,
+                 edge_time: np.ndarray | None = None):
         """The homogeneous graph: ``x`` [N, F], ``y`` [N, ...] or None (unlabelled), ``edge_index`` [2, E],
-        ``splits`` of node ids."""
-        self._set({DEFAULT_NODE_TYPE: NodeTypeInput(int(x.shape[0]), x, y)},
-                  {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr, edge_weight)},
+        ``splits`` of node ids; optional sampling weights ``edge_weight`` [E] and timestamps ``node_time`` [N]
+        and ``edge_time`` [E] (int64)."""
+        self._set({DEFAULT_NODE_TYPE: NodeTypeInput(int(x.shape[0]), x, y, node_time)},
+                  {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr, edge_weight, edge_time)},
                   splits, DEFAULT_NODE_TYPE, name, fingerprint, num_classes)
 
     @classmethod
@@ -204,4 +208,7 @@ def _homogeneous_fingerprint(graph: GraphInput) -> str:
         _hash_array(h, "edge_attr", graph.edge_attr)
     if graph.edge_weight is not None:
         _hash_array(h, "edge_weight", graph.edge_weight)
+    for name, array in (("node_time", node.time), ("edge_time", graph.edges[DEFAULT_EDGE_TYPE].edge_time)):
+        if array is not None:     # graphs without times hash as before
+            _hash_array(h, name, array)
     return h.hexdigest()

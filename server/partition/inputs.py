@@ -56,9 +56,10 @@ __all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fi
            "read_npy_folder", "read_torch_file"]
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
-NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight")
+NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight", "node_time",
+             "edge_time")
 # Data attributes read (or, for num_nodes/name, understood) by read_torch_file
-DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes",
+DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "time", "edge_time",
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
@@ -108,7 +109,8 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
-                              name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"])
+                              name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
+                              node_time=arrays["node_time"], edge_time=arrays["edge_time"])
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
     return graph
 
@@ -152,7 +154,8 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     name = field_of(obj, "name")
     name = name if isinstance(name, str) and name else file.stem
     graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where,
-                              edge_weight=edge_weight)
+                              edge_weight=edge_weight, node_time=to_numpy(field_of(obj, "time"), where("time")),
+                              edge_time=to_numpy(field_of(obj, "edge_time"), where("edge_time")))
     graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
     return graph
 
@@ -201,12 +204,26 @@ def _check_edge_weight(edge_weight: np.ndarray, num_edges: int, w: str) -> np.nd
     return edge_weight if np.issubdtype(edge_weight.dtype, np.floating) else edge_weight.astype(np.float32)
 
 
+def _check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
+    """Timestamps as int64 [count]; InputError naming the array otherwise."""
+    if time is None:
+        return None
+    time = np.asarray(time)
+    if not np.issubdtype(time.dtype, np.integer) or time.ndim != 1 or time.shape[0] != count:
+        raise InputError(f"{w} must be integer timestamps, one per row ({of} {count}), got dtype {time.dtype} "
+                         f"and shape {list(time.shape)}")
+    return time.astype(np.int64)
+
+
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
-                      where: Callable[[str], str] = lambda n: n, edge_weight=None) -> GraphInput:
+                      where: Callable[[str], str] = lambda n: n, edge_weight=None, node_time=None,
+                      edge_time=None) -> GraphInput:
     """Validate a homogeneous graph's arrays and assemble a :class:`GraphInput` with its fingerprint.
 
     ``splits`` maps split name to ids or None (absent: stored as empty); ``where(name)``
-    says where an array came from, for error messages.
+    says where an array came from, for error messages.  ``node_time`` [N] / ``edge_time`` [E]:
+    integer timestamps for temporal sampling (``node_time.npy`` / ``Data.time``, ``edge_time.npy`` /
+    ``Data.edge_time``).
     """
     check_x(x, where("x"))
     num_nodes = int(x.shape[0])
@@ -223,7 +240,10 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
         check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
     if edge_weight is not None:
         edge_weight = _check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
+    node_time = _check_time(node_time, num_nodes, where("node_time"), "x has")
+    edge_time = _check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
     graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=label_classes(y), edge_weight=edge_weight)
+                       num_classes=label_classes(y), edge_weight=edge_weight, node_time=node_time,
+                       edge_time=edge_time)
     graph.fingerprint = fingerprint(graph)
     return graph

@@ -15,7 +15,15 @@ from functools import cached_property
 import torch
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.core.spec import EDGE_WEIGHT, LinkInput, NodeInput, SamplingSpec, SeedInput, weight_column
+from graphfeed.core.spec import (
+    EDGE_WEIGHT,
+    LinkInput,
+    NodeInput,
+    SamplingSpec,
+    SeedInput,
+    check_link_ids,
+    weight_column,
+)
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.format import (
     DEFAULT_EDGE_TYPE,
@@ -85,6 +93,12 @@ class NodeStore:
     @cached_property
     def orig_id(self) -> torch.Tensor:
         return _tensor(self.paths.node_file(self.part_id, "orig_id", self.ntype))
+
+    @cached_property
+    def time(self) -> torch.Tensor | None:
+        """int64 node timestamps [num_nodes], or None when the type has none."""
+        t = self._optional("time")
+        return None if t is None else t.to(torch.int64)
 
     def split(self, name: str) -> torch.Tensor:
         """Global ids of this part's nodes in split ``name`` (sorted); only the label type has splits."""
@@ -174,6 +188,28 @@ class EdgeStore:
             return None
         self.topology(kind)  # the same checks
         return _tensor(self.paths.edge_file(self.part_id, kind, "edge_weight", self.etype))
+
+    def times(self, kind: str, time_attr: str) -> torch.Tensor:
+        """int64 timestamps aligned with ``topology(kind).indices``: each edge's own (``"edge_time"``) or its
+        neighbor's node time (``"time"``); ValueError naming the fix when the partition stores none."""
+        stored = self.stored_times()
+        if time_attr not in stored:
+            have = f"it stores {', '.join(map(repr, stored))}" if stored else "it stores no timestamps"
+            raise ValueError(f"time_attr={time_attr!r} names no stored time column ({have}): partition the graph "
+                             f"with node_time.npy (Data.time) for time_attr='time' or edge_time.npy "
+                             f"(Data.edge_time) for time_attr='edge_time'")
+        self.topology(kind)  # the same checks
+        name = "edge_time" if time_attr == "edge_time" else "nbr_time"
+        cache = self.__dict__.setdefault("_times", {})
+        if (kind, name) not in cache:
+            cache[(kind, name)] = _tensor(self.paths.edge_file(self.part_id, kind, name, self.etype)).to(torch.int64)
+        return cache[(kind, name)]
+
+    def stored_times(self) -> list[str]:
+        """The ``time_attr`` values this edge type can serve."""
+        features = self.meta.features
+        out = ["time"] if all("time" in features.get(t, {}) for t in (self.etype[0], self.etype[2])) else []
+        return out + (["edge_time"] if edge_type_dirname(self.etype) in self.meta.edge_times else [])
 
 
 class EdgeWeights:
@@ -312,9 +348,24 @@ class Partition:
         mask, _ = self.nodes(ntype).to_global(node_input.ids)
         return mask.nonzero().view(-1)
 
-    def check_sampling(self, sampling: SamplingSpec) -> None:
+    def edge_times(self, etype: EdgeType, kind: str, time_attr: str) -> torch.Tensor:
+        """Timestamps aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeStore.times`)."""
+        return self.edges(etype).times(kind, time_attr)
+
+    def check_sampling(self, sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
         """ValueError (naming the argument and the fix) unless this part can serve ``sampling``'s
-        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`)."""
+        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`); for ``time_attr``, a stored
+        time column (homogeneous graphs so far) and, for node ``seeds`` without ``input_time``, stored
+        node times of their type."""
+        if sampling.time_attr is not None:
+            if not self.meta.is_homogeneous:
+                raise ValueError("time_attr is not supported yet for typed graphs: sample typed graphs without "
+                                 "time_attr or use a homogeneous graph")
+            self.edge_times(self.etype, sampling.topology, sampling.time_attr)
+            if isinstance(seeds, NodeInput) and seeds.time is None \
+                    and self.nodes(seeds.type_or(self.label_type)).time is None:
+                raise ValueError(f"time_attr={sampling.time_attr!r} needs the seeds' times: pass input_time (one "
+                                 f"per input node id), or partition the graph with node_time.npy (Data.time)")
         if sampling.weight_attr is not None:
             if not self.meta.is_homogeneous:
                 raise ValueError("weight_attr is not supported yet for typed graphs: sample typed graphs "
@@ -322,20 +373,18 @@ class Partition:
             self.weights.get(sampling.topology, sampling.weight_attr)
 
     def input_edges(self, link: LinkInput) -> torch.Tensor:
-        """Positions of the seed edges of ``link`` whose source node this part owns (ascending).  For a
-        link split: the part's stored seed edges, at positions after every earlier part's (the parts'
-        lists one after another, as a node split's)."""
-        if not self.meta.is_homogeneous:
-            raise ValueError("link loaders serve homogeneous graphs only so far: typed seed edges are not "
-                             "supported yet; use a homogeneous graph")
+        """Positions of the seed edges of ``link`` whose source node this part owns (ascending); ValueError
+        for ids outside the graph, or typed seed edges without their edge type.  For a link split: the
+        part's stored seed edges, at positions after every earlier part's (the parts' lists one after
+        another, as a node split's)."""
         if link.split is not None:
+            if not self.meta.is_homogeneous:
+                raise ValueError(f"edge_label_index={link.split!r}: link splits are stored for homogeneous graphs "
+                                 f"only; pass edge_label_index=((src, rel, dst), index) on a typed graph")
             return self.link_split(link.split)[0]
-        n, index = self.book.num_nodes, link.index
-        assert index is not None   # a LinkInput has a split or an index
-        if int(index.max()) >= n:
-            raise ValueError(f"edge_label_index has node id {int(index.max())}, outside the graph: original "
-                             f"node ids are 0..{n - 1}")
-        mask, _ = self.to_global(index[0])
+        check_link_types(self.meta, link)
+        check_link_ids(link, lambda t: self.nodes(t or self.label_type).book.num_nodes)
+        mask, _ = self.nodes(link.type_or(self.label_type)).to_global(link.index[0])
         return mask.nonzero().view(-1)
 
     def link_split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -385,6 +434,17 @@ class Partition:
     def to_global(self, orig_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mask, gids)``: which of ``orig_ids`` this part owns, and their global ids."""
         return self.nodes(self.ntype).to_global(orig_ids)
+
+
+def check_link_types(meta: PartitionMeta, link: LinkInput) -> None:
+    """ValueError naming the fix when ``link`` gives no edge type for a typed graph, or one the graph lacks."""
+    etypes = meta.edge_type_tuples()
+    if link.edge_type is None and not meta.is_homogeneous:
+        raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
+                         f"with one of {', '.join(map(str, etypes))}")
+    if link.edge_type is not None and link.edge_type not in etypes:
+        raise ValueError(f"edge_label_index names edge type {link.edge_type}, which the graph does not have; its "
+                         f"edge types are {', '.join(map(str, etypes))}")
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:

@@ -107,6 +107,15 @@ def temporal_one_hop(topo, edge_time: torch.Tensor, local_nodes: torch.Tensor, g
                                           seed_time, fanout, replace, seed, hop)
 
 
+def last_one_hop(topo, edge_time: torch.Tensor, local_nodes: torch.Tensor, gids: torch.Tensor,
+                 seed_time: torch.Tensor, fanout: int, replace: bool, seed: int, hop: int) -> OneHop:
+    """Temporal one hop, strategy ``"last"``: each node's ``fanout`` most recent edges not later than its
+    seed time.  No random draws (``replace``, ``seed``, ``hop`` and ``gids`` do not matter), so one
+    pure-torch implementation serves both the native and the reference configuration."""
+    return reference_ext.last_one_hop(topo.indptr, topo.indices, topo.eid, _long(edge_time), _long(local_nodes),
+                                      _long(seed_time), int(fanout))
+
+
 def has_fused_sampler() -> bool:
     """Whether :func:`fused_sample_subgraph` is available (the native library is loaded)."""
     return _NATIVE is not None

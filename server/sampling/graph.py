@@ -119,21 +119,27 @@ class PartitionedGraph:
     # ---- the SamplingGraph protocol -------------------------------------------------------------
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
-                     input_type: str | None = None) -> TypedSubgraph:
+                     input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
+                     subgraph_time: torch.Tensor | None = None) -> TypedSubgraph:
         """``spec.num_hops`` hops from ``seeds`` (per node type: distinct global ids) with batch seed ``seed``.
 
         ``spec``'s fanouts apply to the graph's edge types (:meth:`SamplingSpec.fanouts_for`:
-        ValueError for a dict naming an edge type the graph lacks).  ``input_type`` as
+        ValueError for a dict naming an edge type the graph lacks).  ``input_type``, ``subgraphs``
+        and ``subgraph_time`` (``spec.disjoint``; ``spec.temporal``) as
         :func:`~graphfeed.server.sampling.neighbor.sample_typed`.
         """
         fanouts = spec.fanouts_for(self.edge_types)
-        if self._whole is not None:
+        if spec.temporal and subgraph_time is None:
+            raise ValueError("temporal sampling needs each subgraph's seed time")
+        if self._whole is not None and not spec.disjoint:
             return self._sample_one_part(seeds, spec, fanouts, seed, input_type)
 
-        def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
-            return self._one_hop(etype, gids, spec, fanout, seed, rng_hop)
+        def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int,
+                    seed_time: torch.Tensor | None = None) -> OneHop:
+            return self._one_hop(etype, gids, spec, fanout, seed, rng_hop, seed_time)
 
-        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type)
+        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
+                            subgraphs if spec.disjoint else None, subgraph_time)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
@@ -141,6 +147,21 @@ class PartitionedGraph:
             if self._whole is not None:
                 return self._whole.gather(ntype, gids)
             return self._gather(ntype, gids)
+
+    def local_node_time(self, ntype: str, gids: torch.Tensor) -> torch.Tensor:
+        """Stored timestamps of nodes ``gids`` of type ``ntype``, all owned by parts in this process (a
+        node batch's seeds are); ValueError naming the fix when the type stores no times."""
+        out = torch.empty(gids.numel(), dtype=torch.int64)
+        for p, pos in self.books[ntype].split(gids):
+            source = self.sources[p]
+            if not isinstance(source, LocalSource):
+                raise ValueError(f"node times of part {p} are not in this process")
+            store = source.part.nodes(ntype)
+            if store.time is None:
+                raise ValueError("the seeds have no stored node times: pass input_time (one time per input node), "
+                                 "or partition the graph with node_time.npy (Data.time)")
+            out[pos] = store.time.index_select(0, gids[pos] - store.start)
+        return out
 
     # ---- the one-type shortcuts (a homogeneous graph; a typed graph's label type) ------------------
 
@@ -194,14 +215,16 @@ class PartitionedGraph:
         topologies = self._like.part.meta.topologies
         return "csr" if "csr" in topologies else "csc"
 
-    def has_edges(self, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-        """bool [n]: whether each ``(src[i], dst[i])`` (global ids) is an edge of the graph, asked of the
-        part that owns ``src[i]`` (``dst[i]`` without CSR topology) -- a peer worker when not local."""
+    def has_edges(self, src: torch.Tensor, dst: torch.Tensor, etype: EdgeType | None = None) -> torch.Tensor:
+        """bool [n]: whether each ``(src[i], dst[i])`` (global ids) is an edge of edge type ``etype`` (None:
+        the homogeneous graph's), asked of the part that owns ``src[i]`` (``dst[i]`` without CSR topology)
+        -- a peer worker when not local."""
         kind = self.edge_check_topology()
         pairs = torch.stack([src.to(torch.int64), dst.to(torch.int64)], dim=1)
-        split = self.book.split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
+        owner_type = self.label_type if etype is None else etype[0] if kind == "csr" else etype[2]
+        split = self.books[owner_type].split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
         out = torch.zeros(pairs.size(0), dtype=torch.bool)
-        for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind)):
+        for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind, etype)):
             out[pos] = found
         return out
 
@@ -229,29 +252,41 @@ class PartitionedGraph:
                 out.index_copy_(0, pos, rows)
         return out
 
-    def to_global(self, orig_ids: torch.Tensor) -> torch.Tensor:
-        """Global ids of original ids ``orig_ids`` (-1 where no part holds one), asking every part."""
+    def num_nodes_of(self, ntype: str | None) -> int:
+        """Nodes of type ``ntype`` (None: the label type) in the whole graph."""
+        return self.books[self.label_type if ntype is None else ntype].num_nodes
+
+    def to_global(self, orig_ids: torch.Tensor, ntype: str | None = None) -> torch.Tensor:
+        """Global ids of original ids ``orig_ids`` of node type ``ntype`` (None: the label type; -1 where no
+        part holds one), asking every part."""
         orig_ids = torch.as_tensor(orig_ids, dtype=torch.int64).reshape(-1)
         out = torch.full_like(orig_ids, -1)
         every = [(p, torch.arange(orig_ids.numel())) for p in range(self.book.num_parts)]
-        for _, (mask, gids) in self._pieces(orig_ids, every, lambda source, ids: source.start_to_global(ids)):
+        for _, (mask, gids) in self._pieces(orig_ids, every,
+                                            lambda source, ids: source.start_to_global(ids, ntype)):
             out[mask] = gids
         return out
 
     # ---- the multi-part driver ------------------------------------------------------------------
 
     def _one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                 hop: int) -> OneHop:
+                 hop: int, seed_time: torch.Tensor | None = None) -> OneHop:
         """One hop of ``etype`` for frontier ``gids`` (of the hop's center type), split by that type's
         owners and stitched back into frontier order."""
         tel = self.telemetry
         t0 = tel.clock()
         split = self.books[center_type(etype, spec.direction)].split(gids)
 
-        def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:
-            return src.start_one_hop(etype, ids, spec, fanout, seed, hop)
+        # positions travel with the ids so that each piece's seed times can be picked out
+        keyed = gids if seed_time is None else torch.stack([gids, torch.arange(gids.numel())], dim=1)
 
-        pieces = list(self._pieces(gids, split, start, local_stage="local_sample"))
+        def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:
+            if seed_time is None:
+                return src.start_one_hop(etype, ids, spec, fanout, seed, hop)
+            return src.start_one_hop(etype, ids[:, 0].contiguous(), spec, fanout, seed, hop,
+                                     seed_time.index_select(0, ids[:, 1]))
+
+        pieces = list(self._pieces(keyed, split, start, local_stage="local_sample"))
         if any(not self.sources[p].local for p, _ in split):
             tel.observe_stage("remote_sample", tel.clock() - t0)
         return stitch(gids.numel(), pieces)

@@ -3,10 +3,13 @@
 A link batch is the node batch's pipeline with a different seed record
 (:class:`graphfeed.core.spec.LinkInput`): the plan slices seed-edge *positions* (each part's
 are the seed edges whose source it owns, :meth:`Partition.input_nodes`), this module turns
-them into endpoint pairs, draws the negatives, samples the neighborhood of every endpoint
-with :meth:`PartitionedGraph.sample` and encodes the batch with the link fields of
+them into endpoint pairs, draws the negatives, and hands the endpoints (seeds per node type:
+a typed seed edge's source and destination types; with ``disjoint`` one subgraph per seed edge
+and per binary negative) to the one producer,
+:func:`graphfeed.server.sampling.producer.produce_batch`, with the link fields of
 :mod:`graphfeed.core.batch` (``input_id``, ``edge_label_index``/``edge_label``, or
-``src_index``/``dst_pos_index``/``dst_neg_index`` in triplet mode).
+``src_index``/``dst_pos_index``/``dst_neg_index`` in triplet mode; ``edge_label_time`` /
+``seed_time`` when temporal; ``link_edge_type`` on a typed graph).
 
 Negatives.  The destination of negative ``j`` of a batch (paired with seed edge
 ``i = j mod B``, draw ``a = j div B``) is ``draw(seed, position of seed edge i, a * ROUNDS + r)
@@ -22,12 +25,15 @@ such edges out of ``edge_label_index``): no silent non-strict fallback.
 """
 from __future__ import annotations
 
+from typing import Callable, ContextManager
+
 import torch
 
-from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec
-from graphfeed.core.spec import LinkInput, SamplingSpec
+from graphfeed.core.spec import EdgeType, LinkInput, SamplingSpec
 from graphfeed.server.sampling import rng
+from graphfeed.server.sampling.neighbor import SUBGRAPH_SHIFT
+from graphfeed.server.sampling.producer import produce_batch
 
 ROUNDS = 32               # draws per negative with strict (the first plus 31 redraws)
 NEG_HOP = 1 << 20         # the RNG "hop" of negatives: above any sampling hop, so the streams differ
@@ -57,12 +63,18 @@ class LinkSeeds:
             return self
         assert self.link.index is not None   # a LinkInput has a split or an index
         ends = self.link.index[:, positions]
-        gids = graph.to_global(ends.reshape(-1)).view(2, -1)
+        src_type, dst_type = self.link.end_types(graph.label_type)
+        if src_type == dst_type:
+            gids = graph.to_global(ends.reshape(-1), src_type).view(2, -1)
+        else:
+            gids = torch.stack([graph.to_global(ends[0], src_type), graph.to_global(ends[1], dst_type)])
         missing = gids < 0
         if bool(missing.any()):
-            bad = int(ends[missing][0])
-            raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original node ids "
-                             f"are 0..{graph.num_nodes - 1}")
+            row = int(missing.nonzero()[0, 0])
+            bad, ntype = int(ends[missing][0]), (src_type, dst_type)[row]
+            what = "node" if graph.is_homogeneous else f"{ntype!r} node"
+            raise ValueError(f"edge_label_index has node id {bad}, which is not in the graph: original {what} ids "
+                             f"are 0..{graph.num_nodes_of(ntype) - 1}")
         self.src[positions], self.dst[positions] = gids[0], gids[1]
         return self
 
@@ -77,22 +89,23 @@ class LinkSeeds:
 
 
 def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int, strict: bool,
-                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   seed: int, etype: EdgeType | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(neg_src, neg_dst)`` global ids of ``count`` negatives for seed edges ``positions`` (sources
-    ``src``), drawn as the module doc says.  :class:`StrictNegativeError` when ``strict`` and
+    ``src``) of edge type ``etype`` (None: the homogeneous graph's), drawn as the module doc says, the
+    destinations over ``etype``'s destination nodes.  :class:`StrictNegativeError` when ``strict`` and
     :data:`ROUNDS` draws give an edge of the graph every time."""
     b = positions.numel()
     j = torch.arange(count, dtype=torch.int64)
     which, draw = j % b, j // b
     neg_src = src.index_select(0, which)
     keys = rng.node_keys(rng.hop_base(seed, NEG_HOP), positions.index_select(0, which))
-    n = graph.num_nodes
+    n = graph.num_nodes_of(None if etype is None else etype[2])
     neg_dst = rng.draws(keys, draw * ROUNDS) % n
     if not strict:
         return neg_src, neg_dst
     todo = torch.arange(count, dtype=torch.int64)
     for r in range(1, ROUNDS + 1):
-        todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo])]
+        todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo], etype)]
         if todo.numel() == 0:
             return neg_src, neg_dst
         if r < ROUNDS:
@@ -128,24 +141,52 @@ def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -
 
 
 def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                       epoch: int, seq: int, feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                       epoch: int, seq: int, feature_dtype: torch.dtype | None = None,
+                       stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` of a link loader: the seed edges at ``positions`` (resolved in
     ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
     first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
     :class:`StrictNegativeError` as :func:`draw_negatives`."""
-    link, seed = seeds.link, plan_entry.seed
+    link, seed, b = seeds.link, plan_entry.seed, positions.numel()
+    src_type, dst_type = link.end_types(graph.label_type)
     src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
-    ends = [src, dst]
+    own = torch.arange(b)                       # disjoint: seed edge i is subgraph i
+    ends = [(src_type, src, own), (dst_type, dst, own)]
+    times = None if link.time is None else link.time.index_select(0, positions)
     if link.neg is not None:
-        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(positions.numel()),
-                                          link.neg.strict, seed)
-        ends += [neg_dst] if link.neg.mode == "triplet" else [neg_src, neg_dst]
-    nodes, local = torch.unique(torch.cat(ends), return_inverse=True)
-    sub = graph.sample(nodes, spec, seed)
-    x, y, orig = graph.gather(sub.nodes)
-    wire = batch_codec.encode(x=x, y=y, edge_index=sub.edge_index, n_id=orig, e_id=sub.eids,
-                              num_sampled_nodes=sub.num_sampled_nodes, num_sampled_edges=sub.num_sampled_edges,
-                              batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
-                              input_id=positions, extra=link_fields(link, positions, local),
-                              edge_attr=graph.edge_attr(sub, spec))
-    return batch_codec.cast_features(wire, feature_dtype)
+        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(b), link.neg.strict, seed,
+                                          link.edge_type)
+        paired = torch.arange(neg_dst.numel()) % b        # negative j pairs with seed edge j mod b
+        if link.neg.mode == "triplet":                     # a seed edge's negatives join its subgraph
+            ends += [(dst_type, neg_dst, paired)]
+        else:                                              # a binary negative is a subgraph of its own
+            alone = b + torch.arange(neg_dst.numel())
+            ends += [(src_type, neg_src, alone), (dst_type, neg_dst, alone)]
+            times = None if times is None else torch.cat([times, times.index_select(0, paired)])
+    nodes, local, subgraphs = _endpoint_seeds(ends, spec.disjoint)
+    extra = link_fields(link, positions, local)
+    if times is not None and spec.temporal:   # PyG's names: triplet batches carry seed_time
+        extra["seed_time" if "src_index" in extra else "edge_label_time"] = times
+    if link.edge_type is not None and not graph.is_homogeneous:
+        extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
+    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=positions,
+                         feature_dtype=feature_dtype, stage=stage, extra=extra, subgraphs=subgraphs,
+                         seed_time=times if spec.temporal else None)
+
+
+def _endpoint_seeds(ends: list[tuple[str, torch.Tensor, torch.Tensor]], disjoint: bool
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor] | None]:
+    """The sample's seeds (per node type: the distinct endpoint ids, sorted; with ``disjoint`` distinct
+    per subgraph, sorted by subgraph then id), every endpoint's local id within its type in the order of
+    ``ends`` (``(node type, global ids, subgraphs)`` groups), and with ``disjoint`` each seed's subgraph."""
+    seeds, subgraphs = {}, {}
+    local = [torch.empty(0, dtype=torch.int64)] * len(ends)
+    for ntype in dict.fromkeys(t for t, _, _ in ends):
+        which = [i for i, (t, _, _) in enumerate(ends) if t == ntype]
+        keys = torch.cat([(ends[i][2] << SUBGRAPH_SHIFT) + ends[i][1] if disjoint else ends[i][1] for i in which])
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        seeds[ntype] = unique & ((1 << SUBGRAPH_SHIFT) - 1) if disjoint else unique
+        subgraphs[ntype] = unique >> SUBGRAPH_SHIFT
+        for i, piece in zip(which, inverse.split([ends[i][1].numel() for i in which])):
+            local[i] = piece
+    return seeds, torch.cat(local), subgraphs if disjoint else None

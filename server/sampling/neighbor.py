@@ -23,7 +23,10 @@ from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed
 from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
 OneHopFn = Callable[[torch.Tensor, int, int], OneHop]                 # (frontier gids, fanout, hop)
-TypedOneHopFn = Callable[[EdgeType, torch.Tensor, int, int], OneHop]  # (etype, frontier gids, fanout, rng_hop)
+# (etype, frontier gids, fanout, rng_hop[, seed_time]): seed_time (one per frontier node) only when temporal
+TypedOneHopFn = Callable[..., OneHop]
+
+SUBGRAPH_SHIFT = 40     # disjoint sampling keys a node by (subgraph << SUBGRAPH_SHIFT) + global id
 
 
 def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopFn) -> SampledSubgraph:
@@ -41,7 +44,8 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
 
 
 def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
-                 input_type: str | None = None) -> TypedSubgraph:
+                 input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
+                 subgraph_time: torch.Tensor | None = None) -> TypedSubgraph:
     """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
 
     PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
@@ -56,17 +60,30 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     ``rng_hop = h * len(fanouts) + (position of e in sorted order)``: one edge type gives
     ``rng_hop = h`` (the homogeneous sample), several draw independent streams.
     ``input_type`` (the type whose seed count is ``batch_size``) defaults to the only seeded type.
+
+    Disjoint sampling (PyG's ``disjoint=True``): ``subgraphs[t][i]`` is the subgraph of seed ``i`` of
+    type ``t``; each subgraph grows on its own (a node reached from two subgraphs is a node of
+    each, so global ids repeat across them; seeds may repeat across subgraphs, not within one),
+    and the result's :attr:`TypedSubgraph.subgraph` gives every node's subgraph.  A node's draws
+    are keyed by its global id as always, so it samples the same neighbours in every subgraph
+    that reaches it at the same hop (unless their times differ).  ``subgraph_time[s]`` (temporal
+    sampling; needs ``subgraphs``) is subgraph ``s``'s seed time: every node of the subgraph is
+    expanded with it (``one_hop_fn`` gets it as a fifth argument, one per frontier node).
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
     plan = plan_typed(seeds, fanouts, direction, input_type)
     etypes, num_hops, input_type = plan.etypes, plan.num_hops, plan.input_type
     device = seeds[input_type].device        # a CUDA topology's hops run on its device (dispatch.one_hop)
-    nodes = {t: _TypeNodes(seeds.get(t), device) for t in plan.node_types}
+    if subgraph_time is not None and subgraphs is None:
+        raise ValueError("subgraph_time needs subgraphs: temporal sampling is disjoint (one subgraph per seed)")
+    nodes = {t: _TypeNodes(seeds.get(t), device, None if subgraphs is None else subgraphs.get(t, _empty(device)))
+             for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
     for hop in range(num_hops):
         for k, etype in enumerate(etypes):
             fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
-            _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn)
+            _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn,
+                              subgraph_time)
         for typed in nodes.values():
             typed.end_hop()
     return TypedSubgraph(
@@ -74,13 +91,14 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
         {e: _cat(s.rows) for e, s in edges.items()}, {e: _cat(s.cols) for e, s in edges.items()},
         {e: _cat(s.eids) for e, s in edges.items()},
         {t: n.counts for t, n in nodes.items()}, {e: s.counts for e, s in edges.items()},
-        nodes[input_type].counts[0], input_type)
+        nodes[input_type].counts[0], input_type,
+        None if subgraphs is None else {t: n.subgraphs() for t, n in nodes.items()})
 
 
 # ---- the driver's parts -----------------------------------------------------------------------
 
 def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool, nodes: dict[str, _TypeNodes],
-                      edges: _TypeEdges, one_hop_fn: TypedOneHopFn) -> None:
+                      edges: _TypeEdges, one_hop_fn: TypedOneHopFn, subgraph_time: torch.Tensor | None) -> None:
     """One hop of ``etype``: expand the frontier of its center type and record the sampled edges.
 
     ``into_dst``: direction "in" (the center is the destination type, the neighbors are sources).
@@ -91,26 +109,40 @@ def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool
     if fanout == 0 or gids.numel() == 0:
         edges.counts.append(0)
         return
-    res = one_hop_fn(etype, gids, fanout, rng_hop)
-    nbr_local = other.add(res.neighbors)
+    subs = center.frontier_subgraphs()
+    if subgraph_time is None or subs is None:
+        res = one_hop_fn(etype, gids, fanout, rng_hop)
+    else:
+        res = one_hop_fn(etype, gids, fanout, rng_hop, subgraph_time.index_select(0, subs))
+    nbr_subs = None if subs is None else torch.repeat_interleave(subs, res.counts)
+    nbr_local = other.add(res.neighbors, nbr_subs)
     center_local = torch.repeat_interleave(local, res.counts)
     edges.add(nbr_local if into_dst else center_local, center_local if into_dst else nbr_local, res.eids)
 
 
 class _TypeNodes:
-    """The sampled nodes of one type: global ids in local-id order, and the frontier of the current hop."""
+    """The sampled nodes of one type: their keys in local-id order, and the frontier of the current hop.
 
-    def __init__(self, seeds: torch.Tensor | None, device: torch.device):
+    A node's key is its global id, or with disjoint subgraphs ``(subgraph << SUBGRAPH_SHIFT) + global id``
+    (the same node in two subgraphs is two nodes).
+    """
+
+    def __init__(self, seeds: torch.Tensor | None, device: torch.device, subgraphs: torch.Tensor | None = None):
         seeds = _empty(device) if seeds is None else seeds.to(device=device, dtype=torch.int64)
-        self.chunks = [seeds]                 # the seeds, then the new nodes of each hop and edge type
+        self.disjoint = subgraphs is not None
+        keys = seeds if subgraphs is None else _keys(seeds, subgraphs.to(device=device, dtype=torch.int64))
+        self.chunks = [keys]                  # the seeds, then the new nodes of each hop and edge type
         self.total = seeds.numel()
         self.counts = [seeds.numel()]         # num_sampled_nodes
         self.frontier = (seeds, torch.arange(seeds.numel(), device=device))   # (global ids, local ids)
+        self._frontier_keys = keys
         self._hop_first = 1                   # chunks[_hop_first:] are the nodes new in this hop
 
-    def add(self, candidates: torch.Tensor) -> torch.Tensor:
-        """Local ids of ``candidates`` (global ids of this type); the unseen ones are numbered next."""
-        local, new = dispatch.relabel(*_known(self.chunks), candidates, self.total)
+    def add(self, candidates: torch.Tensor, subgraphs: torch.Tensor | None = None) -> torch.Tensor:
+        """Local ids of ``candidates`` (global ids of this type, of subgraphs ``subgraphs`` when disjoint);
+        the unseen ones are numbered next."""
+        keys = candidates if not self.disjoint else _keys(candidates, subgraphs)
+        local, new = dispatch.relabel(*_known(self.chunks), keys, self.total)
         self.chunks.append(new)
         self.total += new.numel()
         return local
@@ -122,10 +154,28 @@ class _TypeNodes:
         new = hop_chunks[0] if len(hop_chunks) == 1 else _cat(hop_chunks)
         self._hop_first = len(self.chunks)
         self.counts.append(new.numel())
-        self.frontier = (new, torch.arange(self.total - new.numel(), self.total, device=new.device))
+        self._frontier_keys = new
+        gids = new if not self.disjoint else new & ((1 << SUBGRAPH_SHIFT) - 1)
+        self.frontier = (gids, torch.arange(self.total - new.numel(), self.total, device=new.device))
+
+    def frontier_subgraphs(self) -> torch.Tensor | None:
+        """The subgraph of every frontier node (None unless disjoint)."""
+        return self._frontier_keys >> SUBGRAPH_SHIFT if self.disjoint else None
 
     def gids(self) -> torch.Tensor:
-        return _cat(self.chunks)
+        keys = _cat(self.chunks)
+        return keys if not self.disjoint else keys & ((1 << SUBGRAPH_SHIFT) - 1)
+
+    def subgraphs(self) -> torch.Tensor:
+        """The subgraph of every node, in local-id order (disjoint sampling)."""
+        return _cat(self.chunks) >> SUBGRAPH_SHIFT
+
+
+def _keys(gids: torch.Tensor, subgraphs) -> torch.Tensor:
+    """Disjoint sampling's node keys ``(subgraph << SUBGRAPH_SHIFT) + global id``."""
+    if gids.numel() and int(gids.max()) >= 1 << SUBGRAPH_SHIFT:
+        raise ValueError(f"disjoint sampling needs node ids below 2**{SUBGRAPH_SHIFT}")
+    return (subgraphs << SUBGRAPH_SHIFT) + gids
 
 
 class _TypeEdges:

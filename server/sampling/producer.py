@@ -28,25 +28,41 @@ class SamplingGraph(Protocol):
     is_homogeneous: bool
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
-                     input_type: str | None = None) -> TypedSubgraph: ...
+                     input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
+                     subgraph_time: torch.Tensor | None = None) -> TypedSubgraph: ...
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows: ...
 
     def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
 
 
-def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
-                  epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
+def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch.Tensor], spec: SamplingSpec,
+                  plan_entry: BatchSpec, epoch: int, seq: int, *, input_type: str, input_id: torch.Tensor,
                   stage: Callable[[str], ContextManager] | None = None,
-                  feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+                  feature_dtype: torch.dtype | None = None,
+                  extra: Mapping[str, torch.Tensor] | None = None,
+                  subgraphs: Mapping[str, torch.Tensor] | None = None,
+                  seed_time: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
     :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
     (a loader's :attr:`LoaderSpec.feature_torch_dtype`; None = as stored).
 
+    The one producer of node and link batches: a link batch (:func:`graphfeed.server.sampling.link.produce_link_batch`)
+    passes its endpoints as ``seeds`` (per node type when they are of several types, distinct global ids),
+    its seed edges' positions as ``input_id`` and its labelled edges as ``extra`` (batch fields of
+    :data:`graphfeed.core.batch.BATCH_FIELDS`).
+    With ``spec.disjoint`` every seed is its own subgraph unless ``subgraphs`` (per seed node type, each
+    seed's subgraph: a link batch's seed edges) says otherwise; ``seed_time`` (``spec.temporal``) is
+    each subgraph's seed time (:func:`node_seed_time` for a node batch).
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
-    sub = graph.sample_typed({input_type: seeds}, spec, plan_entry.seed, input_type)
+    typed_seeds = seeds if isinstance(seeds, Mapping) else {input_type: seeds}
+    if spec.disjoint and subgraphs is None:
+        subgraphs = {input_type: torch.arange(typed_seeds[input_type].numel())}
+    sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type, subgraphs, seed_time)
+    if seed_time is not None and extra is None:   # a node batch carries PyG's seed_time
+        extra = {"seed_time": seed_time}
     nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
     edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
@@ -55,7 +71,7 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec,
             edges[graph.edge_types[0]]["edge_attr"] = edge_attr
         wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
-                                        input_id=input_id)
+                                        input_id=input_id, extra=extra)
         return batch_codec.cast_features(wire, feature_dtype)
 
 
@@ -65,7 +81,19 @@ def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
     x, y, orig = graph.gather_typed(ntype, gids)
     counts = sub.num_sampled_nodes.get(ntype, [0] * (1 + max((len(c) for c in sub.num_sampled_edges.values()),
                                                             default=0)))
-    return {"x": x, "y": y, "n_id": orig, "num_sampled_nodes": counts}
+    batch = None if sub.subgraph is None else sub.subgraph.get(ntype, torch.empty(0, dtype=torch.int64))
+    return {"x": x, "y": y, "n_id": orig, "num_sampled_nodes": counts, "batch": batch}
+
+
+def node_seed_time(graph, node_input, spec: SamplingSpec, input_type: str, seeds: torch.Tensor,
+                   input_id: torch.Tensor) -> torch.Tensor | None:
+    """A node batch's seed times for temporal sampling (None otherwise): the loader's ``input_time`` at
+    the seeds' input positions, else the seeds' own stored node times."""
+    if not spec.temporal:
+        return None
+    if getattr(node_input, "time", None) is not None:
+        return node_input.time.index_select(0, input_id)
+    return graph.local_node_time(input_type, seeds)
 
 
 def _edge_fields(sub: TypedSubgraph, etype: EdgeType) -> dict:

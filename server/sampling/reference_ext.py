@@ -18,7 +18,9 @@ Weighted (``weight`` >= 0 per edge, zero-weight neighbors are never sampled):
 Temporal (``edge_time`` per edge, ``seed_time`` per frontier node; pass
 ``node_time[indices]`` as ``edge_time`` for node-time semantics): only edges with
 ``edge_time <= seed_time`` are eligible; the uniform rule of :mod:`.reference` applies to
-each row's list of eligible edges.
+each row's list of eligible edges.  Strategy ``"last"`` (:func:`last_one_hop`, PyG's
+``temporal_strategy="last"``) draws nothing: each row keeps its ``fanout`` most recent eligible
+edges (latest time first, a later list position first among equal times), in list order.
 """
 from __future__ import annotations
 
@@ -115,3 +117,23 @@ def temporal_one_hop(indptr: torch.Tensor, indices: torch.Tensor, eid: torch.Ten
     first = torch.cumsum(elig_deg, 0) - elig_deg
     edge = elig[torch.repeat_interleave(first, counts) + pos]
     return OneHop(counts, indices[edge].to(torch.int64), eid[edge].to(torch.int64))
+
+
+def last_one_hop(indptr: torch.Tensor, indices: torch.Tensor, eid: torch.Tensor, edge_time: torch.Tensor,
+                 local_nodes: torch.Tensor, seed_time: torch.Tensor, fanout: int) -> OneHop:
+    """Temporal one hop, strategy ``"last"`` (rule in the module docstring; ``fanout`` -1: every eligible edge)."""
+    n = local_nodes.numel()
+    _, owner, j, epos = _row_edges(indptr, local_nodes)
+    ok = edge_time[epos] <= seed_time[owner]
+    owner, j, epos = owner[ok], j[ok], epos[ok]
+    if fanout >= 0 and epos.numel():
+        # rank within the row by (time desc, position desc): sort by position, then stably by time, then by row
+        order = torch.argsort(j, descending=True, stable=True)
+        order = order[torch.argsort(edge_time[epos[order]], descending=True, stable=True)]
+        order = order[torch.argsort(owner[order], stable=True)]
+        rank = torch.empty_like(order)
+        rank[order] = segment_arange(_segment_sum(owner, torch.ones_like(owner), n))
+        keep = rank < fanout
+        owner, epos = owner[keep], epos[keep]
+    return OneHop(_segment_sum(owner, torch.ones_like(owner), n), indices[epos].to(torch.int64),
+                  eid[epos].to(torch.int64))

@@ -60,17 +60,20 @@ class PartSource(Protocol):
     local: bool
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> Handle[OneHop]: ...
+                      hop: int, seed_time: torch.Tensor | None = None) -> Handle[OneHop]: ...
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
 
-    # link loaders and edge features: the default edge type (a homogeneous graph's one edge type)
+    # link loaders (edge type / node type None: the default one, a homogeneous graph's) and edge features
+    # (the default edge type)
 
-    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
+    def start_has_edges(self, pairs: torch.Tensor, kind: str,
+                        etype: EdgeType | None = None) -> Handle[torch.Tensor]: ...
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Handle[torch.Tensor]: ...
 
-    def start_to_global(self, orig_ids: torch.Tensor) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def center_type(etype: EdgeType, direction: str) -> str:
@@ -90,8 +93,8 @@ class LocalSource:
     # ---- the PartSource protocol ------------------------------------------------------------------
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> Ready[OneHop]:
-        return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop))
+                      hop: int, seed_time: torch.Tensor | None = None) -> Ready[OneHop]:
+        return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
         """Rows the driver copies into place next (``index_copy_``): read with torch's ``index_select``,
@@ -103,19 +106,22 @@ class LocalSource:
         return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
                       store.orig_id.index_select(0, local)))
 
-    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
-        return Ready(self.has_edges(pairs, kind))
+    def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> Ready[torch.Tensor]:
+        return Ready(self.has_edges(pairs, kind, etype))
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> Ready[torch.Tensor]:
         return Ready(self.edge_attr(pairs, kind))
 
-    def start_to_global(self, orig_ids: torch.Tensor) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
-        return Ready(self.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64)))
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
+        store = self.part.nodes(self.part.label_type if ntype is None else ntype)
+        return Ready(store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64)))
 
     # ---- the work ---------------------------------------------------------------------------------
 
-    def has_edges(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
-        """bool [n]: whether each ``pairs[i] = (src, dst)`` (global ids) is an edge of the graph.
+    def has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> torch.Tensor:
+        """bool [n]: whether each ``pairs[i] = (src, dst)`` (global ids) is an edge of edge type ``etype``
+        (None: the part's default edge type, a homogeneous graph's one).
 
         ``kind="csr"`` looks in the out-edges of ``src`` (this part must own every ``src``),
         ``"csc"`` in the in-edges of ``dst`` (this part must own every ``dst``).  A binary search
@@ -126,17 +132,26 @@ class LocalSource:
             raise ValueError(f"kind must be 'csr' or 'csc', got {kind!r}")
         pairs = torch.as_tensor(pairs, dtype=torch.int64).reshape(-1, 2)
         own, other = (pairs[:, 0], pairs[:, 1]) if kind == "csr" else (pairs[:, 1], pairs[:, 0])
-        topo = self.part.topology(kind)
-        rows = check_owned(self.part.nodes(self.part.ntype), own) - self.part.start
+        edges = self.part.edges(self.part.etype if etype is None else etype)
+        store = self.part.nodes(edges.etype[0] if kind == "csr" else edges.etype[2])
+        topo = edges.topology(kind)
+        rows = check_owned(store, own) - store.start
         return _contains_sorted(topo.indptr, topo.indices, rows, other)
 
     def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                hop: int) -> OneHop:
+                hop: int, seed_time: torch.Tensor | None = None) -> OneHop:
         """One hop of ``etype`` in ``spec``'s direction for nodes ``gids`` (of the hop's center type,
         owned by this part); ``hop`` is the RNG hop.  Weighted by ``spec.weight_attr`` when set
-        (homogeneous graphs only: ValueError for a typed graph)."""
+        (homogeneous graphs only: ValueError for a typed graph); temporal (``spec.time_attr``) with
+        ``seed_time`` (one per node of ``gids``): only edges whose time is not later than it."""
         topo = self.part.edges(etype).topology(spec.topology)
         start = self.part.nodes(center_type(etype, spec.direction)).start
+        if spec.time_attr is not None:
+            if seed_time is None:
+                raise ValueError("temporal sampling needs a seed time per frontier node")
+            edge_time = self.part.edge_times(etype, spec.topology, spec.time_attr)
+            sample = dispatch.temporal_one_hop if spec.temporal_strategy == "uniform" else dispatch.last_one_hop
+            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.replace, seed, hop)
         if spec.weight_attr is not None:
             self.part.check_sampling(spec)   # typed graphs: not supported yet
             weight = self.part.weights.get(spec.topology, spec.weight_attr)
@@ -181,14 +196,22 @@ class LocalSource:
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
     def serve_one_hop(self, etype, gids, fanout: int, replace: bool, direction: str, seed: int,
-                      hop: int, weight_attr: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      hop: int, weight_attr: str | None = None, time_attr: str | None = None,
+                      temporal_strategy: str = "uniform", seed_time: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` for ``gids`` (checked to be
         this part's nodes of the hop's center type; weighted by the edge feature column ``weight_attr``
-        when given); ValueError for an unknown edge type."""
+        when given; temporal by ``time_attr`` with ``seed_time`` per node); ValueError for an unknown
+        edge type."""
         etype = self.part.edges(tuple(etype)).etype     # ValueError naming the graph's edge types
-        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr)
+        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr,
+                            time_attr=time_attr, temporal_strategy=temporal_strategy)
         gids = check_owned(self.part.nodes(center_type(etype, direction)), gids)
-        res = self.one_hop(etype, gids, spec, fanout, seed, hop)
+        if seed_time is not None:
+            seed_time = torch.as_tensor(seed_time, dtype=torch.int64).reshape(-1)
+            if seed_time.numel() != gids.numel():
+                raise ValueError(f"seed_time has {seed_time.numel()} entries for {gids.numel()} nodes")
+        res = self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time)
         return res.counts, res.neighbors, res.eids
 
 

@@ -54,7 +54,8 @@ class TypedSubgraph:
     ``num_sampled_edges[e]`` has ``hops`` entries; they add up to the tensors' lengths.  Every
     node type the sampled edge types name and every sampled edge type has an entry, empty when
     nothing of it was sampled.  ``batch_size`` is the number of seeds of
-    ``input_type``.
+    ``input_type``.  ``subgraph[t]`` (disjoint sampling only, else None) is the subgraph of each node
+    of type ``t`` (PyG's ``batch`` vector); a global id may then appear once per subgraph.
     """
 
     nodes: dict[str, torch.Tensor]
@@ -65,6 +66,7 @@ class TypedSubgraph:
     num_sampled_edges: dict[EdgeType, list[int]]
     batch_size: int
     input_type: str
+    subgraph: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def of_homogeneous(cls, sub: SampledSubgraph, ntype: str, etype: EdgeType) -> TypedSubgraph:

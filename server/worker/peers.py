@@ -52,22 +52,24 @@ class RemoteSource:
         self.telemetry = telemetry
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
-                      hop: int) -> PeerCall[OneHop]:
+                      hop: int, seed_time: torch.Tensor | None = None) -> PeerCall[OneHop]:
+        temporal = () if spec.time_attr is None else (spec.time_attr, spec.temporal_strategy, seed_time)
         fut = self._call("one_hop", rpc_api.one_hop, tuple(etype), gids, fanout, spec.replace, spec.direction,
-                         seed, hop, spec.weight_attr)
+                         seed, hop, spec.weight_attr, *temporal)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
         return PeerCall(self, self._call("gather", rpc_api.gather, ntype, gids), "gather", tuple)
 
-    def start_has_edges(self, pairs: torch.Tensor, kind: str) -> PeerCall[torch.Tensor]:
-        return PeerCall(self, self._call("has_edges", rpc_api.has_edges, pairs, kind), "has_edges", _same)
+    def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> PeerCall[torch.Tensor]:
+        return PeerCall(self, self._call("has_edges", rpc_api.has_edges, pairs, kind, etype), "has_edges", _same)
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> PeerCall[torch.Tensor]:
         return PeerCall(self, self._call("edge_attr", rpc_api.edge_attr, pairs, kind), "edge_attr", _same)
 
-    def start_to_global(self, orig_ids: torch.Tensor) -> PeerCall[tuple[torch.Tensor, torch.Tensor]]:
-        return PeerCall(self, self._call("to_global", rpc_api.to_global, orig_ids), "to_global", tuple)
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> PeerCall[tuple[torch.Tensor, torch.Tensor]]:
+        return PeerCall(self, self._call("to_global", rpc_api.to_global, orig_ids, ntype), "to_global", tuple)
 
     def _call(self, call: str, func, *args) -> torch.futures.Future:
         """``func(*args)`` on the peer; its latency and outcome are recorded when it completes."""

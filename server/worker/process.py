@@ -102,7 +102,7 @@ class SessionWorker:
         if not isinstance(cmd.secret, bytes) or len(cmd.secret) < 16:
             raise BadRequest("the session secret must be at least 16 random bytes")
         try:
-            self.part.check_sampling(cmd.spec.sampling)
+            self.part.check_sampling(cmd.spec.sampling, cmd.spec.input)
             inputs = self.part.input_nodes(cmd.spec.input)
             positions = self.part.input_positions(cmd.spec.input)
         except ValueError as exc:  # ids out of range, unknown split, bad weights: the request's fault

@@ -115,14 +115,17 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
 
 
 def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,
-            weight_attr: str | None = None):
+            weight_attr: str | None = None, time_attr: str | None = None, temporal_strategy: str = "uniform",
+            seed_time: torch.Tensor | None = None):
     """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` (``(src, rel, dst)``) for nodes
     ``gids`` (of the hop's center type) owned by this worker's part, weighted by the edge feature
-    column ``weight_attr`` when given; ValueError for an unknown type."""
+    column ``weight_attr`` when given, temporal (``time_attr``, ``temporal_strategy``, one
+    ``seed_time`` per node) when given; ValueError for an unknown type."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
     return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop),
-                             None if weight_attr is None else str(weight_attr))
+                             None if weight_attr is None else str(weight_attr),
+                             None if time_attr is None else str(time_attr), str(temporal_strategy), seed_time)
 
 
 def gather(ntype: str, gids: torch.Tensor):
@@ -132,10 +135,12 @@ def gather(ntype: str, gids: torch.Tensor):
     return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
 
 
-def has_edges(pairs: torch.Tensor, kind: str) -> torch.Tensor:
-    """bool [n]: which ``(src, dst)`` pairs are edges, looked up in this part's ``kind`` topology."""
+def has_edges(pairs: torch.Tensor, kind: str, etype: tuple | None = None) -> torch.Tensor:
+    """bool [n]: which ``(src, dst)`` pairs are edges (of edge type ``etype``; None = the default one),
+    looked up in this part's ``kind`` topology."""
     worker = _bound()
-    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind))   # checks ownership
+    etype = None if etype is None else tuple(str(n) for n in etype)
+    return worker.graph.sources[worker.part.part_id].has_edges(pairs, str(kind), etype)   # checks ownership
 
 
 def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -144,10 +149,12 @@ def edge_attr(pairs: torch.Tensor, kind: str) -> torch.Tensor:
     return worker.graph.sources[worker.part.part_id].edge_attr(pairs, str(kind))   # checks ownership
 
 
-def to_global(orig_ids: torch.Tensor):
-    """``(mask, gids)``: which original ids this worker's part owns, and their global ids."""
+def to_global(orig_ids: torch.Tensor, ntype: str | None = None):
+    """``(mask, gids)``: which original ids (of node type ``ntype``; None = the label type) this worker's
+    part owns, and their global ids; ValueError for an unknown type."""
     worker = _bound()
-    return worker.part.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
+    store = worker.part.nodes(worker.part.label_type if ntype is None else str(ntype))
+    return store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
 ALLOWED = frozenset({pull, pull_into, attach, one_hop, gather, has_edges, edge_attr, to_global})

@@ -17,7 +17,7 @@ import torch
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
-from graphfeed.server.sampling.producer import produce_batch
+from graphfeed.server.sampling.producer import node_seed_time, produce_batch
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.commands import BadRequest
 from graphfeed.server.worker.telemetry import WorkerTelemetry
@@ -144,12 +144,16 @@ class Session:
                 with tel.stage("batch"):
                     if self._link_seeds is not None:
                         batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
-                                                   run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype)
+                                                   run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype,
+                                                   stage=tel.stage)
                     else:
-                        batch = produce_batch(self.graph, seeds, self.spec.sampling, entry, run.epoch, seq,
-                                              input_type=self.input_type,
-                                              input_id=EpochPlan.seeds(run.position_order, entry), stage=tel.stage,
-                                              feature_dtype=self.spec.feature_torch_dtype)
+                        input_id = EpochPlan.seeds(run.position_order, entry)
+                        sampling = self.spec.sampling
+                        batch = produce_batch(self.graph, seeds, sampling, entry, run.epoch, seq,
+                                              input_type=self.input_type, input_id=input_id, stage=tel.stage,
+                                              feature_dtype=self.spec.feature_torch_dtype,
+                                              seed_time=node_seed_time(self.graph, self.spec.input, sampling,
+                                                                       self.input_type, seeds, input_id))
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
