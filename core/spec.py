@@ -245,6 +245,35 @@ def check_input_ids(input_nodes) -> torch.Tensor:
     return ids
 
 
+def check_sample_ids(node_ids, num_nodes: int, what: str = "node") -> torch.Tensor:
+    """``node_ids`` of one online sample (``Client.sample``) as a flat int64 tensor.
+
+    ValueError (one line, naming the first bad id and the valid range) unless they are a non-empty
+    1-D sequence of distinct integer ids in ``0..num_nodes-1`` (original ids of ``what`` nodes).
+    The client checks before sending and the session worker again on receipt (the server's word).
+    """
+    ids = torch.as_tensor(node_ids)
+    if ids.dim() != 1:
+        raise ValueError(f"node_ids must be a 1-D tensor of original {what} ids, got shape {list(ids.shape)}; "
+                         f"pass ids.view(-1)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"node_ids must hold integer {what} ids, got dtype {ids.dtype}; for a mask pass "
+                         f"mask.nonzero().view(-1)")
+    if ids.numel() == 0:
+        raise ValueError(f"node_ids is empty: give at least one original {what} id in 0..{num_nodes - 1}")
+    ids = ids.to(torch.int64)
+    bad = ((ids < 0) | (ids >= num_nodes)).nonzero().view(-1)
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"node_ids[{i}] = {int(ids[i])} is outside the graph: original {what} ids are "
+                         f"0..{num_nodes - 1}")
+    uniq, counts = torch.unique(ids, return_counts=True)
+    if uniq.numel() != ids.numel():
+        raise ValueError(f"node_ids repeats id {int(uniq[counts > 1][0])}: pass each node once "
+                         f"(torch.unique(ids), then index the result)")
+    return ids
+
+
 @dataclass(frozen=True, eq=False)
 class NodeInput:
     """The seed nodes of a loader: ``split`` (a stored split's name), or ``ids`` (original node

@@ -18,6 +18,7 @@ from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import planned_batches, produce_batch
+from graphfeed.server.sampling.producer import sample_nodes as _sample_nodes
 
 
 class LocalNeighborLoader:
@@ -114,6 +115,20 @@ class LocalNeighborLoader:
 
     def _fingerprints(self) -> tuple[int, int]:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
+
+
+def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neighbors, *, seed: int = 0,
+                 replace: bool = False, direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
+    """One batch for arbitrary original node ids, in one process: what ``Client.sample`` returns for the
+    same arguments (the in-process reference, :func:`graphfeed.server.sampling.producer.sample_nodes`).
+    ValueError naming the bad id and the valid range for bad ids."""
+    graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+    spec = LoaderSpec.of(None, num_neighbors, replace=replace, direction=direction, seed=seed, rank=0, world_size=1,
+                         weight_attr=weight_attr, feature_dtype=feature_dtype)
+    check_sampling(graph.parts, spec.sampling)
+    spec.check_schema(graph.node_types, graph.edge_types)
+    wire = _sample_nodes(graph, node_ids, spec.sampling, spec.seed, feature_dtype=spec.feature_torch_dtype)
+    return batch_codec.to_pyg(wire)
 
 
 def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec) -> None:

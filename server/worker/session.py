@@ -17,7 +17,7 @@ import torch
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
-from graphfeed.server.sampling.producer import produce_batch
+from graphfeed.server.sampling.producer import produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.commands import BadRequest
 from graphfeed.server.worker.telemetry import WorkerTelemetry
@@ -156,6 +156,13 @@ class Session:
                                               f"failed: {type(exc).__name__}: {exc}"))
                 return
             run.buffer.put(seq, batch)
+
+    def sample(self, node_ids, seed: int) -> dict[str, torch.Tensor]:
+        """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
+        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids."""
+        with self.telemetry.stage("batch"):
+            return sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
+                                feature_dtype=self.spec.feature_torch_dtype)
 
     def pull(self, epoch: int, seq: int) -> Pending:
         run = self.run
