@@ -100,7 +100,8 @@ class Client:
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
                         seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
                         world_size: int | None = None, kind: str | None = None,
-                        weight_attr: str | None = None, feature_dtype=None) -> RemoteNeighborLoader:
+                        weight_attr: str | None = None, feature_dtype=None,
+                        ordered: bool = False) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -110,8 +111,9 @@ class Client:
         ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
         name, else ``"nodes"``).  ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype; None = as
         stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
-        of float32 features); labels and ids are untouched.  They become one :class:`LoaderSpec`
-        (:meth:`open_loader`).
+        of float32 features); labels and ids are untouched.  ``ordered=True`` (with ``shuffle=False``;
+        ids, or None = every node in original id order) delivers the seeds in input order.  They become
+        one :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
@@ -119,7 +121,7 @@ class Client:
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
-                             feature_dtype=feature_dtype)
+                             feature_dtype=feature_dtype, ordered=ordered)
         return self.open_loader(spec, prefetch=prefetch)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,

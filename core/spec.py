@@ -8,7 +8,7 @@
 * :class:`LinkInput` -- the other seed kind: seed edges (``edge_label_index``), their labels
   and :class:`NegativeSampling`.  The epoch contract is the same over seed edges.
 * :class:`LoaderSpec` -- one loader: the sampling spec and one seed record plus the epoch contract's arguments
-  (batch size, shuffle, drop_last, seed, rank, world size), a metrics label and the
+  (batch size, shuffle, drop_last, seed, rank, world size, ordered), a metrics label and the
   feature transport dtype (``feature_dtype``: features cast on the server, so fewer bytes move).
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
@@ -17,6 +17,7 @@ conversion) and torch RPC / the worker pipe as themselves (pickled).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -544,9 +545,15 @@ class LoaderSpec:
     # floating-point features are cast to this dtype by the server before they are buffered and sent
     # (labels, ids and edge data are untouched); None = as stored.  Canonical name, see feature_dtype().
     feature_dtype: str | None = None
+    # seeds in the order of the input: batches are consecutive slices of the whole input, not of one
+    # partition's list (see graphfeed.core.epoch); ids or every node (original id order), no shuffle
+    ordered: bool = False
 
     def __post_init__(self):
         check_loader_args(self.batch_size, self.world_size, self.rank)
+        object.__setattr__(self, "ordered", bool(self.ordered))
+        if self.ordered:
+            self._check_ordered()
         object.__setattr__(self, "feature_dtype", feature_dtype(self.feature_dtype))
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
                 or not 0 <= self.seed < SEED_LIMIT:
@@ -559,6 +566,24 @@ class LoaderSpec:
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
             object.__setattr__(self, "kind", self.input.label_name if self.is_link else self.input.label)
+
+    def _check_ordered(self) -> None:
+        if self.shuffle:
+            raise ValueError("ordered=True delivers the seeds in input order: use it with shuffle=False")
+        if self.is_link:
+            raise ValueError("ordered=True is for node loaders: a link loader's seed edges keep their partition order")
+        if self.input.split is not None:
+            raise ValueError(f"ordered=True needs input_nodes as ids (or None: every node in id order), got the "
+                             f"split {self.input.split!r}: pass its ids, e.g. data.{self.input.split}_mask"
+                             f".nonzero().view(-1)")
+
+    def ordered_input(self, num_nodes: int) -> LoaderSpec:
+        """This spec with an ordered loader's "every node" input spelled out as the original ids
+        ``0..num_nodes-1`` (its input order); any other spec unchanged.  Both loaders call it, so they
+        agree on the input (and its fingerprint)."""
+        if not self.ordered or self.input.ids is not None:
+            return self
+        return dataclasses.replace(self, input=NodeInput(ids=torch.arange(num_nodes), node_type=self.input.node_type))
 
     @property
     def is_link(self) -> bool:
@@ -583,15 +608,15 @@ class LoaderSpec:
     def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
            rank: int | None = None, world_size: int | None = None, kind: str = "",
-           weight_attr: str | None = None, feature_dtype=None) -> LoaderSpec:
+           weight_attr: str | None = None, feature_dtype=None, ordered: bool = False) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
         a link loader); ``rank``/``world_size`` default to ``torch.distributed``'s
-        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`."""
+        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`; ``ordered`` as the field."""
         rank, world_size = resolve_rank(rank, world_size)
         sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr)
         return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind,
-                   feature_dtype=feature_dtype)
+                   feature_dtype=feature_dtype, ordered=ordered)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

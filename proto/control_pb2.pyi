@@ -190,7 +190,7 @@ class LinkSeeds(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype", "ordered")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class OpenSessionRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     FEATURE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    ORDERED_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -219,7 +220,8 @@ class OpenSessionRequest(_message.Message):
     kind: str
     node_type: str
     feature_dtype: str
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ...) -> None: ...
+    ordered: bool
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ..., ordered: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_input_nodes", "session_secret")

@@ -37,6 +37,9 @@ class LocalNeighborLoader:
     ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight
     (homogeneous graphs so far).
 
+    ``ordered=True`` (with ``shuffle=False``; ``input_nodes`` ids, or None = every node in original id
+    order) delivers the seeds in input order: batches are consecutive slices of the input, which may
+    span partitions (:mod:`graphfeed.core.epoch`).
     ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
     floating-point features as the servers do for a remote loader with the same argument.
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
@@ -50,26 +53,35 @@ class LocalNeighborLoader:
                  batch_size: int = 1, input_nodes="train",
                  shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None):
+                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
+                 ordered: bool = False):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype)
+                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype,
+                             ordered=ordered)
         self._setup(graph, spec)
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
         its positions, and start the epoch bookkeeping (shared with the link loader)."""
-        self.graph, self.spec = graph, spec
         spec.check_schema(graph.node_types, graph.edge_types)
         check_sampling(graph.parts, spec.sampling)
         self.input_type = spec.input.type_or(graph.label_type)
+        self.graph, self.spec = graph, spec.ordered_input(graph.books[self.input_type].num_nodes)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
         check_ranks_agree(self.spec, self.counts)
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
                           for p, part in enumerate(self.graph.parts)]
+        if self.spec.ordered:   # every batch slices the whole input, in order (graphfeed.core.epoch)
+            if self.input_type != graph.label_type:
+                raise ValueError(f"ordered=True serves nodes of the label type {graph.label_type!r} so far, not "
+                                 f"{self.input_type!r}: use ordered=False and place rows by batch.input_id")
+            whole = resolve_original_ids(self.graph.parts, self.spec.input.ids, self.input_type)
+            self.inputs = [whole] * len(self.counts)
+            self.positions = [torch.arange(whole.numel())] * len(self.counts)
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
