@@ -89,8 +89,9 @@ def _add_online(sub) -> None:
 def _run_online(args) -> int:
     from graphfeed.bench.online import OnlineBenchConfig, bench_online
 
-    cfg = OnlineBenchConfig(servers=_servers(args.servers), graph=args.graph, num_neighbors=_fanouts(args.num_neighbors),
-                            sizes=_fanouts(args.sizes, "--sizes", "1,64,1024"), requests=args.requests, warmup=args.warmup, seed=args.seed)
+    sizes, fanouts = _fanouts(args.sizes, "--sizes", "1,64,1024"), _fanouts(args.num_neighbors)
+    cfg = OnlineBenchConfig(servers=_servers(args.servers), graph=args.graph, num_neighbors=fanouts, sizes=sizes,
+                            requests=args.requests, warmup=args.warmup, seed=args.seed)
     try:
         result = bench_online(cfg)
     except RuntimeError as exc:  # a server failed to start or stop: one line
@@ -140,8 +141,9 @@ def run(args) -> int:
     if command == "online":
         return _run_online(args)
     if command != "sample":
-        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...` or "
-                         "`graphfeed bench remote --servers N --graph DIR ...` or `graphfeed bench online --servers N --graph DIR`")
+        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
+                         "`graphfeed bench remote --servers N --graph DIR ...` or "
+                         "`graphfeed bench online --servers N --graph DIR`")
     from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 
     cfg = SampleBenchConfig(graph=args.graph, features=args.features, threads=args.threads, **_workload(args))

@@ -12,8 +12,6 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
-import torch
-
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.core import batch as batch_codec

@@ -581,9 +581,18 @@ class LoaderSpec:
         """This spec with an ordered loader's "every node" input spelled out as the original ids
         ``0..num_nodes-1`` (its input order); any other spec unchanged.  Both loaders call it, so they
         agree on the input (and its fingerprint)."""
-        if not self.ordered or self.input.ids is not None:
+        if not self.ordered or not isinstance(self.input, NodeInput) or self.input.ids is not None:
             return self
         return dataclasses.replace(self, input=NodeInput(ids=torch.arange(num_nodes), node_type=self.input.node_type))
+
+    @property
+    def ordered_ids(self) -> torch.Tensor:
+        """An ordered loader's input ids, in order (after :meth:`ordered_input`); ValueError otherwise."""
+        ids = getattr(self.input, "ids", None) if self.ordered else None
+        if ids is None:
+            raise ValueError("only an ordered loader's spec with its input as ids has ordered_ids: call "
+                             "ordered_input(num_nodes) first")
+        return ids
 
     @property
     def is_link(self) -> bool:

@@ -79,7 +79,7 @@ class LocalNeighborLoader:
             if self.input_type != graph.label_type:
                 raise ValueError(f"ordered=True serves nodes of the label type {graph.label_type!r} so far, not "
                                  f"{self.input_type!r}: use ordered=False and place rows by batch.input_id")
-            whole = resolve_original_ids(self.graph.parts, self.spec.input.ids, self.input_type)
+            whole = resolve_original_ids(self.graph.parts, self.spec.ordered_ids, self.input_type)
             self.inputs = [whole] * len(self.counts)
             self.positions = [torch.arange(whole.numel())] * len(self.counts)
 

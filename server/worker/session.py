@@ -88,9 +88,10 @@ class Session:
         if self.input_type != self.graph.label_type:
             raise BadRequest(f"ordered=True serves nodes of the label type {self.graph.label_type!r} so far, not "
                              f"{self.input_type!r}: use ordered=False and place rows by batch.input_id")
-        gids = self.graph.to_global(self.spec.input.ids)
+        ids = self.spec.ordered_ids
+        gids = self.graph.to_global(ids)
         if bool((gids < 0).any()):
-            raise BadRequest(f"input node id {int(self.spec.input.ids[gids < 0][0])} is not in the graph")
+            raise BadRequest(f"input node id {int(ids[gids < 0][0])} is not in the graph")
         self._whole_input = gids
 
     @property
