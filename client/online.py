@@ -11,7 +11,8 @@ Credentials and options: the first call with a set of sampling options opens one
 server over the authenticated control plane (``OpenSession``, kind ``"online"``, a one-node
 input): the daemon validates the options exactly as a loader's (INVALID_ARGUMENT for bad ones),
 and the session's secret authorizes every later ``sample`` call.  Sessions are cached per option
-set and re-opened after the client re-forms its group (a server restart).
+set (the :data:`MAX_OPTION_SETS` most recent; older ones are closed) and re-opened after the
+client re-forms its group (a server restart).
 
 Bad ids are checked on the client (:func:`graphfeed.core.spec.check_sample_ids`) and again by the
 worker; a worker's refusal arrives as a torch RPC error and is raised as
@@ -31,6 +32,7 @@ import torch.distributed.rpc as rpc
 from graphfeed.client.errors import InvalidRequest, ServerError
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.spec import LoaderSpec, NodeInput, check_sample_ids
+from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 from graphfeed.transport import rpc_group
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from graphfeed.client.client import Client
 
 ONLINE_KIND = "online"   # the sessions' metrics label
+MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,10 @@ class OnlineSampler:
             if have is not None and have.generation == self.client.generation:
                 return have
             opened = self._open(spec)
-            self._sessions[key] = opened
+            self._sessions.pop(key, None)
+            self._sessions[key] = opened      # newest last
+            while len(self._sessions) > MAX_OPTION_SETS:
+                self._close(self._sessions.pop(next(iter(self._sessions))))
             return opened
 
     def _open(self, spec: LoaderSpec) -> _Sessions:
@@ -97,6 +103,17 @@ class OnlineSampler:
             ids.append(reply.session_id)
             secrets.append(bytes(reply.session_secret))
         return _Sessions(generation, tuple(ids), tuple(secrets))
+
+
+    def _close(self, sessions: _Sessions) -> None:
+        """Close an evicted option set's sessions (those of an earlier group are gone with its workers)."""
+        if sessions.generation != self.client.generation:
+            return
+        for s, session_id in zip(self.client.servers, sessions.ids):
+            try:
+                s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 -- the server may be gone; its reaper cleans up
+                pass
 
 
 def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: str | None, feature_dtype,

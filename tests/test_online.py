@@ -123,6 +123,22 @@ def test_bad_ids_are_refused_by_client_and_server_while_a_loader_runs(client, mo
     assert client.sample(torch.tensor([5]), FANOUTS).batch_size == 1   # the sessions still serve
 
 
+def test_option_sets_beyond_the_cache_close_their_sessions(client):
+    def online_sessions() -> int:
+        return sum(row["kind"] == "online" for s in client.servers for row in _session_rows(s))
+
+    for fanout in range(1, online.MAX_OPTION_SETS + 3):
+        assert client.sample(torch.tensor([1, 2]), [fanout]).batch_size == 2
+    assert online_sessions() == online.MAX_OPTION_SETS * len(client.servers)
+
+
+def _session_rows(server) -> list[dict]:
+    from graphfeed.proto import control_pb2 as pb
+
+    stats = server.call("GetStats", pb.StatsRequest(), timeout=10)
+    return [{"kind": s.kind, "group": s.group_id} for s in stats.sessions]
+
+
 def test_bad_options_name_the_argument(client):
     with pytest.raises(ValueError, match="num_neighbors is required"):
         client.sample(torch.tensor([1]))
