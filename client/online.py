@@ -12,7 +12,8 @@ server over the authenticated control plane (``OpenSession``, kind ``"online"``,
 input): the daemon validates the options exactly as a loader's (INVALID_ARGUMENT for bad ones),
 and the session's secret authorizes every later ``sample`` call.  Sessions are cached per option
 set (the :data:`MAX_OPTION_SETS` most recent; older ones are closed) and re-opened after the
-client re-forms its group (a server restart).
+client re-forms its group.  A call that finds a server gone re-forms the group as a running loader
+does (waiting up to ``reconnect_timeout`` for the server to come back) and is made once more.
 
 Bad ids are checked on the client (:func:`graphfeed.core.spec.check_sample_ids`) and again by the
 worker; a worker's refusal arrives as a torch RPC error and is raised as
@@ -43,6 +44,15 @@ ONLINE_KIND = "online"   # the sessions' metrics label
 MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
 
 
+class _ServerLost(Exception):
+    """A sample failed and a server is gone (or the group was re-formed meanwhile); ``where`` = (server,
+    message) for :meth:`Client._recover`."""
+
+    def __init__(self, where: tuple[str, str]):
+        super().__init__(f"{where[0]}: {where[1]}")
+        self.where = where
+
+
 @dataclass(frozen=True)
 class _Sessions:
     """One option set's session on every server (part order), valid for one group generation."""
@@ -62,10 +72,27 @@ class OnlineSampler:
         self._next = itertools.count()   # round robin over the servers that run the samples
 
     def sample(self, node_ids, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
-        """The wire batch for original ids ``node_ids`` (label type) sampled as ``spec.sampling``."""
+        """The wire batch for original ids ``node_ids`` (label type) sampled as ``spec.sampling``.
+
+        When a server went away meanwhile, the client re-forms its group as a running loader does
+        (:meth:`Client._recover`, bounded by ``reconnect_timeout``) and the call is made once more."""
         client = self.client
         what = "node" if len(client.node_types) == 1 else f"{client.label_type!r} node"
         ids = check_sample_ids(node_ids, client.num_nodes, what)
+        generation = client.generation
+        try:
+            return self._call(ids, spec, seed)
+        except _ServerLost as lost:
+            if client.generation == generation:   # not yet re-formed by another caller
+                client._recover(lost.where, lost.__cause__, generation)
+        try:
+            return self._call(ids, spec, seed)
+        except _ServerLost as again:
+            raise ServerError(*again.where) from again.__cause__
+
+    def _call(self, ids: torch.Tensor, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
+        client = self.client
+        generation = client.generation
         sessions = self._sessions_for(spec)
         part = next(self._next) % len(client.servers)
         server = client.servers[part].name
@@ -75,7 +102,10 @@ class OnlineSampler:
         except ValueError as exc:      # the worker refused the ids: the server's INVALID_ARGUMENT
             raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
         except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample
-            raise ServerError(server, f"sample of {ids.numel()} node(s) failed: {_remote_message(exc)}") from exc
+            message = f"sample of {ids.numel()} node(s) failed: {_remote_message(exc)}"
+            if client.generation != generation or client.group.probe():
+                raise _ServerLost((server, message)) from exc
+            raise ServerError(server, message) from exc
         if isinstance(value, BaseException):
             raise ServerError(server, f"sample failed: {value}")
         return value
@@ -116,11 +146,11 @@ class OnlineSampler:
                 pass
 
 
-def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: str | None, feature_dtype,
-                first_node: int = 0) -> LoaderSpec:
+def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: str | None,
+                feature_dtype) -> LoaderSpec:
     """The session record of an online option set: its sampling options and feature dtype, a one-node
     input (the sessions hold no epoch) and kind ``"online"``."""
-    return LoaderSpec.of(NodeInput(ids=torch.tensor([first_node])), num_neighbors, batch_size=1, replace=replace,
+    return LoaderSpec.of(NodeInput(ids=torch.tensor([0])), num_neighbors, batch_size=1, replace=replace,
                          direction=direction, rank=0, world_size=1, kind=ONLINE_KIND, weight_attr=weight_attr,
                          feature_dtype=feature_dtype)
 

@@ -146,3 +146,4 @@ def test_bad_options_name_the_argument(client):
         client.sample(torch.tensor([1]), [3, -2])
     with pytest.raises(ValueError, match="seed must be"):
         client.sample(torch.tensor([1]), FANOUTS, seed=-1)
+
