@@ -1,8 +1,9 @@
-"""``graphfeed bench sample|remote``: sampling throughput, one JSON line.
+"""``graphfeed bench sample|remote|online``: sampling throughput and latency, one JSON line.
 
 ``sample`` measures the in-process sampler (:mod:`graphfeed.bench.sample`, where every
 field is defined); ``remote`` measures the same figures through ``graphfeed serve``
-daemons and the client (:mod:`graphfeed.bench.remote`).
+daemons and the client (:mod:`graphfeed.bench.remote`); ``online`` the latency of
+``Client.sample`` (:mod:`graphfeed.bench.online`).
 """
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ import sys
 
 from graphfeed.cli.main import UsageError
 
-HELP = "benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers)"
+HELP = "benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency)"
 
 
-def _fanouts(text: str) -> tuple[int, ...]:
+def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5") -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise UsageError(f"--num-neighbors {text!r} is not a comma-separated list of integers, e.g. 15,10,5") from None
+        raise UsageError(f"{flag} {text!r} is not a comma-separated list of integers, e.g. {example}") from None
 
 
 def add_arguments(parser) -> None:
@@ -36,6 +37,7 @@ def add_arguments(parser) -> None:
                    help="with --device cuda: feature rows kept in GPU memory, highest degree first (default 1024)")
     _add_workload(p)
     _add_remote(sub)
+    _add_online(sub)
 
 
 def _add_workload(p) -> None:
@@ -78,6 +80,37 @@ def _add_remote(sub) -> None:
                         "and report ratio_vs_inprocess = remote seeds/s / in-process seeds/s")
 
 
+def _add_online(sub) -> None:
+    p = sub.add_parser("online", help="latency of online sampling (client.sample) through graphfeed servers",
+                       description="Start N servers on loopback (or use running ones) and time client.sample calls "
+                                   "of random nodes, one after another, per request size; prints one JSON line "
+                                   "with p50/p99/mean/max latency (ms) per size.")
+    p.add_argument("--servers", required=True,
+                   help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
+                        "or a comma-separated host:port list of running servers")
+    p.add_argument("--graph", default=None, help="partition folder (needed with --servers N)")
+    p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
+    p.add_argument("--sizes", default="1,64,1024", help="seeds per request, comma-separated (default 1,64,1024)")
+    p.add_argument("--requests", type=int, default=200, help="measured requests per size (default 200)")
+    p.add_argument("--warmup", type=int, default=10, help="unreported requests per size first (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random node ids (default 0)")
+
+
+def _run_online(args) -> int:
+    from graphfeed.bench.online import OnlineBenchConfig, bench_online
+
+    sizes, fanouts = _fanouts(args.sizes, "--sizes", "1,64,1024"), _fanouts(args.num_neighbors)
+    cfg = OnlineBenchConfig(servers=_servers(args.servers), graph=args.graph, num_neighbors=fanouts, sizes=sizes,
+                            requests=args.requests, warmup=args.warmup, seed=args.seed)
+    try:
+        result = bench_online(cfg)
+    except RuntimeError as exc:  # a server failed to start or stop: one line
+        print(f"graphfeed bench online: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def _workload(args) -> dict:
     """The workload arguments (:func:`_add_workload`) as the keyword fields both bench configs
     share; each config turns them into its one :class:`LoaderSpec` (``cfg.loader``)."""
@@ -116,9 +149,12 @@ def run(args) -> int:
     command = getattr(args, "bench_command", None)
     if command == "remote":
         return _run_remote(args)
+    if command == "online":
+        return _run_online(args)
     if command != "sample":
-        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...` or "
-                         "`graphfeed bench remote --servers N --graph DIR ...`")
+        raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
+                         "`graphfeed bench remote --servers N --graph DIR ...` or "
+                         "`graphfeed bench online --servers N --graph DIR`")
     from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 
     cfg = SampleBenchConfig(graph=args.graph, features=args.features, threads=args.threads, device=args.device,

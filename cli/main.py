@@ -23,7 +23,8 @@ COMMANDS = {
     "partition": ("graphfeed.cli.partition", "partition a graph into a graphfeed partition folder"),
     "info": ("graphfeed.cli.info", "describe a partition folder"),
     "generate": ("graphfeed.cli.generate", "write a deterministic synthetic graph (.npy layout)"),
-    "bench": ("graphfeed.cli.bench", "benchmarks: `bench sample` (in-process), `bench remote` (through servers)"),
+    "bench": ("graphfeed.cli.bench", "benchmarks: `bench sample` (in-process), `bench remote` (through servers), "
+                                     "`bench online` (latency)"),
     "serve": ("graphfeed.cli.serve", "run a sampler-server daemon for one partition"),
     "demo": ("graphfeed.cli.demo", "end-to-end demo: generate, partition, serve, train with 2 DDP ranks"),
     "status": ("graphfeed.cli.status", "cluster health, sessions and throughput from the control plane"),

@@ -10,6 +10,7 @@ from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
+from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto.convert import graph_schema
@@ -93,6 +94,7 @@ class Client:
         self._loaders: list[RemoteNeighborLoader] = []
         self._broken: ServerError | None = None
         self._closed = False
+        self._online = OnlineSampler(self)
 
     def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *,
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
@@ -100,7 +102,7 @@ class Client:
                         world_size: int | None = None, kind: str | None = None,
                         weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
                         input_time=None, temporal_strategy: str = "uniform",
-                        disjoint: bool = False) -> RemoteNeighborLoader:
+                        disjoint: bool = False, ordered: bool = False) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -112,7 +114,8 @@ class Client:
         stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
         of float32 features); labels and ids are untouched.  ``disjoint``, ``time_attr``, ``input_time``
         and ``temporal_strategy`` as :class:`~graphfeed.server.loader.local.LocalNeighborLoader`'s.
-        They become one :class:`LoaderSpec` (:meth:`open_loader`).
+        ``ordered=True`` (with ``shuffle=False``; ids, or None = every node in original id order) delivers
+        the seeds in input order.  They become one :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
@@ -121,7 +124,7 @@ class Client:
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
                              feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
-                             disjoint=disjoint, input_time=input_time)
+                             disjoint=disjoint, input_time=input_time, ordered=ordered)
         return self.open_loader(spec, prefetch=prefetch)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
@@ -155,6 +158,29 @@ class Client:
         if link.split is None:
             check_link_ids(link, self.num_nodes_of)
         return self.open_loader(spec, prefetch=prefetch)
+
+    def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
+               direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
+        """One batch for arbitrary nodes, on demand (serving, ad-hoc evaluation): no epoch, no loader.
+
+        ``node_ids``: original ids (of the label type on a typed graph; distinct, any parts; 1-D).
+        The other arguments are the loaders' sampling options.  Returns the loaders' batch schema
+        (``Data``/``HeteroData`` with ``n_id`` seeds first in ``node_ids`` order, ``input_id`` =
+        ``0..n-1``, ``x``, ``y``, ``edge_index``, ``e_id``, ``batch_size``, ...), equal bit for bit to
+        :func:`graphfeed.server.loader.local.sample_nodes` with the same arguments: batch 0 of epoch 0
+        of loader seed ``seed``, so the same call gives the same sample.  Safe from several threads and
+        while loaders run.  ValueError (:class:`InvalidRequest` when a server refused) naming the bad
+        id and the valid range for ids that are empty, not 1-D, not integers, repeated or outside the
+        graph; :class:`ServerError` when the server fails.
+        """
+        self._check_usable()
+        if num_neighbors is None:
+            raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+            raise ValueError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
+        spec = online_spec(num_neighbors, replace=replace, direction=direction, weight_attr=weight_attr,
+                           feature_dtype=feature_dtype)
+        return to_batch(self._online.sample(node_ids, spec, seed))
 
     def num_nodes_of(self, ntype: str | None) -> int:
         """Nodes of type ``ntype`` (None: the label type); ValueError naming the graph's types for an unknown one."""

@@ -8,12 +8,9 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
-
-import torch
 
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.metrics import LoaderStats
@@ -21,7 +18,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput
+from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 from graphfeed.transport.pending import Pending
@@ -47,9 +44,10 @@ class RemoteNeighborLoader:
 
     Made by :meth:`graphfeed.client.Client.neighbor_loader` (arguments as PyG's
     ``NeighborLoader``) or :meth:`graphfeed.client.Client.open_loader` (a :class:`LoaderSpec`),
-    kept as ``self.spec``.  Input "every node" (``input_nodes=None`` or ``(node_type, None)``)
-    travels as the ids ``0..num_nodes-1`` of that type, so batches then equal the local
-    loader's with ``input_nodes=torch.arange(num_nodes)``.  A typed graph gives ``HeteroData``.
+    kept as ``self.spec``.  Batches, ``input_id`` and ``state_dict`` equal the local loader's for the
+    same arguments (input "every node" included).  ``ordered=True`` delivers the seeds in input
+    order (batches may then span partitions, see :mod:`graphfeed.core.epoch`).  A typed graph gives
+    ``HeteroData``.
     ``prefetch``: pulls in flight per server.  Each ``iter()`` is one epoch (0, 1, ...;
     :meth:`set_epoch` overrides); one iterator at a time (a second live one is a RuntimeError
     at ``iter()``).  :meth:`state_dict` / :meth:`load_state_dict` checkpoint the position.
@@ -66,7 +64,7 @@ class RemoteNeighborLoader:
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
         self.client = client
-        self.spec = every_node_as_ids(spec, client.num_nodes_of(spec.input.node_type))
+        self.spec = spec.ordered_input(client.num_nodes_of(spec.input.node_type))
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
@@ -280,14 +278,6 @@ class RemoteNeighborLoader:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def every_node_as_ids(spec: LoaderSpec, num_nodes: int) -> LoaderSpec:
-    """``spec`` with input "every node" spelled out as the ids ``0..num_nodes-1``, which is how it
-    travels to the servers (see :func:`graphfeed.proto.convert.open_session_request`)."""
-    if isinstance(spec.input, LinkInput) or spec.input.split is not None or spec.input.ids is not None:
-        return spec
-    return dataclasses.replace(spec, input=NodeInput(ids=torch.arange(num_nodes), node_type=spec.input.node_type))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -22,6 +22,13 @@ Rules (see README "Epoch contract"):
   order, so every batch is full and some nodes
   are not seen in that epoch (a different subset each epoch when shuffling); an epoch
   left without any batch raises ``ValueError``.
+
+``ordered`` (a loader's ``ordered=True``, never shuffled): the input is one list -- every part's
+seeds in the order the loader was given them -- cut into chunks of ``batch_size`` in that order,
+so the epoch delivers the input in order (rank ``r`` its batches ``r, r + W, ...``).  A batch's
+seeds may then lie on several partitions: batch ``i`` is produced by part ``i mod P`` (its
+server samples the other parts' seeds through their servers, as it does every remote hop), and
+``start``/``stop`` are positions in the whole input.  The rest of the rules hold unchanged.
 """
 from __future__ import annotations
 
@@ -50,14 +57,18 @@ class BatchSpec:
 
 
 def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
-               shuffle: bool, drop_last: bool) -> list[BatchSpec]:
+               shuffle: bool, drop_last: bool, ordered: bool = False) -> list[BatchSpec]:
     """The global batch order of one epoch (all ranks), ``len`` a multiple of ``world_size``."""
     check_loader_args(batch_size, world_size, 0)
     total = sum(counts)
     if total < world_size and not drop_last:
         raise ValueError(f"{total} input node(s) cannot be spread over {world_size} ranks: "
                          f"every rank needs at least one batch; use fewer ranks or more input nodes")
-    chunks = [(p, s, min(s + batch_size, n)) for p, n in enumerate(counts) for s in range(0, n, batch_size)]
+    if ordered:   # one list, in input order; batch i produced by part i mod P
+        chunks = [(i % len(counts), s, min(s + batch_size, total))
+                  for i, s in enumerate(range(0, total, batch_size))]
+    else:
+        chunks = [(p, s, min(s + batch_size, n)) for p, n in enumerate(counts) for s in range(0, n, batch_size)]
     if drop_last:
         chunks = [c for c in chunks if c[2] - c[1] == batch_size]
     if shuffle and chunks:
@@ -129,7 +140,7 @@ class EpochPlan:
     def __init__(self, spec: LoaderSpec, counts: Sequence[int], epoch: int):
         self.spec, self.epoch = spec, int(epoch)
         plan = plan_epoch(counts, spec.batch_size, spec.world_size, seed=spec.seed, epoch=self.epoch,
-                          shuffle=spec.shuffle, drop_last=spec.drop_last)
+                          shuffle=spec.shuffle, drop_last=spec.drop_last, ordered=spec.ordered)
         self.entries = rank_batches(plan, spec.rank, spec.world_size)
 
     def __len__(self) -> int:
@@ -140,7 +151,8 @@ class EpochPlan:
         return [(seq, e) for seq, e in enumerate(self.entries) if e.part == part]
 
     def order(self, part: int, inputs: torch.Tensor) -> torch.Tensor:
-        """Part ``part``'s input nodes in this epoch's order (what its batches slice)."""
+        """Part ``part``'s input nodes in this epoch's order (what its batches slice); for an ordered
+        loader ``inputs`` is the whole input, in order, for every part."""
         return partition_order(inputs, seed=self.spec.seed, epoch=self.epoch, part=part, shuffle=self.spec.shuffle)
 
     @staticmethod

@@ -8,7 +8,7 @@
 * :class:`LinkInput` -- the other seed kind: seed edges (``edge_label_index``), their labels
   and :class:`NegativeSampling`.  The epoch contract is the same over seed edges.
 * :class:`LoaderSpec` -- one loader: the sampling spec and one seed record plus the epoch contract's arguments
-  (batch size, shuffle, drop_last, seed, rank, world size), a metrics label and the
+  (batch size, shuffle, drop_last, seed, rank, world size, ordered), a metrics label and the
   feature transport dtype (``feature_dtype``: features cast on the server, so fewer bytes move).
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
@@ -17,6 +17,7 @@ conversion) and torch RPC / the worker pipe as themselves (pickled).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -271,6 +272,35 @@ def check_input_ids(input_nodes) -> torch.Tensor:
     if uniq.numel() != ids.numel():
         raise ValueError(f"input_nodes holds {ids.numel() - uniq.numel()} repeated id(s); "
                          f"pass each node once (e.g. torch.unique(ids))")
+    return ids
+
+
+def check_sample_ids(node_ids, num_nodes: int, what: str = "node") -> torch.Tensor:
+    """``node_ids`` of one online sample (``Client.sample``) as a flat int64 tensor.
+
+    ValueError (one line, naming the first bad id and the valid range) unless they are a non-empty
+    1-D sequence of distinct integer ids in ``0..num_nodes-1`` (original ids of ``what`` nodes).
+    The client checks before sending and the session worker again on receipt (the server's word).
+    """
+    ids = torch.as_tensor(node_ids)
+    if ids.dim() != 1:
+        raise ValueError(f"node_ids must be a 1-D tensor of original {what} ids, got shape {list(ids.shape)}; "
+                         f"pass ids.view(-1)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"node_ids must hold integer {what} ids, got dtype {ids.dtype}; for a mask pass "
+                         f"mask.nonzero().view(-1)")
+    if ids.numel() == 0:
+        raise ValueError(f"node_ids is empty: give at least one original {what} id in 0..{num_nodes - 1}")
+    ids = ids.to(torch.int64)
+    bad = ((ids < 0) | (ids >= num_nodes)).nonzero().view(-1)
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"node_ids[{i}] = {int(ids[i])} is outside the graph: original {what} ids are "
+                         f"0..{num_nodes - 1}")
+    uniq, counts = torch.unique(ids, return_counts=True)
+    if uniq.numel() != ids.numel():
+        raise ValueError(f"node_ids repeats id {int(uniq[counts > 1][0])}: pass each node once "
+                         f"(torch.unique(ids), then index the result)")
     return ids
 
 
@@ -633,9 +663,15 @@ class LoaderSpec:
     # floating-point features are cast to this dtype by the server before they are buffered and sent
     # (labels, ids and edge data are untouched); None = as stored.  Canonical name, see feature_dtype().
     feature_dtype: str | None = None
+    # seeds in the order of the input: batches are consecutive slices of the whole input, not of one
+    # partition's list (see graphfeed.core.epoch); ids or every node (original id order), no shuffle
+    ordered: bool = False
 
     def __post_init__(self):
         check_loader_args(self.batch_size, self.world_size, self.rank)
+        object.__setattr__(self, "ordered", bool(self.ordered))
+        if self.ordered:
+            self._check_ordered()
         object.__setattr__(self, "feature_dtype", feature_dtype(self.feature_dtype))
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) \
                 or not 0 <= self.seed < SEED_LIMIT:
@@ -655,6 +691,33 @@ class LoaderSpec:
             name = "edge_label_time" if self.is_link else "input_time"
             raise ValueError(f"{name} is given but time_attr is not: pass time_attr='time' (node times) or "
                              f"'edge_time' (edge times) for temporal sampling, or leave {name} out")
+
+    def _check_ordered(self) -> None:
+        if self.shuffle:
+            raise ValueError("ordered=True delivers the seeds in input order: use it with shuffle=False")
+        if self.is_link:
+            raise ValueError("ordered=True is for node loaders: a link loader's seed edges keep their partition order")
+        if self.input.split is not None:
+            raise ValueError(f"ordered=True needs input_nodes as ids (or None: every node in id order), got the "
+                             f"split {self.input.split!r}: pass its ids, e.g. data.{self.input.split}_mask"
+                             f".nonzero().view(-1)")
+
+    def ordered_input(self, num_nodes: int) -> LoaderSpec:
+        """This spec with an ordered loader's "every node" input spelled out as the original ids
+        ``0..num_nodes-1`` (its input order); any other spec unchanged.  Both loaders call it, so they
+        agree on the input (and its fingerprint)."""
+        if not self.ordered or not isinstance(self.input, NodeInput) or self.input.ids is not None:
+            return self
+        return dataclasses.replace(self, input=NodeInput(ids=torch.arange(num_nodes), node_type=self.input.node_type))
+
+    @property
+    def ordered_ids(self) -> torch.Tensor:
+        """An ordered loader's input ids, in order (after :meth:`ordered_input`); ValueError otherwise."""
+        ids = getattr(self.input, "ids", None) if self.ordered else None
+        if ids is None:
+            raise ValueError("only an ordered loader's spec with its input as ids has ordered_ids: call "
+                             "ordered_input(num_nodes) first")
+        return ids
 
     @property
     def is_link(self) -> bool:
@@ -684,10 +747,11 @@ class LoaderSpec:
            drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
            rank: int | None = None, world_size: int | None = None, kind: str = "",
            weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-           temporal_strategy: str = "uniform", disjoint: bool = False, input_time=None) -> LoaderSpec:
+           temporal_strategy: str = "uniform", disjoint: bool = False, input_time=None,
+           ordered: bool = False) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
         a link loader); ``rank``/``world_size`` default to ``torch.distributed``'s
-        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`."""
+        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`; ``ordered`` as the field."""
         rank, world_size = resolve_rank(rank, world_size)
         sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr,
                                 time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
@@ -697,7 +761,7 @@ class LoaderSpec:
             input_nodes = NodeInput.of(input_nodes, input_time)
         return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind,
-                   feature_dtype=feature_dtype)
+                   feature_dtype=feature_dtype, ordered=ordered)
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

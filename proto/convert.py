@@ -65,22 +65,24 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
 
 
 def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionRequest:
-    """The OpenSession request of a loader.  Input ``None`` (every node) travels as explicit ids,
-    so the caller passes ``NodeInput(ids=torch.arange(num_nodes), node_type=...)`` for it."""
+    """The OpenSession request of a loader.  Input ``None`` (every node) travels as no input at all,
+    so the servers number it as the local loader does (each part's nodes in id order); an ordered
+    loader spells it out as ids first (:meth:`LoaderSpec.ordered_input`)."""
     req = pb.OpenSessionRequest(group_id=group_id, spec=sampling_to_proto(spec.sampling),
                                 batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
                                 seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind,
-                                node_type=spec.input.node_type or "", feature_dtype=spec.feature_dtype or "")
+                                node_type=spec.input.node_type or "", feature_dtype=spec.feature_dtype or "",
+                                ordered=spec.ordered)
     if isinstance(spec.input, LinkInput):
         req.link.CopyFrom(link_to_proto(spec.input))
     elif spec.input.split is not None:
         req.split = spec.input.split
     elif spec.input.ids is not None:
         req.node_ids.ids.extend(spec.input.ids.tolist())
-        if spec.input.time is not None:
-            req.input_time.extend(spec.input.time.tolist())
-    else:
-        raise ValueError("a remote session needs explicit input nodes: a split or ids (every node = all ids)")
+    elif spec.ordered:
+        raise ValueError("an ordered loader sends its input as ids: call spec.ordered_input(num_nodes) first")
+    if not isinstance(spec.input, LinkInput) and spec.input.time is not None:
+        req.input_time.extend(spec.input.time.tolist())
     return req
 
 
@@ -129,10 +131,10 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
     try:
         return LoaderSpec(sampling, node_input, batch_size=req.batch_size, shuffle=req.shuffle,
                           drop_last=req.drop_last, seed=req.seed, rank=req.rank, world_size=world_size,
-                          kind=req.kind, feature_dtype=req.feature_dtype or None)
+                          kind=req.kind, feature_dtype=req.feature_dtype or None, ordered=req.ordered)
     except ValueError as exc:
         raise ValueError(f"rank = {req.rank}, world_size = {req.world_size}, batch_size = {req.batch_size}, "
-                         f"feature_dtype = {req.feature_dtype!r}: {exc}") from None
+                         f"feature_dtype = {req.feature_dtype!r}, ordered = {req.ordered}: {exc}") from None
 
 
 def _node_input(req: pb.OpenSessionRequest) -> SeedInput:
@@ -142,8 +144,8 @@ def _node_input(req: pb.OpenSessionRequest) -> SeedInput:
     node_type = req.node_type or None   # "" = the graph's label type
     if which == "split":
         return NodeInput(split=req.split, node_type=node_type)
-    if which != "node_ids":
-        raise ValueError("no input nodes: set split (train/val/test) or node_ids")
+    if which is None:
+        return NodeInput(node_type=node_type)   # every node of the type
     if not req.node_ids.ids:
         raise ValueError("node_ids is empty: give at least one original node id")
     time = torch.from_numpy(np.asarray(req.input_time, dtype=np.int64)) if req.input_time else None

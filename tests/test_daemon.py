@@ -371,7 +371,9 @@ def test_open_group_invalid(stub, fake_server, overrides, expect):
     (dict(node_ids=pb.NodeIds(ids=[1, 2, 2000])), "id 2000"),
     (dict(node_ids=pb.NodeIds(ids=[-1, 3])), "id -1"),
     (dict(node_ids=pb.NodeIds(ids=[])), "node_ids is empty"),
-    (dict(split=None), "no input nodes"),
+    (dict(ordered=True, shuffle=True), "ordered = True: ordered=True delivers the seeds in input order: use it "
+                                       "with shuffle=False"),
+    (dict(ordered=True), "ordered=True needs input_nodes as ids"),
     (dict(rank=2, world_size=2), "rank = 2"),
     (dict(rank=-1, world_size=2), "rank = -1"),
     (dict(kind="invalid"), "the worker refused"),   # the worker raised BadRequest

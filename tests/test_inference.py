@@ -1,5 +1,6 @@
 """The README's layer-wise inference recipe (PyG's ``examples/reddit.py`` pattern) over the service
-gives the predictions of full-batch inference, although seeds arrive partition by partition."""
+gives the predictions of full-batch inference, although seeds arrive partition by partition; with
+``ordered=True`` the unchanged (appending) recipe does too."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,21 @@ def layerwise_inference(model: SAGE, loader, num_nodes: int) -> torch.Tensor:
     return h_all
 
 
+@torch.no_grad()
+def appending_inference(model: SAGE, loader) -> torch.Tensor:
+    """PyG's ``examples/reddit.py`` as written: each layer's outputs appended in arrival order
+    (correct only when the loader delivers the nodes in id order: ``ordered=True``)."""
+    h_all = None
+    for i, conv in enumerate(model.convs):
+        outs = []
+        for batch in loader:
+            h = batch.x if h_all is None else h_all[batch.n_id]
+            h = conv(h, batch.edge_index)[:batch.batch_size]
+            outs.append(h.relu() if i < len(model.convs) - 1 else h)
+        h_all = torch.cat(outs)
+    return h_all
+
+
 @pytest.mark.slow
 def test_layerwise_inference_over_the_service_equals_full_batch(tmp_path):
     ei, x, y, splits = synth.generate(2000, 6, 8, 4)
@@ -46,7 +62,11 @@ def test_layerwise_inference_over_the_service_equals_full_batch(tmp_path):
             first = next(iter(loader))
             # the seeds do not arrive in node order: appending outputs would misplace them
             arrival = torch.cat([b.n_id[:b.batch_size] for b in loader])
+            ordered = client.neighbor_loader(input_nodes=None, num_neighbors=[-1], batch_size=256, shuffle=False,
+                                             ordered=True)
+            appended = appending_inference(model, ordered)
     assert not torch.equal(arrival, torch.arange(num_nodes)) and first.batch_size <= 256
     assert sorted(arrival.tolist()) == list(range(num_nodes))
     torch.testing.assert_close(served, full, rtol=1e-4, atol=1e-5)
     assert torch.equal(served.argmax(1), full.argmax(1))
+    torch.testing.assert_close(appended, full, rtol=1e-4, atol=1e-5)   # ordered=True: reddit.py unchanged works

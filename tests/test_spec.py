@@ -248,9 +248,14 @@ def test_proto_refuses_both_fanout_forms_and_bad_types():
         loader_spec_from_proto(req)
 
 
-def test_every_node_input_must_be_spelled_out_for_the_wire():
-    with pytest.raises(ValueError, match="explicit input nodes"):
-        open_session_request(LoaderSpec(SAMPLING, NodeInput()), "g")
+def test_every_node_travels_as_no_input_an_ordered_loader_as_ids():
+    req = open_session_request(LoaderSpec(SAMPLING, NodeInput(node_type="paper")), "g")
+    assert req.WhichOneof("input") is None and loader_spec_from_proto(req).input == NodeInput(node_type="paper")
+    ordered = LoaderSpec(SAMPLING, NodeInput(), ordered=True)
+    with pytest.raises(ValueError, match="ordered loader sends its input as ids"):
+        open_session_request(ordered, "g")
+    back = loader_spec_from_proto(open_session_request(ordered.ordered_input(5), "g"))
+    assert back.ordered and torch.equal(back.input.ids, torch.arange(5))
 
 
 # ---- EpochPlan ----------------------------------------------------------------------------------

@@ -286,8 +286,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             return
         ntype = node_input.type_or(_label_type(meta) or meta.node_types[0])
         ids, n = node_input.ids, int(meta.node_ranges[ntype][-1])
-        if ids is None:   # the conversion always gives a split or ids
-            raise _invalid("no input nodes: set split (train/val/test) or node_ids")
+        if ids is None:   # every node of the type
+            return
         lo, hi = int(ids.min()), int(ids.max())   # never empty: the conversion refuses empty node_ids
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi

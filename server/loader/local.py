@@ -18,6 +18,7 @@ from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import node_seed_time, planned_batches, produce_batch
+from graphfeed.server.sampling.producer import sample_nodes as _sample_nodes
 
 
 class LocalNeighborLoader:
@@ -39,6 +40,9 @@ class LocalNeighborLoader:
     the seeds' stored node times) and ``temporal_strategy`` (``"uniform"``/``"last"``) sample
     temporally, as PyG (disjoint, homogeneous graphs so far).
 
+    ``ordered=True`` (with ``shuffle=False``; ``input_nodes`` ids, or None = every node in original id
+    order) delivers the seeds in input order: batches are consecutive slices of the input, which may
+    span partitions (:mod:`graphfeed.core.epoch`).
     ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
     floating-point features as the servers do for a remote loader with the same argument.
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
@@ -54,28 +58,35 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
                  time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
-                 disjoint: bool = False):
+                 disjoint: bool = False, ordered: bool = False):
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
                              rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype,
                              time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint,
-                             input_time=input_time)
+                             input_time=input_time, ordered=ordered)
         self._setup(graph, spec)
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
         its positions, and start the epoch bookkeeping (shared with the link loader)."""
-        self.graph, self.spec = graph, spec
         spec.check_schema(graph.node_types, graph.edge_types)
         check_sampling(graph.parts, spec.sampling, spec.input)
         self.input_type = spec.input.type_or(graph.label_type)
+        self.graph, self.spec = graph, spec.ordered_input(graph.books[self.input_type].num_nodes)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
         check_ranks_agree(self.spec, self.counts)
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
                           for p, part in enumerate(self.graph.parts)]
+        if self.spec.ordered:   # every batch slices the whole input, in order (graphfeed.core.epoch)
+            if self.input_type != graph.label_type:
+                raise ValueError(f"ordered=True serves nodes of the label type {graph.label_type!r} so far, not "
+                                 f"{self.input_type!r}: use ordered=False and place rows by batch.input_id")
+            whole = resolve_original_ids(self.graph.parts, self.spec.ordered_ids, self.input_type)
+            self.inputs = [whole] * len(self.counts)
+            self.positions = [torch.arange(whole.numel())] * len(self.counts)
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
@@ -124,6 +135,20 @@ class LocalNeighborLoader:
 
     def _fingerprints(self) -> tuple[int, int]:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
+
+
+def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neighbors, *, seed: int = 0,
+                 replace: bool = False, direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
+    """One batch for arbitrary original node ids, in one process: what ``Client.sample`` returns for the
+    same arguments (the in-process reference, :func:`graphfeed.server.sampling.producer.sample_nodes`).
+    ValueError naming the bad id and the valid range for bad ids."""
+    graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+    spec = LoaderSpec.of(None, num_neighbors, replace=replace, direction=direction, seed=seed, rank=0, world_size=1,
+                         weight_attr=weight_attr, feature_dtype=feature_dtype)
+    check_sampling(graph.parts, spec.sampling)
+    spec.check_schema(graph.node_types, graph.edge_types)
+    wire = _sample_nodes(graph, node_ids, spec.sampling, spec.seed, feature_dtype=spec.feature_torch_dtype)
+    return batch_codec.to_pyg(wire)
 
 
 def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:

@@ -3,20 +3,25 @@
 Shared by the local loader and the server's session workers, so both produce the
 same bytes for the same batch.  Every batch is encoded by :func:`graphfeed.core.batch.encode_typed`
 (a homogeneous graph is its one-type case).  :func:`planned_batches` walks a rank's whole epoch
-when every part's input nodes are in this process (the local loader, ``bench sample``).
+when every part's input nodes are in this process (the local loader, ``bench sample``);
+:func:`produce_online` is one batch for arbitrary seeds outside any epoch (``Client.sample``).
 """
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan
-from graphfeed.core.spec import EdgeType, SamplingSpec
+from graphfeed.core.seeding import batch_seed
+from graphfeed.core.spec import EdgeType, SamplingSpec, check_sample_ids
 from graphfeed.server.sampling.source import Rows
 from graphfeed.server.sampling.types import SampledSubgraph, TypedSubgraph
+
+if TYPE_CHECKING:
+    from graphfeed.server.sampling.graph import PartitionedGraph
 
 
 class SamplingGraph(Protocol):
@@ -73,6 +78,43 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id, extra=extra)
         return batch_codec.cast_features(wire, feature_dtype)
+
+
+def produce_online(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, seed: int, *, input_type: str,
+                   stage: Callable[[str], ContextManager] | None = None,
+                   feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """One batch for ``seeds`` (distinct global ids of ``input_type``, any parts) outside any epoch.
+
+    It is the batch an epoch would give for these seeds as batch 0 of epoch 0 with loader seed
+    ``seed`` (batch seed :func:`batch_seed(seed, 0, 0) <graphfeed.core.seeding.batch_seed>`; ``epoch`` =
+    ``seq`` = 0; ``input_id`` = positions ``0..n-1`` in ``seeds``).  So when every seed is on one part,
+    it equals the first batch of a loader over ``input_nodes=seeds`` with ``batch_size >= n``,
+    ``shuffle=False`` and that seed; the session workers and the in-process reference call this same
+    function, so ``Client.sample`` equals it bit for bit.
+    """
+    n = int(seeds.numel())
+    entry = BatchSpec(index=0, part=-1, start=0, stop=n, seed=batch_seed(seed, 0, 0))
+    return produce_batch(graph, seeds, spec, entry, 0, 0, input_type=input_type,
+                         input_id=torch.arange(n, dtype=torch.int64), stage=stage, feature_dtype=feature_dtype)
+
+
+def sample_nodes(graph: PartitionedGraph, node_ids, spec: SamplingSpec, seed: int, *,
+                 stage: Callable[[str], ContextManager] | None = None,
+                 feature_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """:func:`produce_online` for original ids ``node_ids`` of the label type (the graph's nodes when
+    homogeneous), resolved to global ids through every part (:meth:`PartitionedGraph.to_global`).
+
+    ValueError (one line, naming the bad id and the valid range) for ids that are not a non-empty
+    1-D tensor of distinct integers inside the graph (:func:`graphfeed.core.spec.check_sample_ids`).
+    """
+    what = "node" if graph.is_homogeneous else f"{graph.label_type!r} node"
+    ids = check_sample_ids(node_ids, graph.book.num_nodes, what)
+    gids = graph.to_global(ids)
+    if bool((gids < 0).any()):   # cannot happen for a well-formed partition: every id in range has an owner
+        i = int((gids < 0).nonzero()[0])
+        raise ValueError(f"node_ids[{i}] = {int(ids[i])}: no part holds this {what}; is the partition complete?")
+    return produce_online(graph, gids, spec, seed, input_type=graph.label_type, stage=stage,
+                          feature_dtype=feature_dtype)
 
 
 def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:

@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from graphfeed.server.partition.store import Partition
@@ -73,6 +74,9 @@ class SessionWorker:
         self.lock = threading.Lock()
         self.joined = threading.Event()
         self.join_error: str | None = None
+        # online samples (rpc_api.sample) run here, never on torch RPC's threads: a sample waits on its
+        # peers' one_hop/gather calls, and RPC threads that all wait on peers could starve each other
+        self._online = ThreadPoolExecutor(max_workers=max(2, spec.num_producers), thread_name_prefix="online")
 
     # ---- the group --------------------------------------------------------------------------------
 
@@ -168,6 +172,23 @@ class SessionWorker:
     def pull(self, session_id: str, epoch: int, seq: int) -> Pending:
         return self.session(session_id).pull(epoch, seq)
 
+    def sample(self, session_id: str, node_ids, seed: int) -> Pending:
+        """One online batch for original ids ``node_ids`` with the sampling options of session
+        ``session_id`` (:meth:`Session.sample`), produced on the worker's online threads; the Pending
+        fails with ValueError (naming the bad id and the valid range) for bad ids."""
+        session = self.session(session_id)
+        out = Pending()
+
+        def run() -> None:
+            try:
+                out.set_result(session.sample(node_ids, int(seed)))
+            except Exception as exc:  # noqa: BLE001 -- every failure goes to the caller's future
+                self.telemetry.count_error("online")
+                out.set_exception(exc)
+
+        self._online.submit(run)
+        return out
+
     def authorize(self, session_id: str, secret) -> None:
         """PermissionError unless ``secret`` is the one the daemon issued for ``session_id`` (constant time)."""
         expected = self.secrets.get(session_id)
@@ -183,6 +204,7 @@ class SessionWorker:
             self.secrets = {}
         for s in sessions:
             s.close()
+        self._online.shutdown(wait=False, cancel_futures=True)
         if self.joined.is_set():
             import torch.distributed.rpc as rpc
 

@@ -14,6 +14,9 @@ calls, it is not a sandbox.
 * ``attach(names, size)`` / ``pull_into(session_id, epoch, seq, secret, slot)`` -- the same-host
   shared-memory channel (:mod:`graphfeed.transport.shm`): map the trainer's ring of slots, and
   pull a batch by copying it into one slot (answering with its layout only).
+* ``sample(session_id, secret, node_ids, seed)`` -- online sampling (``Client.sample``): one batch
+  for arbitrary original node ids with the session's sampling options, outside any epoch (async:
+  runs on the worker's online threads; bad ids fail the call with ValueError).
 * ``one_hop(etype, gids, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
   through one edge type / read features of nodes of one type that this worker's part owns
   (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
@@ -88,6 +91,21 @@ def pull_into(session_id: str, epoch: int, seq: int, secret: bytes, slot: int) -
     return _as_remote_errors(out)
 
 
+@rpc.functions.async_execution
+def sample(session_id: str, secret: bytes, node_ids: torch.Tensor, seed: int) -> torch.futures.Future:
+    """Online sampling: one batch (wire dict) for original ids ``node_ids`` (any parts) with session
+    ``session_id``'s sampling options and batch seed from ``seed``
+    (:func:`graphfeed.server.sampling.producer.produce_online`).  ValueError (naming the bad id and the
+    valid range) for bad ids; PermissionError for a wrong ``secret``."""
+    worker = _bound()
+    try:
+        worker.authorize(session_id, secret)
+        pending = worker.sample(session_id, node_ids, int(seed))
+    except (PermissionError, LookupError) as exc:
+        pending = Pending.failed(exc)
+    return _as_remote_errors(pending)
+
+
 def attach(names: list[str], size: int) -> list[bytes]:
     """Map the trainer's shared-memory slots ``names`` (``size`` bytes each); returns their tokens.
     OSError when they cannot be mapped here (another host: the trainer then uses torch RPC)."""
@@ -157,7 +175,7 @@ def to_global(orig_ids: torch.Tensor, ntype: str | None = None):
     return store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
-ALLOWED = frozenset({pull, pull_into, attach, one_hop, gather, has_edges, edge_attr, to_global})
+ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 

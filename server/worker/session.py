@@ -17,7 +17,7 @@ import torch
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
-from graphfeed.server.sampling.producer import node_seed_time, produce_batch
+from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
 from graphfeed.server.worker.commands import BadRequest
 from graphfeed.server.worker.telemetry import WorkerTelemetry
@@ -68,6 +68,7 @@ class Session:
         self._lock = threading.Lock()
         self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
         self._link_seeds: LinkSeeds | None = None
+        self._whole_input: torch.Tensor | None = None   # an ordered loader's input, global ids in order
 
     def _resolve_link_seeds(self) -> None:
         """A link loader's seed edges in global ids (their destinations may be any part's: asked of every
@@ -78,6 +79,20 @@ class Session:
             self._link_seeds = LinkSeeds(self.spec.input).resolve(self.graph, self.inputs)  # type: ignore[arg-type]
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+
+    def _resolve_whole_input(self) -> None:
+        """An ordered loader's whole input in global ids, in input order (its batches may take seeds of any
+        part): asked of every peer once, when the first epoch starts (see :meth:`_resolve_link_seeds`)."""
+        if not self.spec.ordered or self._whole_input is not None:
+            return
+        if self.input_type != self.graph.label_type:
+            raise BadRequest(f"ordered=True serves nodes of the label type {self.graph.label_type!r} so far, not "
+                             f"{self.input_type!r}: use ordered=False and place rows by batch.input_id")
+        ids = self.spec.ordered_ids
+        gids = self.graph.to_global(ids)
+        if bool((gids < 0).any()):
+            raise BadRequest(f"input node id {int(ids[gids < 0][0])} is not in the graph")
+        self._whole_input = gids
 
     @property
     def local_input_nodes(self) -> int:
@@ -93,6 +108,7 @@ class Session:
         """
         counts = self._check_counts(counts)
         self._resolve_link_seeds()
+        self._resolve_whole_input()
         try:
             plan = EpochPlan(self.spec, counts, epoch)
         except ValueError as exc:
@@ -101,9 +117,12 @@ class Session:
             raise BadRequest(f"start_seq = {start} is outside epoch {epoch}'s {len(plan)} batches for rank "
                              f"{self.spec.rank}: give 0..{len(plan)}")
         mine = [(seq, e) for seq, e in plan.owned_by(self.part_id) if seq >= start]
-        positions = input_positions(counts, self.part_id, self.positions)
-        run = EpochRun(plan.epoch, mine, plan.order(self.part_id, self.inputs), plan.order(self.part_id, positions),
-                       BatchBuffer(self.buffer_batches, self.buffer_bytes))
+        if self._whole_input is not None:   # ordered: every batch slices the whole input
+            order, positions = self._whole_input, torch.arange(self._whole_input.numel())
+        else:
+            order = plan.order(self.part_id, self.inputs)
+            positions = plan.order(self.part_id, input_positions(counts, self.part_id, self.positions))
+        run = EpochRun(plan.epoch, mine, order, positions, BatchBuffer(self.buffer_batches, self.buffer_bytes))
         with self._lock:
             old, self.run = self.run, run
         if old is not None:
@@ -160,6 +179,13 @@ class Session:
                                               f"failed: {type(exc).__name__}: {exc}"))
                 return
             run.buffer.put(seq, batch)
+
+    def sample(self, node_ids, seed: int) -> dict[str, torch.Tensor]:
+        """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
+        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids."""
+        with self.telemetry.stage("batch"):
+            return sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
+                                feature_dtype=self.spec.feature_torch_dtype)
 
     def pull(self, epoch: int, seq: int) -> Pending:
         run = self.run

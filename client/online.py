@@ -1,0 +1,169 @@
+"""Online sampling: :meth:`graphfeed.client.Client.sample` -- one batch for arbitrary nodes, on demand.
+
+Design: a request/response call on the existing data path, not a new gRPC method.  The batch is
+made by the same producer the epochs use (:func:`graphfeed.server.sampling.producer.produce_online`)
+inside the trainer's session worker on one server, which already reaches every other part's
+worker for the remote hops and feature reads; the answer travels over the group's torch RPC like
+a pulled batch (tensors, no protobuf copy).  A gRPC method would have to send the batch through
+the daemon and its command pipe (two more copies) and re-implement the peer hops there.
+
+Credentials and options: the first call with a set of sampling options opens one session per
+server over the authenticated control plane (``OpenSession``, kind ``"online"``, a one-node
+input): the daemon validates the options exactly as a loader's (INVALID_ARGUMENT for bad ones),
+and the session's secret authorizes every later ``sample`` call.  Sessions are cached per option
+set (the :data:`MAX_OPTION_SETS` most recent; older ones are closed) and re-opened after the
+client re-forms its group.  A call that finds a server gone re-forms the group as a running loader
+does (waiting up to ``reconnect_timeout`` for the server to come back) and is made once more.
+
+Bad ids are checked on the client (:func:`graphfeed.core.spec.check_sample_ids`) and again by the
+worker; a worker's refusal arrives as a torch RPC error and is raised as
+:class:`~graphfeed.client.errors.InvalidRequest` (the INVALID_ARGUMENT class, a ValueError) naming
+the server, the bad id and the valid range.  The worker and its server keep serving.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed.rpc as rpc
+
+from graphfeed.client.errors import InvalidRequest, ServerError
+from graphfeed.core import batch as batch_codec
+from graphfeed.core.spec import LoaderSpec, NodeInput, check_sample_ids
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto.convert import open_session_request
+from graphfeed.transport import rpc_group
+
+if TYPE_CHECKING:
+    from graphfeed.client.client import Client
+
+ONLINE_KIND = "online"   # the sessions' metrics label
+MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
+
+
+class _ServerLost(Exception):
+    """A sample failed and a server is gone (or the group was re-formed meanwhile); ``where`` = (server,
+    message) for :meth:`Client._recover`."""
+
+    def __init__(self, where: tuple[str, str]):
+        super().__init__(f"{where[0]}: {where[1]}")
+        self.where = where
+
+
+@dataclass(frozen=True)
+class _Sessions:
+    """One option set's session on every server (part order), valid for one group generation."""
+
+    generation: int
+    ids: tuple[str, ...]
+    secrets: tuple[bytes, ...]
+
+
+class OnlineSampler:
+    """The client's online sampling (see the module doc); thread-safe."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self._lock = threading.Lock()
+        self._sessions: dict[tuple, _Sessions] = {}
+        self._next = itertools.count()   # round robin over the servers that run the samples
+
+    def sample(self, node_ids, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
+        """The wire batch for original ids ``node_ids`` (label type) sampled as ``spec.sampling``.
+
+        When a server went away meanwhile, the client re-forms its group as a running loader does
+        (:meth:`Client._recover`, bounded by ``reconnect_timeout``) and the call is made once more."""
+        client = self.client
+        what = "node" if len(client.node_types) == 1 else f"{client.label_type!r} node"
+        ids = check_sample_ids(node_ids, client.num_nodes, what)
+        generation = client.generation
+        try:
+            return self._call(ids, spec, seed)
+        except _ServerLost as lost:
+            if client.generation == generation:   # not yet re-formed by another caller
+                client._recover(lost.where, lost.__cause__, generation)
+        try:
+            return self._call(ids, spec, seed)
+        except _ServerLost as again:
+            raise ServerError(*again.where) from again.__cause__
+
+    def _call(self, ids: torch.Tensor, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
+        client = self.client
+        generation = client.generation
+        sessions = self._sessions_for(spec)
+        part = next(self._next) % len(client.servers)
+        server = client.servers[part].name
+        try:
+            value = rpc.rpc_async(rpc_group.worker_name(part), rpc_group.SAMPLE, timeout=client.rpc_timeout,
+                                  args=(sessions.ids[part], sessions.secrets[part], ids, int(seed))).wait()
+        except ValueError as exc:      # the worker refused the ids: the server's INVALID_ARGUMENT
+            raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
+        except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample
+            message = f"sample of {ids.numel()} node(s) failed: {_remote_message(exc)}"
+            if client.generation != generation or client.group.probe():
+                raise _ServerLost((server, message)) from exc
+            raise ServerError(server, message) from exc
+        if isinstance(value, BaseException):
+            raise ServerError(server, f"sample failed: {value}")
+        return value
+
+    def _sessions_for(self, spec: LoaderSpec) -> _Sessions:
+        key = (spec.sampling, spec.feature_dtype)
+        with self._lock:
+            have = self._sessions.get(key)
+            if have is not None and have.generation == self.client.generation:
+                return have
+            opened = self._open(spec)
+            self._sessions.pop(key, None)
+            self._sessions[key] = opened      # newest last
+            while len(self._sessions) > MAX_OPTION_SETS:
+                self._close(self._sessions.pop(next(iter(self._sessions))))
+            return opened
+
+    def _open(self, spec: LoaderSpec) -> _Sessions:
+        client = self.client
+        generation = client.generation
+        req = open_session_request(spec, client.group.group_id)
+        ids, secrets = [], []
+        for s in client.servers:
+            reply = s.call("OpenSession", req, timeout=client.timeout)
+            ids.append(reply.session_id)
+            secrets.append(bytes(reply.session_secret))
+        return _Sessions(generation, tuple(ids), tuple(secrets))
+
+
+    def _close(self, sessions: _Sessions) -> None:
+        """Close an evicted option set's sessions (those of an earlier group are gone with its workers)."""
+        if sessions.generation != self.client.generation:
+            return
+        for s, session_id in zip(self.client.servers, sessions.ids):
+            try:
+                s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 -- the server may be gone; its reaper cleans up
+                pass
+
+
+def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: str | None,
+                feature_dtype) -> LoaderSpec:
+    """The session record of an online option set: its sampling options and feature dtype, a one-node
+    input (the sessions hold no epoch) and kind ``"online"``."""
+    return LoaderSpec.of(NodeInput(ids=torch.tensor([0])), num_neighbors, batch_size=1, replace=replace,
+                         direction=direction, rank=0, world_size=1, kind=ONLINE_KIND, weight_attr=weight_attr,
+                         feature_dtype=feature_dtype)
+
+
+def to_batch(wire: dict[str, torch.Tensor]):
+    """The PyG ``Data``/``HeteroData`` of an online batch (the loaders' conversion)."""
+    return batch_codec.to_pyg(wire)
+
+
+def _remote_message(exc: BaseException) -> str:
+    """The worker's message without torch's traceback lines (the first line that says something)."""
+    for line in str(exc).strip().splitlines():
+        line = line.strip()
+        if line and not line.startswith("Traceback"):
+            return line
+    return type(exc).__name__
