@@ -603,7 +603,10 @@ def _typed_edge_label_index(value) -> tuple[EdgeType | None, object]:
 
 def check_link_ids(link: LinkInput, num_nodes_of) -> None:
     """ValueError naming the fix when ``link``'s ids are outside the graph: ``num_nodes_of(ntype)`` gives the
-    node count of a type (the label type's for a homogeneous graph)."""
+    node count of a type (the label type's for a homogeneous graph).  A link split's ids are the
+    partition's own: nothing to check."""
+    if link.index is None:
+        return
     for row, (ntype, what) in enumerate(zip(link.end_types(""), ("source", "destination"))):
         n, hi = int(num_nodes_of(ntype or None)), int(link.index[row].max())
         if hi >= n:

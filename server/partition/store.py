@@ -384,6 +384,7 @@ class Partition:
             return self.link_split(link.split)[0]
         check_link_types(self.meta, link)
         check_link_ids(link, lambda t: self.nodes(t or self.label_type).book.num_nodes)
+        assert link.index is not None   # a LinkInput has a split or an index
         mask, _ = self.nodes(link.type_or(self.label_type)).to_global(link.index[0])
         return mask.nonzero().view(-1)
 
