@@ -18,7 +18,6 @@ import torch
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
-from graphfeed.server.sampling.reference import segment_arange
 from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed
 from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
@@ -41,7 +40,7 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
 
 
 def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
-                 input_type: str | None = None) -> TypedSubgraph:
+                 input_type: str | None = None, num_nodes: Mapping[str, int] | None = None) -> TypedSubgraph:
     """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
 
     PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
@@ -56,12 +55,16 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     ``rng_hop = h * len(fanouts) + (position of e in sorted order)``: one edge type gives
     ``rng_hop = h`` (the homogeneous sample), several draw independent streams.
     ``input_type`` (the type whose seed count is ``batch_size``) defaults to the only seeded type.
+    ``num_nodes`` (optional; per node type, every global id is below it) lets each type keep one
+    id map for all hops of the batch (:func:`dispatch.relabel_map`) instead of relabelling against
+    every node seen so far at each hop; the sample is the same either way.
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
     plan = plan_typed(seeds, fanouts, direction, input_type)
     etypes, num_hops, input_type = plan.etypes, plan.num_hops, plan.input_type
     device = seeds[input_type].device        # a CUDA topology's hops run on its device (dispatch.one_hop)
-    nodes = {t: _TypeNodes(seeds.get(t), device) for t in plan.node_types}
+    bounds = num_nodes or {}
+    nodes = {t: _TypeNodes(seeds.get(t), device, bounds.get(t)) for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
     for hop in range(num_hops):
         for k, etype in enumerate(etypes):
@@ -100,17 +103,25 @@ def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool
 class _TypeNodes:
     """The sampled nodes of one type: global ids in local-id order, and the frontier of the current hop."""
 
-    def __init__(self, seeds: torch.Tensor | None, device: torch.device):
+    def __init__(self, seeds: torch.Tensor | None, device: torch.device, num_nodes: int | None = None):
         seeds = _empty(device) if seeds is None else seeds.to(device=device, dtype=torch.int64)
         self.chunks = [seeds]                 # the seeds, then the new nodes of each hop and edge type
         self.total = seeds.numel()
+        # global id -> local id of every node seen so far, when the type's ids are bounded (else each
+        # add relabels against all chunks)
+        self.id_map = None if num_nodes is None else dispatch.new_id_map(num_nodes, device)
+        if self.id_map is not None:
+            self.id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32))
         self.counts = [seeds.numel()]         # num_sampled_nodes
         self.frontier = (seeds, torch.arange(seeds.numel(), device=device))   # (global ids, local ids)
         self._hop_first = 1                   # chunks[_hop_first:] are the nodes new in this hop
 
     def add(self, candidates: torch.Tensor) -> torch.Tensor:
         """Local ids of ``candidates`` (global ids of this type); the unseen ones are numbered next."""
-        local, new = dispatch.relabel(*_known(self.chunks), candidates, self.total)
+        if self.id_map is not None:
+            local, new = dispatch.relabel_map(self.id_map, candidates, self.total)
+        else:
+            local, new = dispatch.relabel(*_known(self.chunks), candidates, self.total)
         self.chunks.append(new)
         self.total += new.numel()
         return local
@@ -168,18 +179,32 @@ def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]]) -> OneHop:
     """Merge per-owner results back into frontier order.
 
-    ``pieces`` holds ``(positions into the frontier, result for those nodes)``.  The same for
-    every edge type: a typed ``one_hop_fn`` splits and stitches each edge type's frontier.
+    ``pieces`` holds ``(positions into the frontier, result for those nodes)``; together the
+    positions cover ``0..n-1`` once.  The same for every edge type: a typed ``one_hop_fn``
+    splits and stitches each edge type's frontier.  One piece that covers the frontier in order
+    is returned as it is.
     """
+    if len(pieces) == 1 and pieces[0][0].numel() == n and _in_order(pieces[0][0]):
+        return pieces[0][1]
     counts = torch.zeros(n, dtype=torch.int64)
     for pos, res in pieces:
-        counts[pos] = res.counts
-    offsets = torch.cumsum(counts, 0) - counts
-    total = int(counts.sum())
+        counts.index_copy_(0, pos, res.counts)
+    ends = torch.cumsum(counts, 0)
+    offsets = ends - counts
+    total = int(ends[-1]) if n else 0
     neighbors = torch.empty(total, dtype=torch.int64)
     edge_ids = torch.empty(total, dtype=torch.int64)
     for pos, res in pieces:
-        dst = torch.repeat_interleave(offsets[pos], res.counts) + segment_arange(res.counts)
-        neighbors[dst] = res.neighbors
-        edge_ids[dst] = res.eids
+        # a piece's j-th neighbor of its i-th node goes to offsets[pos[i]] + j: shift its own offsets
+        m = res.neighbors.numel()
+        shift = offsets.index_select(0, pos) - (torch.cumsum(res.counts, 0) - res.counts)
+        dst = torch.repeat_interleave(shift, res.counts, output_size=m) + torch.arange(m)
+        neighbors.index_copy_(0, dst, res.neighbors)
+        edge_ids.index_copy_(0, dst, res.eids)
     return OneHop(counts, neighbors, edge_ids)
+
+
+def _in_order(pos: torch.Tensor) -> bool:
+    """Whether ``pos`` is ``0, 1, ..., len - 1``."""
+    return pos.numel() == 0 or (int(pos[0]) == 0 and int(pos[-1]) == pos.numel() - 1 and
+                                bool((pos[1:] > pos[:-1]).all()))

@@ -74,11 +74,50 @@ void gather_rows_into_cpu(const at::Tensor& src, const at::Tensor& index, const 
   gather_into(src, index, o);
 }
 
+at::Tensor empty_rows_cpu(const at::Tensor& like, int64_t rows) {
+  TORCH_CHECK(like.dim() >= 1, "like must have at least one dimension (rows first)");
+  TORCH_CHECK(rows >= 0, "rows must be >= 0, got ", rows);
+  auto sizes = like.sizes().vec();
+  sizes[0] = rows;
+  return empty_rows(sizes, like);
+}
+
+void gather_rows_to_cpu(const at::Tensor& src, const c10::optional<at::Tensor>& index, const at::Tensor& out,
+                        const at::Tensor& out_index) {
+  check_gather_rows_to_args(src, index, out, out_index);
+  TORCH_CHECK(src.device().is_cpu() && out.device().is_cpu() && out_index.device().is_cpu() &&
+                  (!index.has_value() || index->device().is_cpu()),
+              "gather_rows_to runs on the CPU: give CPU tensors");
+  const at::Tensor oix = out_index.contiguous();
+  const at::Tensor idx = index.has_value() ? index->contiguous() : at::Tensor();
+  const int64_t n = oix.numel(), rows = src.size(0), out_rows = out.size(0);
+  const int64_t row_bytes = rows ? static_cast<int64_t>(src.nbytes()) / rows : 0;
+  const char* s = static_cast<const char*>(src.const_data_ptr());
+  char* o = static_cast<char*>(out.data_ptr());
+  const int64_t* ix = idx.defined() ? idx.data_ptr<int64_t>() : nullptr;
+  const int64_t* ox = oix.data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(row_bytes, 1));
+  parallel_for(0, n, grain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = ix ? ix[i] : i, d = ox[i];
+      TORCH_CHECK(r >= 0 && r < rows, "index ", r, " is out of range for src with ", rows, " rows");
+      TORCH_CHECK(d >= 0 && d < out_rows, "out_index ", d, " is out of range for out with ", out_rows, " rows");
+      if (ix && i + kPrefetchAhead < e) {
+        const int64_t nr = ix[i + kPrefetchAhead];
+        if (nr >= 0 && nr < rows) __builtin_prefetch(s + nr * row_bytes);
+      }
+      std::memcpy(o + d * row_bytes, s + r * row_bytes, row_bytes);
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(graphfeed, CPU, m) {
   m.impl("gather_rows", &gather_rows_cpu);
   m.impl("gather_rows_into", &gather_rows_into_cpu);
+  m.impl("gather_rows_to", &gather_rows_to_cpu);
+  m.impl("empty_rows", &empty_rows_cpu);
 }
 
 }  // namespace cpu
