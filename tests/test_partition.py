@@ -236,3 +236,68 @@ def test_edge_order_matches_lexsort_in_every_packing_mode(monkeypatch, pack_bits
         np.testing.assert_array_equal(eid, np.lexsort((np.arange(e), other, key)))
         np.testing.assert_array_equal(indices, other[eid])
         np.testing.assert_array_equal(np.diff(indptr), np.bincount(key, minlength=n))
+
+
+# ---------------------------------------------------------------------------------- hotness
+
+def _counts(graph, tmp_path, epochs: int = 1, seed: int = 0) -> np.ndarray:
+    from graphfeed.core.spec import SamplingSpec
+    from graphfeed.server.sampling.hotness import access_counts
+
+    return access_counts(graph, SamplingSpec((5, 3)), epochs=epochs, batch_size=256, seed=seed, scratch=tmp_path)
+
+
+def test_access_counts_count_each_batch_a_node_is_sampled_in(tiny_graph, tmp_path):
+    counts = _counts(tiny_graph, tmp_path, epochs=2)
+    assert counts.shape == (tiny_graph.num_nodes,) and counts.dtype == np.int64
+    train = tiny_graph.splits["train"]
+    # a training node is a seed once per epoch (and maybe a neighbor in other batches)
+    assert int(counts[train].min()) >= 2
+    batches = 2 * -(-train.size // 256)
+    assert int(counts.max()) <= batches                      # at most once per batch
+    np.testing.assert_array_equal(counts, _counts(tiny_graph, tmp_path, epochs=2))   # deterministic per seed
+    assert not any(p.name.startswith(".hotness-") for p in tmp_path.iterdir())       # scratch copy removed
+
+
+@pytest.mark.parametrize("num_parts", (2, 4))
+def test_hotness_round_trip_and_balance(tiny_graph, tmp_path, num_parts):
+    counts = _counts(tiny_graph, tmp_path)
+    meta = partition_graph(tiny_graph, num_parts, tmp_path / "p", method="hotness", topologies=("csc", "csr"),
+                           access_counts=counts)
+    assert meta.num_parts == num_parts and meta.method == "hotness"
+    assert_round_trip(tmp_path / "p", tiny_graph)
+    parts = assign_parts(tiny_graph, num_parts, "hotness", access_counts=counts)
+    share = np.bincount(parts, weights=counts, minlength=num_parts) / counts.sum()
+    assert share.max() <= 1.10 / num_parts and share.min() >= 0.90 / num_parts, share
+    assert edge_cut(tiny_graph.edge_index, parts) < 0.6 * edge_cut(tiny_graph.edge_index,
+                                                                   assign_parts(tiny_graph, num_parts, "random"))
+
+
+def test_hotness_round_trip_cora(cora_dir, tmp_path):
+    graph = read_graph(cora_dir)
+    partition_graph(graph, 2, tmp_path / "p", method="hotness", topologies=("csc",),
+                    access_counts=_counts(graph, tmp_path))
+    assert_round_trip(tmp_path / "p", graph, topologies=("csc",))
+
+
+def test_hotness_needs_counts_and_training_nodes(tiny_graph, tmp_path):
+    with pytest.raises(ValueError, match="needs access_counts"):
+        partition_graph(tiny_graph, 2, tmp_path / "p", method="hotness")
+    with pytest.raises(ValueError, match="access_counts must be"):
+        assign_parts(tiny_graph, 2, "hotness", access_counts=np.ones(5, dtype=np.int64))
+    from graphfeed.server.partition.builder import GraphInput
+
+    bare = GraphInput(np.asarray(tiny_graph.edge_index), np.asarray(tiny_graph.x), None, {})
+    with pytest.raises(ValueError, match="training nodes"):
+        _counts(bare, tmp_path)
+
+
+def test_cli_partition_hotness(tiny_graph_dir, tmp_path, capsys):
+    out = tmp_path / "p"
+    assert main(["partition", str(tiny_graph_dir), "--num-parts", "2", "--method", "hotness", "--hotness-epochs",
+                 "1", "--hotness-fanouts", "5,3", "--output", str(out), "--quiet"]) == 0
+    assert read_meta(out).method == "hotness"
+    assert_round_trip(out, read_graph(tiny_graph_dir), topologies=("csc",))
+    assert main(["partition", str(tiny_graph_dir), "--num-parts", "2", "--method", "hotness", "--hotness-fanouts",
+                 "5,x", "--output", str(tmp_path / "q"), "--quiet"]) == 2
+    assert "--hotness-fanouts '5,x'" in capsys.readouterr().err
