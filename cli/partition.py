@@ -23,13 +23,8 @@ def add_arguments(parser) -> None:
                                       "typed: one sub-folder per node type and per edge type src__rel__dst) "
                                       "or a PyG Data / HeteroData saved with torch.save")
     parser.add_argument("--num-parts", "-p", type=int, required=True, help="number of partitions (1..nodes)")
-    parser.add_argument("--method", choices=("random", "metis", "hotness"), default="metis",
-                        help="random assignment, METIS (fewer cut edges; balances nodes and training nodes), or "
-                             "hotness: METIS that also balances how often pre-sampling touches each node")
-    parser.add_argument("--hotness-epochs", type=int, default=2,
-                        help="--method hotness: epochs of training batches pre-sampled to count accesses (default 2)")
-    parser.add_argument("--hotness-fanouts", default="15,10,5",
-                        help="--method hotness: per-hop fanouts of the pre-sampling (default 15,10,5)")
+    parser.add_argument("--method", choices=("random", "metis"), default="metis",
+                        help="random assignment or METIS (fewer cut edges; balances nodes and training nodes)")
     parser.add_argument("--output", "-o", required=True, help="partition folder to create")
     parser.add_argument("--topology", choices=sorted(TOPOLOGY_CHOICES), default="csc",
                         help="csc: in-edges (default, PyG's direction); csr: out-edges; both")
@@ -112,30 +107,6 @@ def summary(root, seconds: float) -> str:
     ])
 
 
-def _access_counts(graph, args, topologies, output: Path, report: _Reporter):
-    """``--method hotness``: how often pre-sampled training batches touch each node (see
-    :mod:`graphfeed.server.sampling.hotness`)."""
-    from graphfeed.core.spec import SamplingSpec
-    from graphfeed.server.sampling.hotness import access_counts
-
-    try:
-        fanouts = tuple(int(v) for v in args.hotness_fanouts.split(","))
-    except ValueError:
-        raise UsageError(f"--hotness-fanouts {args.hotness_fanouts!r} is not a comma-separated list of integers, "
-                         f"e.g. 15,10,5") from None
-    if args.hotness_epochs < 1:
-        raise UsageError(f"--hotness-epochs must be at least 1, got {args.hotness_epochs}")
-    try:
-        spec = SamplingSpec(fanouts, direction="in" if "csc" in topologies else "out")
-        report.log(f"pre-sampling {args.hotness_epochs} epoch(s) of training batches to count node accesses")
-        output.parent.mkdir(parents=True, exist_ok=True)
-        counts = access_counts(graph, spec, epochs=args.hotness_epochs, seed=args.seed, scratch=output.parent)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    report.log(f"counted {int(counts.sum()):,} accesses to {int((counts > 0).sum()):,} nodes")
-    return counts
-
-
 def run(args) -> int:
     from graphfeed.server.partition.builder import partition_graph
     from graphfeed.server.partition.inputs import read_graph
@@ -160,8 +131,7 @@ def run(args) -> int:
     if _check_output(output, graph, args, topologies):
         print(f"{output} is up to date (same input and parameters); nothing to do")
         return 0
-    counts = _access_counts(graph, args, topologies, output, report) if args.method == "hotness" else None
     partition_graph(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
-                    overwrite=args.overwrite, progress=report.progress, log=report.log, access_counts=counts)
+                    overwrite=args.overwrite, progress=report.progress, log=report.log)
     print(summary(output, time.perf_counter() - report.t0))
     return 0

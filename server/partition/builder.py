@@ -31,7 +31,7 @@ from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "write_partitions"]
 
-METHODS = ("random", "metis", "hotness")   # hotness: METIS that also balances sampled accesses
+METHODS = ("random", "metis")
 # progress(iterable, description) -> iterable (e.g. a tqdm bar); log(message) for steps without a loop.
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
@@ -47,19 +47,13 @@ def _no_log(message):
     pass
 
 
-def assign_parts(graph: GraphInput, num_parts: int, method: str, seed: int = 0,
-                 access_counts: np.ndarray | None = None) -> np.ndarray:
+def assign_parts(graph: GraphInput, num_parts: int, method: str, seed: int = 0) -> np.ndarray:
     """Part of every node of the homogeneous view (int64 [N], node types stacked in ``graph.node_types``
-    order, see :meth:`GraphInput.node_offsets`); deterministic for a given ``seed``.  ``"hotness"`` needs
-    ``access_counts`` (int [N] in the same ids: how often pre-sampling touched each node)."""
+    order, see :meth:`GraphInput.node_offsets`); deterministic for a given ``seed``."""
     if method == "random":
         return _random_parts(graph, num_parts, seed)
     if method == "metis":
         return metis_parts(graph, num_parts, seed)
-    if method == "hotness":
-        if access_counts is None:
-            raise ValueError("method 'hotness' needs access_counts (graphfeed.server.sampling.hotness.access_counts)")
-        return metis_parts(graph, num_parts, seed, access_counts=access_counts)
     raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
 
 
@@ -278,15 +272,13 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
 
 def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike, *, method: str = "random",
                     topologies=("csc",), seed: int = 0, overwrite: bool = False,
-                    progress: Progress | None = None, log: Log | None = None,
-                    access_counts: np.ndarray | None = None) -> PartitionMeta:
+                    progress: Progress | None = None, log: Log | None = None) -> PartitionMeta:
     """Partition ``graph`` into ``output`` atomically: the folder appears complete or not at all.
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
     into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
     which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not
     exist, be empty, or (with ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
-    ``access_counts``: for ``method="hotness"`` (see :func:`assign_parts`).
     """
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
@@ -300,7 +292,7 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
     output.parent.mkdir(parents=True, exist_ok=True)
     log = log or _no_log
     log(f"assigning {graph.num_nodes:,} nodes to {num_parts} part(s) ({method})")
-    parts = assign_parts(graph, num_parts, method, seed, access_counts)
+    parts = assign_parts(graph, num_parts, method, seed)
     _remove_stale_temporaries(output)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-{os.getpid()}-", dir=output.parent))
     try:

@@ -5,10 +5,6 @@ and every edge type merged into one undirected graph without self loops or dupli
 Balance constraints: the nodes, and the label type's training nodes (so every part gets its
 share of the seeds); a typed graph has one node constraint per node type instead.
 
-With access counts (``graphfeed partition --method hotness``: how often pre-sampling from the
-training nodes touched each node, GraphLearn-for-PyTorch's idea) they are one more constraint,
-so every part serves about the same share of the sampled accesses while METIS keeps the cut low.
-
 Multi-constraint METIS often misses the per-type targets on typed graphs (3 parts of
 ``mag-tiny``: one part got twice its share of papers), so for a graph with several node
 types a greedy pass (:func:`rebalance`) then moves the best-connected nodes until every part
@@ -25,12 +21,8 @@ BALANCE_SLACK = 0.05   # a part holds its share of each node type and of the see
 _EDGE_CHUNK = 1 << 24  # edges per chunk in whole-edge-list passes: bounds temporaries to ~130 MB
 
 
-def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0,
-                access_counts: np.ndarray | None = None) -> np.ndarray:
-    """Part of every node of the homogeneous view (int64 [N]); deterministic for a given ``seed``.
-
-    ``access_counts`` (int [N] >= 0, optional): balanced across the parts as one more constraint.
-    ValueError when it has the wrong length or a negative entry."""
+def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0) -> np.ndarray:
+    """Part of every node of the homogeneous view (int64 [N]); deterministic for a given ``seed``."""
     if num_parts == 1:
         return np.zeros(graph.num_nodes, dtype=np.int64)
     import pymetis
@@ -39,7 +31,7 @@ def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0,
     pieces = [(e.edge_index[0], e.edge_index[1], offsets[src], offsets[dst])
               for (src, _, dst), e in graph.edges.items()]
     xadj, adjncy = symmetric_adjacency_of(pieces, graph.num_nodes)
-    vweights = _vertex_weights(graph, offsets, _checked_counts(access_counts, graph.num_nodes))
+    vweights = _vertex_weights(graph, offsets)
     _, membership = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights,
                                        options=pymetis.Options(seed=int(seed)))
     del vweights
@@ -55,26 +47,9 @@ def _train_ids(graph: GraphInput, offsets: dict[str, int]) -> np.ndarray:
     return offsets[graph.label_type] + np.asarray(graph.splits.get("train", np.empty(0)), dtype=np.int64)
 
 
-def _checked_counts(counts: np.ndarray | None, n: int) -> np.ndarray | None:
-    if counts is None:
-        return None
-    counts = np.asarray(counts)
-    if counts.shape != (n,) or (counts.size and int(counts.min()) < 0):
-        raise ValueError(f"access_counts must be {n} counts >= 0 (one per node of the homogeneous view), got "
-                         f"shape {counts.shape}")
-    counts = counts.astype(np.int64, copy=False)
-    total = int(counts.sum())
-    if total > _MAX_WEIGHT_SUM:   # METIS adds weights in 32-bit integers: scale down, keep touched nodes >= 1
-        counts = np.maximum((counts * (_MAX_WEIGHT_SUM / total)).astype(np.int64), (counts > 0).astype(np.int64))
-    return counts
-
-
-_MAX_WEIGHT_SUM = 1 << 28
-
-
-def _vertex_weights(graph: GraphInput, offsets: dict[str, int], access_counts: np.ndarray | None = None) -> np.ndarray:
-    """METIS balance constraints, flattened [N * C]: one per non-empty node type (its nodes), one for
-    the label type's training nodes, and the access counts when given (and not all zero)."""
+def _vertex_weights(graph: GraphInput, offsets: dict[str, int]) -> np.ndarray:
+    """METIS balance constraints, flattened [N * C]: one per non-empty node type (its nodes), and one for
+    the label type's training nodes."""
     n = graph.num_nodes
     columns = []
     for ntype, t in graph.nodes.items():
@@ -86,8 +61,6 @@ def _vertex_weights(graph: GraphInput, offsets: dict[str, int], access_counts: n
     train[_train_ids(graph, offsets)] = 1
     if train.any():
         columns.append(train)
-    if access_counts is not None and access_counts.any():
-        columns.append(access_counts)
     return np.stack(columns, axis=1).reshape(-1)
 
 
