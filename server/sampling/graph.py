@@ -134,7 +134,7 @@ class PartitionedGraph:
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
             return self._one_hop(etype, gids, spec, fanout, seed, rng_hop)
 
-        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, self._num_nodes)
+        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
@@ -181,7 +181,7 @@ class PartitionedGraph:
             def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
                 return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
 
-            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, self._num_nodes)
+            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
     # ---- what link loaders ask: edge membership and id resolution -------------------------------
 
