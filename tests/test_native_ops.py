@@ -525,6 +525,19 @@ def test_gather_rows_to_exact(dtype):
 
 
 @needs_native
+def test_reused_row_blocks_never_touch_live_rows():
+    """Freed multi-MB row blocks are reused for later gathers: a live result keeps its rows."""
+    src = torch.arange(60_000 * 64, dtype=torch.float32).reshape(60_000, 64)      # 15 MB per gather
+    index = torch.randperm(60_000, generator=torch.Generator().manual_seed(0))
+    live = OPS.gather_rows(src, index)
+    for k in range(4):
+        rows = OPS.gather_rows(src, index.roll(k + 1))                              # a freed block again
+        assert torch.equal(rows, src[index.roll(k + 1)])
+        del rows
+    assert torch.equal(live, src[index])
+
+
+@needs_native
 def test_gather_rows_to_errors():
     src, out = torch.zeros(4, 2), torch.zeros(3, 2)
     with pytest.raises(RuntimeError, match="out of range for src"):
