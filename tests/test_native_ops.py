@@ -258,6 +258,36 @@ def test_relabel_rejects_negative_ids():
         OPS.relabel(torch.tensor([1]), torch.tensor([0]), torch.tensor([3, -2]), 1)
 
 
+@needs_native
+@pytest.mark.parametrize("span", [50, 10_000])
+def test_relabel_map_keeps_one_map_across_calls(span):
+    """Three rounds against one id map equal three fresh relabels against every node seen before."""
+    g = torch.Generator().manual_seed(span)
+    seeds = torch.randperm(span, generator=g)[:20]
+    id_map = dispatch.new_id_map(span, torch.device("cpu"))
+    id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32))
+    known = dict(zip(seeds.tolist(), range(seeds.numel())))
+    for size in (100, 3000, 20_000):
+        cand = torch.randint(0, span, (size,), generator=g)
+        local, new = OPS.relabel_map(id_map, cand, len(known))
+        exp_local, exp_new = py_relabel(known, cand.tolist(), len(known))
+        assert local.tolist() == exp_local and new.tolist() == exp_new
+        known.update(zip(exp_new, range(len(known), len(known) + len(exp_new))))
+    assert int((id_map >= 0).sum()) == len(known)
+
+
+@needs_native
+def test_relabel_map_errors():
+    id_map = dispatch.new_id_map(10, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="outside the id map"):
+        OPS.relabel_map(id_map, torch.tensor([3, 10]), 0)
+    with pytest.raises(RuntimeError, match="outside the id map"):
+        OPS.relabel_map(id_map, torch.tensor([-1]), 0)
+    with pytest.raises(RuntimeError, match="int32"):
+        OPS.relabel_map(torch.zeros(10, dtype=torch.int64), torch.tensor([3]), 0)
+    assert dispatch.new_id_map(1 << 27, torch.device("cpu")) is None        # too large: the hashing relabel runs
+
+
 # ----------------------------------------------------------------------------- parity on random graphs
 GRAPH = random_graph(3000, 40_000, seed=1)
 TOPO = {d: compress(3000, GRAPH, d) for d in ("in", "out")}
@@ -471,6 +501,53 @@ def test_gather_rows_large_matches_index_select():
     src = torch.randn(50_000, 100)
     index = torch.randint(0, 50_000, (30_000,))
     assert torch.equal(dispatch.gather_rows(src, index), src.index_select(0, index))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_gather_rows_to_exact(dtype):
+    src = (torch.arange(40 * 3) % 251).to(dtype).reshape(40, 3)
+    index, out_index = torch.tensor([5, 0, 39, 5]), torch.tensor([6, 1, 0, 3])
+    exp = torch.full((7, 3), 9).to(dtype)
+    exp[out_index] = src[index]
+    out = torch.full((7, 3), 9).to(dtype)
+    OPS.gather_rows_to(src, index, out, out_index)
+    assert torch.equal(out, exp)
+    out = torch.full((7, 3), 9).to(dtype)
+    OPS.gather_rows_to(src[:4].contiguous(), None, out, out_index)          # no index: src's rows in order
+    exp = torch.full((7, 3), 9).to(dtype)
+    exp[out_index] = src[:4]
+    assert torch.equal(out, exp)
+    big = OPS.empty_rows(torch.zeros(1, 100), 50_000)                       # 20 MB: on huge pages
+    assert big.shape == (50_000, 100) and big.dtype == torch.float32
+    dispatch.gather_rows_to(torch.ones(50_000, 100), None, big, torch.arange(50_000))
+    assert bool((big == 1).all())
+
+
+@needs_native
+def test_reused_row_blocks_never_touch_live_rows():
+    """Freed multi-MB row blocks are reused for later gathers: a live result keeps its rows."""
+    src = torch.arange(60_000 * 64, dtype=torch.float32).reshape(60_000, 64)      # 15 MB per gather
+    index = torch.randperm(60_000, generator=torch.Generator().manual_seed(0))
+    live = OPS.gather_rows(src, index)
+    for k in range(4):
+        rows = OPS.gather_rows(src, index.roll(k + 1))                              # a freed block again
+        assert torch.equal(rows, src[index.roll(k + 1)])
+        del rows
+    assert torch.equal(live, src[index])
+
+
+@needs_native
+def test_gather_rows_to_errors():
+    src, out = torch.zeros(4, 2), torch.zeros(3, 2)
+    with pytest.raises(RuntimeError, match="out of range for src"):
+        OPS.gather_rows_to(src, torch.tensor([4]), out, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="out of range for out"):
+        OPS.gather_rows_to(src, torch.tensor([1]), out, torch.tensor([3]))
+    with pytest.raises(RuntimeError, match="one destination row per source row"):
+        OPS.gather_rows_to(src, torch.tensor([1, 2]), out, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="rows of shape"):
+        OPS.gather_rows_to(src, torch.tensor([1]), torch.zeros(3, 5), torch.tensor([0]))
 
 
 @needs_native

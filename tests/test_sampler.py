@@ -17,6 +17,7 @@ import torch
 from graphfeed.core.seeding import MASK64, mix64_int
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition import synth
+from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.store import Topology, open_parts
 from graphfeed.server.sampling import dispatch, reference, rng
@@ -302,6 +303,28 @@ def test_multi_part_equals_single_concatenated_topology(rand_case, spec):
         for f in ("nodes", "row", "col", "eids"):
             assert torch.equal(getattr(a, f), getattr(b, f)), f
         assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+
+
+def test_multi_part_gather_puts_every_row_in_place(rand_case):
+    """Rows of ids from every part, repeated and shuffled, land at their positions (x = [2o, 2o+1], y = o % 3)."""
+    g = torch.Generator().manual_seed(5)
+    gids = torch.randint(0, rand_case.num_nodes, (700,), generator=g)
+    x, y, orig = rand_case.graph.gather(gids)
+    assert torch.equal(rand_case.gid_of_orig[orig], gids)
+    assert torch.equal(x, torch.stack([2 * orig, 2 * orig + 1], dim=1).to(x.dtype))
+    assert torch.equal(y, orig % 3)
+
+
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 6])
+def test_book_split_gives_each_owner_its_positions_in_order(num_parts):
+    bounds = [0] + sorted(torch.randint(0, 100, (num_parts - 1,), generator=torch.Generator().manual_seed(1)).tolist())
+    book = RangePartitionBook(bounds + [100])
+    gids = torch.randint(0, 100, (500,), generator=torch.Generator().manual_seed(2))
+    split = book.split(gids)
+    owner = book.owner(gids)
+    assert [p for p, _ in split] == sorted(set(owner.tolist()))
+    for part, pos in split:
+        assert torch.equal(pos, torch.nonzero(owner == part).view(-1))
 
 
 # ----------------------------------------------------------- the selection rule, spelled out

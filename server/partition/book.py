@@ -32,10 +32,13 @@ class RangePartitionBook:
         return torch.searchsorted(self.bounds, gids, right=True) - 1
 
     def split(self, gids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """``[(part, positions into gids)]`` for every part that owns some of ``gids``."""
+        """``[(part, positions into gids)]`` for every part that owns some of ``gids`` (positions ascending)."""
         if self.num_parts == 1:
             return [(0, torch.arange(gids.numel()))]
         owner = self.owner(gids)
+        if self.num_parts <= _MASK_SPLIT_PARTS:   # a pass per part beats a stable sort for a few parts
+            pieces = [(part, torch.nonzero(owner == part).view(-1)) for part in range(self.num_parts)]
+            return [(part, pos) for part, pos in pieces if pos.numel()]
         order = torch.argsort(owner, stable=True)
         counts = torch.bincount(owner, minlength=self.num_parts).tolist()
         out, start = [], 0
@@ -44,3 +47,6 @@ class RangePartitionBook:
                 out.append((part, order[start:start + c]))
             start += c
         return out
+
+
+_MASK_SPLIT_PARTS = 4

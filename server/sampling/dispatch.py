@@ -226,9 +226,49 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
     return torch.index_select(src, 0, index, out=out)
 
 
+def empty_rows(like: torch.Tensor, rows: int) -> torch.Tensor:
+    """An uninitialised ``[rows, *like.shape[1:]]`` tensor of ``like``'s dtype and device, for rows about to be
+    written: multi-MB ones on huge pages with the native library (a fresh multi-MB tensor costs more in
+    page faults than the copy into it)."""
+    if _NATIVE is not None and like.device.type == "cpu":
+        return _NATIVE.empty_rows(like, int(rows))
+    return torch.empty((int(rows),) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+
+
+def gather_rows_to(src: torch.Tensor, index: torch.Tensor | None, out: torch.Tensor, out_index: torch.Tensor) -> None:
+    """``out[out_index[i]] = src[index[i]]`` (``index`` None: ``src[i]``): rows copied straight into place,
+    one copy where ``index_select`` then ``index_copy_`` make two."""
+    out_index = _long(out_index)
+    if _NATIVE is not None and src.device.type == "cpu" and out.device.type == "cpu":
+        _NATIVE.gather_rows_to(src, None if index is None else _long(index), out, out_index)
+        return
+    out.index_copy_(0, out_index, src if index is None else src.index_select(0, _long(index)))
+
+
 def relabel_needs_sorted_known() -> bool:
     """The reference relabel binary-searches the known ids; the native one hashes them."""
     return _NATIVE is None
+
+
+ID_MAP_EMPTY = -(1 << 31)      # an unseen node in an id map (:func:`new_id_map`)
+_ID_MAP_MAX_NODES = 1 << 26    # 256 MiB of map at most; larger node types relabel by hashing
+
+
+def new_id_map(num_nodes: int, device: torch.device) -> torch.Tensor | None:
+    """An empty id map for :func:`relabel_map` over node ids ``0..num_nodes-1`` (int32, every entry
+    :data:`ID_MAP_EMPTY`), or None where :func:`relabel` must run instead (no native library, a
+    device other than the CPU, or a node type too large for a dense map)."""
+    if _NATIVE is None or device.type != "cpu" or not 0 <= num_nodes <= _ID_MAP_MAX_NODES:
+        return None
+    return torch.full((num_nodes,), ID_MAP_EMPTY, dtype=torch.int32)
+
+
+def relabel_map(id_map: torch.Tensor, candidates: torch.Tensor, num_known: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`relabel` against the nodes held in ``id_map`` (from :func:`new_id_map`; entry ``g`` is the
+    local id of node ``g``), which then holds the new nodes too: one map serves every hop of a batch,
+    so no hop re-inserts the nodes seen before it.  Ids outside the map raise (RuntimeError)."""
+    assert _NATIVE is not None, "relabel_map needs an id map from new_id_map, which needs the native library"
+    return tuple(_NATIVE.relabel_map(id_map, _long(candidates), int(num_known)))
 
 
 def relabel(known_gids: torch.Tensor, known_local: torch.Tensor, candidates: torch.Tensor,

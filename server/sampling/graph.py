@@ -92,6 +92,7 @@ class PartitionedGraph:
         self.sources = list(sources)
         self.telemetry: StageTelemetry = telemetry if telemetry is not None else NoTelemetry()
         self.books = {t: like.nodes(t).book for t in like.node_types}
+        self._num_nodes = {t: b.num_nodes for t, b in self.books.items()}
         self.node_types, self.edge_types, self.label_type = like.node_types, like.edge_types, like.label_type
         self.is_homogeneous = like.meta.is_homogeneous
         self._like = local[0]                                                  # feature rows' shape and type
@@ -139,7 +140,7 @@ class PartitionedGraph:
             return self._one_hop(etype, gids, spec, fanout, seed, rng_hop, seed_time)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
-                            subgraphs if spec.disjoint else None, subgraph_time)
+                            subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
@@ -201,7 +202,7 @@ class PartitionedGraph:
             def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
                 return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
 
-            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type)
+            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
     # ---- what link loaders ask: edge membership and id resolution -------------------------------
 
@@ -293,24 +294,26 @@ class PartitionedGraph:
 
     def _gather(self, ntype: str, gids: torch.Tensor) -> Rows:
         """Rows of ``gids`` (type ``ntype``) from their owners, copied into place (one local owner: its
-        rows as they are)."""
+        rows as they are).  Remote pieces are asked for first; local rows are copied straight into
+        place meanwhile (one copy), then each remote piece as it arrives."""
         split = self.books[ntype].split(gids)
         only = self.sources[split[0][0]] if len(split) == 1 else None
         if isinstance(only, LocalSource):
             return only.gather(ntype, gids)
         n, store = gids.numel(), self._like.part.nodes(ntype)
-        x, y = (None if t is None else torch.empty((n,) + tuple(t.shape[1:]), dtype=t.dtype)
-                for t in (store.x, store.y))
+        x, y = (None if t is None else dispatch.empty_rows(t, n) for t in (store.x, store.y))
         out = (x, y, torch.empty(n, dtype=torch.int64))
-
-        def start(src: PartSource, ids: torch.Tensor) -> Handle[Rows]:
-            return src.start_gather(ntype, ids)
-
-        for pos, rows in self._pieces(gids, split, start):
-            # index_copy_ rather than ``x[pos] = ...``: advanced-indexing assignment is several times slower
+        remote = [(pos, self.sources[p].start_gather(ntype, gids[pos])) for p, pos in split
+                  if not isinstance(self.sources[p], LocalSource)]
+        for p, pos in split:
+            source = self.sources[p]
+            if isinstance(source, LocalSource):
+                source.gather_to(ntype, gids[pos], out, pos)
+        for pos, handle in remote:
+            rows = handle.wait()
             for dst, src in zip(out, rows):
                 if dst is not None and src is not None:
-                    dst.index_copy_(0, pos, src)
+                    dispatch.gather_rows_to(src, None, dst, pos)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
         return out
 

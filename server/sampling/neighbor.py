@@ -18,7 +18,6 @@ import torch
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
-from graphfeed.server.sampling.reference import segment_arange
 from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed
 from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
@@ -45,7 +44,8 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
 
 def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
                  input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
-                 subgraph_time: torch.Tensor | None = None) -> TypedSubgraph:
+                 subgraph_time: torch.Tensor | None = None,
+                 num_nodes: Mapping[str, int] | None = None) -> TypedSubgraph:
     """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
 
     PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
@@ -69,6 +69,10 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     that reaches it at the same hop (unless their times differ).  ``subgraph_time[s]`` (temporal
     sampling; needs ``subgraphs``) is subgraph ``s``'s seed time: every node of the subgraph is
     expanded with it (``one_hop_fn`` gets it as a fifth argument, one per frontier node).
+
+    ``num_nodes`` (optional, ignored when disjoint; per node type, every global id is below it) lets
+    each type keep one id map for all hops of the batch (:func:`dispatch.relabel_map`) instead of relabelling against
+    every node seen so far at each hop; the sample is the same either way.
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
     plan = plan_typed(seeds, fanouts, direction, input_type)
@@ -76,7 +80,9 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     device = seeds[input_type].device        # a CUDA topology's hops run on its device (dispatch.one_hop)
     if subgraph_time is not None and subgraphs is None:
         raise ValueError("subgraph_time needs subgraphs: temporal sampling is disjoint (one subgraph per seed)")
-    nodes = {t: _TypeNodes(seeds.get(t), device, None if subgraphs is None else subgraphs.get(t, _empty(device)))
+    bounds = num_nodes if num_nodes is not None and subgraphs is None else {}
+    nodes = {t: _TypeNodes(seeds.get(t), device, None if subgraphs is None else subgraphs.get(t, _empty(device)),
+                           bounds.get(t))
              for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
     for hop in range(num_hops):
@@ -124,15 +130,22 @@ class _TypeNodes:
     """The sampled nodes of one type: their keys in local-id order, and the frontier of the current hop.
 
     A node's key is its global id, or with disjoint subgraphs ``(subgraph << SUBGRAPH_SHIFT) + global id``
-    (the same node in two subgraphs is two nodes).
+    (the same node in two subgraphs is two nodes).  ``num_nodes`` (not disjoint: keys are global ids
+    below it) keeps one id map for all hops instead of relabelling against every node seen so far.
     """
 
-    def __init__(self, seeds: torch.Tensor | None, device: torch.device, subgraphs: torch.Tensor | None = None):
+    def __init__(self, seeds: torch.Tensor | None, device: torch.device, subgraphs: torch.Tensor | None = None,
+                 num_nodes: int | None = None):
         seeds = _empty(device) if seeds is None else seeds.to(device=device, dtype=torch.int64)
         self.disjoint = subgraphs is not None
         keys = seeds if subgraphs is None else _keys(seeds, subgraphs.to(device=device, dtype=torch.int64))
         self.chunks = [keys]                  # the seeds, then the new nodes of each hop and edge type
         self.total = seeds.numel()
+        # global id -> local id of every node seen so far, when the type's ids are bounded (else each
+        # add relabels against all chunks)
+        self.id_map = None if num_nodes is None or self.disjoint else dispatch.new_id_map(num_nodes, device)
+        if self.id_map is not None:
+            self.id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32))
         self.counts = [seeds.numel()]         # num_sampled_nodes
         self.frontier = (seeds, torch.arange(seeds.numel(), device=device))   # (global ids, local ids)
         self._frontier_keys = keys
@@ -142,7 +155,10 @@ class _TypeNodes:
         """Local ids of ``candidates`` (global ids of this type, of subgraphs ``subgraphs`` when disjoint);
         the unseen ones are numbered next."""
         keys = candidates if not self.disjoint else _keys(candidates, subgraphs)
-        local, new = dispatch.relabel(*_known(self.chunks), keys, self.total)
+        if self.id_map is not None:
+            local, new = dispatch.relabel_map(self.id_map, keys, self.total)
+        else:
+            local, new = dispatch.relabel(*_known(self.chunks), keys, self.total)
         self.chunks.append(new)
         self.total += new.numel()
         return local
@@ -218,18 +234,32 @@ def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]]) -> OneHop:
     """Merge per-owner results back into frontier order.
 
-    ``pieces`` holds ``(positions into the frontier, result for those nodes)``.  The same for
-    every edge type: a typed ``one_hop_fn`` splits and stitches each edge type's frontier.
+    ``pieces`` holds ``(positions into the frontier, result for those nodes)``; together the
+    positions cover ``0..n-1`` once.  The same for every edge type: a typed ``one_hop_fn``
+    splits and stitches each edge type's frontier.  One piece that covers the frontier in order
+    is returned as it is.
     """
+    if len(pieces) == 1 and pieces[0][0].numel() == n and _in_order(pieces[0][0]):
+        return pieces[0][1]
     counts = torch.zeros(n, dtype=torch.int64)
     for pos, res in pieces:
-        counts[pos] = res.counts
-    offsets = torch.cumsum(counts, 0) - counts
-    total = int(counts.sum())
+        counts.index_copy_(0, pos, res.counts)
+    ends = torch.cumsum(counts, 0)
+    offsets = ends - counts
+    total = int(ends[-1]) if n else 0
     neighbors = torch.empty(total, dtype=torch.int64)
     edge_ids = torch.empty(total, dtype=torch.int64)
     for pos, res in pieces:
-        dst = torch.repeat_interleave(offsets[pos], res.counts) + segment_arange(res.counts)
-        neighbors[dst] = res.neighbors
-        edge_ids[dst] = res.eids
+        # a piece's j-th neighbor of its i-th node goes to offsets[pos[i]] + j: shift its own offsets
+        m = res.neighbors.numel()
+        shift = offsets.index_select(0, pos) - (torch.cumsum(res.counts, 0) - res.counts)
+        dst = torch.repeat_interleave(shift, res.counts, output_size=m) + torch.arange(m)
+        neighbors.index_copy_(0, dst, res.neighbors)
+        edge_ids.index_copy_(0, dst, res.eids)
     return OneHop(counts, neighbors, edge_ids)
+
+
+def _in_order(pos: torch.Tensor) -> bool:
+    """Whether ``pos`` is ``0, 1, ..., len - 1``."""
+    return pos.numel() == 0 or (int(pos[0]) == 0 and int(pos[-1]) == pos.numel() - 1 and
+                                bool((pos[1:] > pos[:-1]).all()))

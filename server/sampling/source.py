@@ -106,6 +106,15 @@ class LocalSource:
         return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
                       store.orig_id.index_select(0, local)))
 
+    def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None:
+        """Rows of ``gids`` (type ``ntype``, this part's) written straight to rows ``pos`` of ``out``
+        (the driver's per-batch arrays; x / y None where the type has none)."""
+        store = self.part.nodes(ntype)
+        local = gids - store.start
+        for dst, src in zip(out, (store.x, store.y, store.orig_id)):
+            if dst is not None and src is not None:
+                dispatch.gather_rows_to(src, local, dst, pos)
+
     def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> Ready[torch.Tensor]:
         return Ready(self.has_edges(pairs, kind, etype))
 
