@@ -179,7 +179,7 @@ def fingerprint(graph: GraphInput) -> str:
     for ntype in sorted(graph.nodes):
         t = graph.nodes[ntype]
         h.update(f"node:{ntype}:{t.num_nodes};".encode())
-        for name, array in (("x", t.x), ("y", t.y)):
+        for name, array in (("x", t.x), ("y", t.y), ("time", t.time)):
             if array is not None:
                 _hash_array(h, f"{ntype}.{name}", array)
     for etype in sorted(graph.edges):
@@ -189,6 +189,8 @@ def fingerprint(graph: GraphInput) -> str:
             _hash_array(h, f"{label}.edge_attr", e.edge_attr)
         if e.edge_weight is not None:
             _hash_array(h, f"{label}.edge_weight", e.edge_weight)
+        if e.edge_time is not None:       # graphs without times hash as before
+            _hash_array(h, f"{label}.edge_time", e.edge_time)
     h.update(f"label_type:{graph.label_type};".encode())
     for split in sorted(graph.splits):
         _hash_array(h, f"split:{split}", graph.splits[split])

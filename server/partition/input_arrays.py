@@ -163,3 +163,25 @@ def check_edge_attr(edge_attr: np.ndarray, num_edges: int, w: str, edges_w: str)
                          f"{edges_w} has {num_edges} edges; give one row per edge (same order)")
     if not (np.issubdtype(edge_attr.dtype, np.number) or edge_attr.dtype == np.bool_):
         raise InputError(f"{w} must be numeric, got dtype {edge_attr.dtype}")
+
+
+def check_edge_weight(edge_weight: np.ndarray, num_edges: int, w: str) -> np.ndarray:
+    """``edge_weight`` as float [E] (one weight per edge); InputError naming the fix.  Values (negative, NaN,
+    all zero for a node) are checked when a loader samples with them (``weight_attr="edge_weight"``)."""
+    if edge_weight.ndim != 1 or edge_weight.shape[0] != num_edges:
+        raise InputError(f"{w} has shape {list(edge_weight.shape)}, edge_index has {num_edges} edges: give one "
+                         f"weight per edge ([E])")
+    if not (np.issubdtype(edge_weight.dtype, np.number) or edge_weight.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, got dtype {edge_weight.dtype}")
+    return edge_weight if np.issubdtype(edge_weight.dtype, np.floating) else edge_weight.astype(np.float32)
+
+
+def check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
+    """Timestamps as int64 [count]; InputError naming the array otherwise."""
+    if time is None:
+        return None
+    time = np.asarray(time)
+    if not np.issubdtype(time.dtype, np.integer) or time.ndim != 1 or time.shape[0] != count:
+        raise InputError(f"{w} must be integer timestamps, one per row ({of} {count}), got dtype {time.dtype} "
+                         f"and shape {list(time.shape)}")
+    return time.astype(np.int64)

@@ -40,7 +40,9 @@ from graphfeed.server.partition.input_arrays import (
     InputError,
     check_edge_attr,
     check_edge_index_shape,
+    check_edge_weight,
     check_split,
+    check_time,
     check_x,
     check_y_dtype,
     field_of,
@@ -193,28 +195,6 @@ def _check_y(y: np.ndarray | None, num_nodes: int, where) -> None:
                          f"give one label per node (same order as x)")
 
 
-def _check_edge_weight(edge_weight: np.ndarray, num_edges: int, w: str) -> np.ndarray:
-    """``edge_weight`` as float [E] (one weight per edge); InputError naming the fix.  Values (negative, NaN,
-    all zero for a node) are checked when a loader samples with them (``weight_attr="edge_weight"``)."""
-    if edge_weight.ndim != 1 or edge_weight.shape[0] != num_edges:
-        raise InputError(f"{w} has shape {list(edge_weight.shape)}, edge_index has {num_edges} edges: give one "
-                         f"weight per edge ([E])")
-    if not (np.issubdtype(edge_weight.dtype, np.number) or edge_weight.dtype == np.bool_):
-        raise InputError(f"{w} must be numeric, got dtype {edge_weight.dtype}")
-    return edge_weight if np.issubdtype(edge_weight.dtype, np.floating) else edge_weight.astype(np.float32)
-
-
-def _check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
-    """Timestamps as int64 [count]; InputError naming the array otherwise."""
-    if time is None:
-        return None
-    time = np.asarray(time)
-    if not np.issubdtype(time.dtype, np.integer) or time.ndim != 1 or time.shape[0] != count:
-        raise InputError(f"{w} must be integer timestamps, one per row ({of} {count}), got dtype {time.dtype} "
-                         f"and shape {list(time.shape)}")
-    return time.astype(np.int64)
-
-
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
                       where: Callable[[str], str] = lambda n: n, edge_weight=None, node_time=None,
                       edge_time=None) -> GraphInput:
@@ -239,9 +219,9 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
     if edge_attr is not None:
         check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
     if edge_weight is not None:
-        edge_weight = _check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
-    node_time = _check_time(node_time, num_nodes, where("node_time"), "x has")
-    edge_time = _check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
+        edge_weight = check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
+    node_time = check_time(node_time, num_nodes, where("node_time"), "x has")
+    edge_time = check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
     graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
                        num_classes=label_classes(y), edge_weight=edge_weight, node_time=node_time,
                        edge_time=edge_time)

@@ -149,6 +149,11 @@ class EdgeStore:
         self._owned = {"csc": owned[etype[2]], "csr": owned[etype[0]]}  # nodes each topology covers
 
     @property
+    def typed_label(self) -> str:
+        """``" of edge type (src, rel, dst)"`` on a typed graph (for messages), ``""`` on a homogeneous one."""
+        return "" if self.meta.is_homogeneous else f" of edge type {self.etype}"
+
+    @property
     def num_edges(self) -> int:
         """Edges of this type in the whole graph."""
         return int(self.meta.num_edges[edge_type_dirname(self.etype)])
@@ -195,9 +200,15 @@ class EdgeStore:
         stored = self.stored_times()
         if time_attr not in stored:
             have = f"it stores {', '.join(map(repr, stored))}" if stored else "it stores no timestamps"
-            raise ValueError(f"time_attr={time_attr!r} names no stored time column ({have}): partition the graph "
-                             f"with node_time.npy (Data.time) for time_attr='time' or edge_time.npy "
-                             f"(Data.edge_time) for time_attr='edge_time'")
+            if self.meta.is_homogeneous:
+                raise ValueError(f"time_attr={time_attr!r} names no stored time column ({have}): partition the "
+                                 f"graph with node_time.npy (Data.time) for time_attr='time' or edge_time.npy "
+                                 f"(Data.edge_time) for time_attr='edge_time'")
+            src, dst, name = self.etype[0], self.etype[2], edge_type_dirname(self.etype)
+            fix = (f"{name}/edge_time.npy (data[{self.etype}].edge_time)" if time_attr == "edge_time" else
+                   f"node_time.npy in {src}/ and {dst}/ (data[{src!r}].time, data[{dst!r}].time)")
+            raise ValueError(f"time_attr={time_attr!r} names no stored time column{self.typed_label} ({have}): "
+                             f"partition the graph with {fix}, or give this edge type fanout 0")
         self.topology(kind)  # the same checks
         name = "edge_time" if time_attr == "edge_time" else "nbr_time"
         cache = self.__dict__.setdefault("_times", {})
@@ -232,27 +243,38 @@ class EdgeWeights:
         w = self._stored(kind) if weight_attr == EDGE_WEIGHT else self._column(kind, weight_attr)
         if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
             source = "edge_weight" if weight_attr == EDGE_WEIGHT else "edge_attr column"
-            raise ValueError(f"weight_attr={weight_attr!r}: edge weights must be finite and >= 0 (found negative, "
-                             f"NaN or infinite ones); fix the {source}")
+            raise ValueError(f"weight_attr={weight_attr!r}: edge weights{self.store.typed_label} must be finite and "
+                             f">= 0 (found negative, NaN or infinite ones); fix the {source}")
         self._check_nodes(kind, weight_attr, w)
         return w
 
     def _stored(self, kind: str) -> torch.Tensor:
         w = self.store.edge_weight(kind)
-        if w is None:
+        if w is None and self.store.meta.is_homogeneous:
             raise ValueError(f"weight_attr={EDGE_WEIGHT!r}: the graph has no edge weights; partition it with "
                              f"edge_weight.npy ([E]) in the input folder (or Data.edge_weight), or drop weight_attr")
+        if w is None:
+            etype = self.store.etype
+            raise ValueError(f"weight_attr={EDGE_WEIGHT!r}: edge type {etype} has no edge weights; partition the "
+                             f"graph with {edge_type_dirname(etype)}/edge_weight.npy (data[{etype}].edge_weight), "
+                             f"or give this edge type fanout 0, or drop weight_attr")
         return w.to(torch.float64)
 
     def _column(self, kind: str, weight_attr: str) -> torch.Tensor:
         attr, column = self.store.edge_attr(kind), weight_column(weight_attr)
-        if attr is None:
+        if attr is None and self.store.meta.is_homogeneous:
             raise ValueError(f"weight_attr={weight_attr!r}: the graph has no edge features; partition it with "
                              f"edge_attr.npy holding the weights, or drop weight_attr")
+        if attr is None:
+            etype = self.store.etype
+            raise ValueError(f"weight_attr={weight_attr!r}: edge type {etype} has no edge features; partition the "
+                             f"graph with {edge_type_dirname(etype)}/edge_attr.npy (data[{etype}].edge_attr) holding "
+                             f"the weights, or give this edge type fanout 0, or drop weight_attr")
         cols = 1 if attr.dim() == 1 else int(attr.shape[1]) if attr.dim() == 2 else -1
         if column is None and cols != 1 or column is not None and not 0 <= column < cols:
-            raise ValueError(f"weight_attr={weight_attr!r}: the edge features have shape {list(attr.shape[1:])}; "
-                             f"name one column as 'edge_attr:K' with K in 0..{max(cols, 1) - 1}")
+            raise ValueError(f"weight_attr={weight_attr!r}: the edge features{self.store.typed_label} have shape "
+                             f"{list(attr.shape[1:])}; name one column as 'edge_attr:K' with K in "
+                             f"0..{max(cols, 1) - 1}")
         return (attr if attr.dim() == 1 else attr[:, column or 0]).to(torch.float64)
 
     def _check_nodes(self, kind: str, weight_attr: str, w: torch.Tensor) -> None:
@@ -263,9 +285,9 @@ class EdgeWeights:
         dead = ((deg > 0) & (sums == 0)).nonzero().view(-1)
         if dead.numel():
             side = "in" if kind == "csc" else "out"
-            raise ValueError(f"weight_attr={weight_attr!r}: {dead.numel()} node(s) have {side}-edges whose weights "
-                             f"are all zero (they could never be sampled); give them a positive weight or drop "
-                             f"weight_attr")
+            raise ValueError(f"weight_attr={weight_attr!r}: {dead.numel()} node(s) have {side}-edges"
+                             f"{self.store.typed_label} whose weights are all zero (they could never be sampled); "
+                             f"give them a positive weight or drop weight_attr")
 
 
 def default_edge_type(meta: PartitionMeta, ntype: str) -> EdgeType:
@@ -296,7 +318,8 @@ class Partition:
             default_edge_type(self.meta, self.ntype)
         node = self.nodes(self.ntype)
         self.book, self.start, self.stop = node.book, node.start, node.stop
-        self.weights = EdgeWeights(self.edges(self.etype))
+        self._weights = {e: EdgeWeights(store) for e, store in self._edges.items()}
+        self.weights = self._weights[self.etype]   # the default edge type's (a homogeneous graph's)
 
     # ---- the typed API
 
@@ -348,29 +371,36 @@ class Partition:
         mask, _ = self.nodes(ntype).to_global(node_input.ids)
         return mask.nonzero().view(-1)
 
+    def edge_weights(self, etype: EdgeType, kind: str, weight_attr: str) -> torch.Tensor:
+        """Checked weights aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeWeights.get`)."""
+        self.edges(etype)   # ValueError naming the graph's edge types
+        return self._weights[(etype[0], etype[1], etype[2])].get(kind, weight_attr)
+
     def edge_times(self, etype: EdgeType, kind: str, time_attr: str) -> torch.Tensor:
         """Timestamps aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeStore.times`)."""
         return self.edges(etype).times(kind, time_attr)
 
     def check_sampling(self, sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
         """ValueError (naming the argument and the fix) unless this part can serve ``sampling``'s
-        options: for ``weight_attr``, valid weights (:class:`EdgeWeights`); for ``time_attr``, a stored
-        time column (homogeneous graphs so far) and, for node ``seeds`` without ``input_time``, stored
-        node times of their type."""
-        if sampling.time_attr is not None:
-            if not self.meta.is_homogeneous:
-                raise ValueError("time_attr is not supported yet for typed graphs: sample typed graphs without "
-                                 "time_attr or use a homogeneous graph")
-            self.edge_times(self.etype, sampling.topology, sampling.time_attr)
-            if isinstance(seeds, NodeInput) and seeds.time is None \
-                    and self.nodes(seeds.type_or(self.label_type)).time is None:
+        options on every edge type it samples (a non-zero fanout at some hop): for ``weight_attr``, valid
+        weights (:class:`EdgeWeights`); for ``time_attr``, a stored time column and, for node ``seeds``
+        without ``input_time``, stored node times of their type.  On a typed graph the message names the
+        edge type that lacks the column."""
+        if not sampling.weighted and not sampling.temporal:
+            return
+        sampled = [e for e, hops in sampling.fanouts_for(self.edge_types).items() if any(int(k) for k in hops)]
+        for etype in sampled:
+            if sampling.time_attr is not None:
+                self.edge_times(etype, sampling.topology, sampling.time_attr)
+            if sampling.weight_attr is not None:
+                self.edge_weights(etype, sampling.topology, sampling.weight_attr)
+        if sampling.time_attr is not None and isinstance(seeds, NodeInput) and seeds.time is None:
+            ntype = seeds.type_or(self.label_type)
+            if self.nodes(ntype).time is None:
+                where = "node_time.npy (Data.time)" if self.meta.is_homogeneous else \
+                    f"{ntype}/node_time.npy (data[{ntype!r}].time)"
                 raise ValueError(f"time_attr={sampling.time_attr!r} needs the seeds' times: pass input_time (one "
-                                 f"per input node id), or partition the graph with node_time.npy (Data.time)")
-        if sampling.weight_attr is not None:
-            if not self.meta.is_homogeneous:
-                raise ValueError("weight_attr is not supported yet for typed graphs: sample typed graphs "
-                                 "uniformly (weight_attr=None) or use a homogeneous graph")
-            self.weights.get(sampling.topology, sampling.weight_attr)
+                                 f"per input node id), or partition the graph with {where}")
 
     def input_edges(self, link: LinkInput) -> torch.Tensor:
         """Positions of the seed edges of ``link`` whose source node this part owns (ascending); ValueError

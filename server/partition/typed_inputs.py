@@ -9,15 +9,19 @@ Two inputs:
       {ntype}/num_nodes.npy      0-d integer         node count; required only without x and y
       {ntype}/{split}_idx.npy    integer [k]         ids of the split's nodes, or
       {ntype}/{split}_mask.npy   bool [N_t]          (train required, val/test optional; one type only)
+      {ntype}/node_time.npy      integer [N_t]       node timestamps (optional; time_attr="time")
       {src}__{rel}__{dst}/edge_index.npy  integer [2, E]  row 0 = {src} ids, row 1 = {dst} ids
       {src}__{rel}__{dst}/edge_attr.npy   numeric [E, ...] optional
+      {src}__{rel}__{dst}/edge_weight.npy numeric [E]      optional sampling weights (weight_attr="edge_weight")
+      {src}__{rel}__{dst}/edge_time.npy   integer [E]      optional edge timestamps (time_attr="edge_time")
       meta.json                  optional; its "name" (or "preset") names the graph
 
   A sub-folder whose name holds ``__`` is an edge type, any other one a node type; node ids
   are row positions within their type.
 
 * a PyG ``HeteroData`` saved with ``torch.save``: per node type ``x``, ``y``, ``num_nodes``,
-  ``{split}_mask`` or ``{split}_idx``; per edge type ``edge_index`` and optional ``edge_attr``.
+  ``{split}_mask`` or ``{split}_idx``, optional ``time``; per edge type ``edge_index`` and optional
+  ``edge_attr``, ``edge_weight`` and ``edge_time``.
 
 The node type that holds the splits is the label type; it must have ``y``. Every problem
 raises :class:`InputError` naming the node or edge type, the file or attribute, and the fix.
@@ -37,7 +41,9 @@ from graphfeed.server.partition.input_arrays import (
     InputError,
     check_edge_attr,
     check_edge_index_shape,
+    check_edge_weight,
     check_split,
+    check_time,
     check_x,
     check_y_dtype,
     field_of,
@@ -47,8 +53,8 @@ from graphfeed.server.partition.input_arrays import (
     to_numpy,
 )
 
-NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS))
-EDGE_FILES = ("edge_index", "edge_attr")
+NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS), "node_time")
+EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time")
 Where = Callable[[str], str]   # array name -> where it came from, prefixed with its type
 
 
@@ -63,6 +69,8 @@ class RawNodeType:
     num_nodes: np.ndarray | int | None = None
     idx: dict[str, np.ndarray] = field(default_factory=dict)     # split -> node ids
     masks: dict[str, np.ndarray] = field(default_factory=dict)   # split -> bool [N]
+    time: np.ndarray | None = None        # node timestamps [N] (temporal sampling)
+    time_name: str = "node_time"          # what the input format calls them
 
 
 @dataclass
@@ -70,6 +78,8 @@ class RawEdgeType:
     where: Where
     edge_index: np.ndarray
     edge_attr: np.ndarray | None = None
+    edge_weight: np.ndarray | None = None   # sampling weights [E]
+    edge_time: np.ndarray | None = None     # edge timestamps [E]
 
 
 # ----------------------------------------------------------------------------- typed .npy folder
@@ -107,7 +117,8 @@ def _read_node_folder(sub: Path) -> RawNodeType:
     return RawNodeType(where=where, num_nodes_hint=f"save it as {sub / 'num_nodes.npy'} (numpy.save(path, N))",
                        x=arrays.get("x"), y=arrays.get("y"), num_nodes=arrays.get("num_nodes"),
                        idx={s: arrays[f"{s}_idx"] for s in SPLITS if f"{s}_idx" in arrays},
-                       masks={s: arrays[f"{s}_mask"] for s in SPLITS if f"{s}_mask" in arrays})
+                       masks={s: arrays[f"{s}_mask"] for s in SPLITS if f"{s}_mask" in arrays},
+                       time=arrays.get("node_time"))
 
 
 def _read_edge_folder(sub: Path, etype: EdgeType) -> RawEdgeType:
@@ -115,7 +126,8 @@ def _read_edge_folder(sub: Path, etype: EdgeType) -> RawEdgeType:
     where = lambda name: f"edge type {etype!r}: {sub / name}.npy"  # noqa: E731 -- a one-line formatter
     if "edge_index" not in arrays:
         raise InputError(f"{where('edge_index')} is missing: every edge type folder needs edge_index.npy [2, E]")
-    return RawEdgeType(where=where, edge_index=arrays["edge_index"], edge_attr=arrays.get("edge_attr"))
+    return RawEdgeType(where=where, edge_index=arrays["edge_index"], edge_attr=arrays.get("edge_attr"),
+                       edge_weight=arrays.get("edge_weight"), edge_time=arrays.get("edge_time"))
 
 
 def read_typed_folder(folder: Path, name: str) -> GraphInput:
@@ -139,14 +151,16 @@ def is_hetero_data(obj) -> bool:
 
 def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
     where = lambda name: f"node type {ntype!r}: {file}: data[{ntype!r}].{name}"  # noqa: E731 -- a formatter
-    arrays = {name: to_numpy(field_of(store, name), where(name)) for name in NODE_FILES if name != "num_nodes"}
+    arrays = {name: to_numpy(field_of(store, name), where(name))
+              for name in NODE_FILES if name not in ("num_nodes", "node_time")}
     num_nodes = field_of(store, "num_nodes")
     if num_nodes is not None and not isinstance(num_nodes, int):
         num_nodes = to_numpy(num_nodes, where("num_nodes"))
     return RawNodeType(where=where, num_nodes_hint=f"set data[{ntype!r}].num_nodes = N before saving",
                        x=arrays["x"], y=arrays["y"], num_nodes=num_nodes,
                        idx=_present({s: arrays[f"{s}_idx"] for s in SPLITS}),
-                       masks=_present({s: arrays[f"{s}_mask"] for s in SPLITS}))
+                       masks=_present({s: arrays[f"{s}_mask"] for s in SPLITS}),
+                       time=to_numpy(field_of(store, "time"), where("time")), time_name="time")
 
 
 def _present(arrays: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
@@ -159,8 +173,8 @@ def _hetero_edge_type(store, etype: EdgeType, file: Path) -> RawEdgeType:
     if edge_index is None:
         raise InputError(f"{where('edge_index')} is missing: give every edge type an edge_index [2, E] "
                          f"(a SparseTensor adj_t is not read; convert it to edge_index)")
-    return RawEdgeType(where=where, edge_index=edge_index,
-                       edge_attr=to_numpy(field_of(store, "edge_attr"), where("edge_attr")))
+    optional = {name: to_numpy(field_of(store, name), where(name)) for name in ("edge_attr", "edge_weight", "edge_time")}
+    return RawEdgeType(where=where, edge_index=edge_index, **optional)
 
 
 def read_hetero_data(data, file: Path) -> GraphInput:
@@ -208,7 +222,8 @@ def _check_node_type(ntype: str, raw: RawNodeType) -> tuple[NodeTypeInput, dict[
         splits[s] = idx
     splits = {s: check_split(idx, raw.where(f"{s}_idx" if s in raw.idx else f"{s}_mask"), n, rows)
               for s, idx in splits.items()}
-    return NodeTypeInput(n, raw.x, raw.y), splits
+    time = check_time(raw.time, n, raw.where(raw.time_name), f"node type {ntype!r} has")
+    return NodeTypeInput(n, raw.x, raw.y, time), splits
 
 
 def _node_count(ntype: str, raw: RawNodeType) -> int:
@@ -250,7 +265,10 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
                              f"nodes (valid ids 0..{n - 1}); fix the edge list or the node count of {ntype!r}")
     if raw.edge_attr is not None:
         check_edge_attr(raw.edge_attr, edge_index.shape[1], raw.where("edge_attr"), "its edge_index")
-    return EdgeTypeInput(edge_index, raw.edge_attr)
+    num_edges = edge_index.shape[1]
+    weight = None if raw.edge_weight is None else check_edge_weight(raw.edge_weight, num_edges, raw.where("edge_weight"))
+    time = check_time(raw.edge_time, num_edges, raw.where("edge_time"), "its edge_index has")
+    return EdgeTypeInput(edge_index, raw.edge_attr, weight, time)
 
 
 def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, RawNodeType]) -> str:
@@ -289,6 +307,8 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
                 np.save(sub / f"{name}.npy", np.ascontiguousarray(array))
         if t.x is None and t.y is None:
             np.save(sub / "num_nodes.npy", np.int64(t.num_nodes))
+        if t.time is not None:
+            np.save(sub / "node_time.npy", np.ascontiguousarray(t.time))
         if ntype == graph.label_type:
             for split, idx in graph.splits.items():
                 np.save(sub / f"{split}_idx.npy", np.asarray(idx, dtype=np.int64))
@@ -296,5 +316,6 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
         sub = folder / edge_type_dirname(etype)
         sub.mkdir()
         np.save(sub / "edge_index.npy", np.ascontiguousarray(e.edge_index))
-        if e.edge_attr is not None:
-            np.save(sub / "edge_attr.npy", np.ascontiguousarray(e.edge_attr))
+        for name, array in (("edge_attr", e.edge_attr), ("edge_weight", e.edge_weight), ("edge_time", e.edge_time)):
+            if array is not None:
+                np.save(sub / f"{name}.npy", np.ascontiguousarray(array))

@@ -151,7 +151,7 @@ class LocalSource:
                 hop: int, seed_time: torch.Tensor | None = None) -> OneHop:
         """One hop of ``etype`` in ``spec``'s direction for nodes ``gids`` (of the hop's center type,
         owned by this part); ``hop`` is the RNG hop.  Weighted by ``spec.weight_attr`` when set
-        (homogeneous graphs only: ValueError for a typed graph); temporal (``spec.time_attr``) with
+        (``etype``'s weights: ValueError naming the edge type when it has none); temporal (``spec.time_attr``) with
         ``seed_time`` (one per node of ``gids``): only edges whose time is not later than it."""
         topo = self.part.edges(etype).topology(spec.topology)
         start = self.part.nodes(center_type(etype, spec.direction)).start
@@ -162,8 +162,7 @@ class LocalSource:
             sample = dispatch.temporal_one_hop if spec.temporal_strategy == "uniform" else dispatch.last_one_hop
             return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.replace, seed, hop)
         if spec.weight_attr is not None:
-            self.part.check_sampling(spec)   # typed graphs: not supported yet
-            weight = self.part.weights.get(spec.topology, spec.weight_attr)
+            weight = self.part.edge_weights(etype, spec.topology, spec.weight_attr)
             return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.replace, seed, hop)
         return dispatch.one_hop(topo, gids - start, gids, fanout, spec.replace, seed, hop)
 
