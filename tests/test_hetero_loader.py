@@ -141,13 +141,15 @@ def test_one_part_typed_graph_fused_op_equals_the_driver(tmp_path, monkeypatch):
         assert_same_batch(a, b)
 
 
-def test_weighted_and_link_loaders_refuse_a_typed_graph_in_one_line(mag):
-    """weight_attr is homogeneous-only so far, and link seeds on a typed graph need their edge type: a clear
-    one-line ValueError, not a wrong batch."""
+def test_weighted_loaders_without_weights_and_untyped_link_seeds_are_one_line_errors(mag):
+    """mag-tiny has no edge weights (the first sampled edge type is named), and link seeds on a typed graph
+    need their edge type: a clear one-line ValueError, not a wrong batch."""
     from graphfeed.server.loader.link import LocalLinkNeighborLoader
 
     parts, _ = mag
-    with pytest.raises(ValueError, match="weight_attr is not supported yet for typed graphs") as info:
+    with pytest.raises(ValueError, match=r"weight_attr='edge_attr': edge type \('author', 'writes', 'paper'\) "
+                                         r"has no edge features; partition the graph with "
+                                         r"author__writes__paper/edge_attr.npy") as info:
         LocalNeighborLoader(parts, [3], batch_size=8, input_nodes=("paper", "train"), weight_attr="edge_attr")
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match=r"on a typed graph needs its edge type: pass \(\(src, rel, dst\), index\)") \
