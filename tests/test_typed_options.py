@@ -62,7 +62,8 @@ def _arrays() -> dict:
         edges[etype]["edge_time"] = rng.integers(0, 1000, edges[etype]["edge_index"].shape[1])
     nodes = {"user": {"x": rng.standard_normal((USERS, 3)).astype(np.float32), "y": rng.integers(0, 3, USERS),
                       "train_idx": np.arange(USERS), "node_time": rng.integers(0, 1000, USERS)},
-             "item": {"x": rng.standard_normal((ITEMS, 2)).astype(np.float32), "node_time": rng.integers(0, 1000, ITEMS)}}
+             "item": {"x": rng.standard_normal((ITEMS, 2)).astype(np.float32),
+                      "node_time": rng.integers(0, 1000, ITEMS)}}
     return {"nodes": nodes, "edges": edges}
 
 
@@ -119,7 +120,8 @@ def test_weights_and_times_are_read_from_both_inputs_and_stored_per_part_and_edg
                 topo = store.topology(kind)
                 weight = torch.from_numpy(named["edge_weight"]).to(torch.float64)[topo.eid]
                 assert torch.equal(part.edge_weights(etype, kind, "edge_weight"), weight)
-                assert torch.equal(part.edge_times(etype, kind, "edge_time"), torch.from_numpy(named["edge_time"])[topo.eid])
+                edge_time = torch.from_numpy(named["edge_time"])[topo.eid]
+                assert torch.equal(part.edge_times(etype, kind, "edge_time"), edge_time)
                 nbr_type = etype[0] if kind == "csc" else etype[2]
                 nbr = node_time[nbr_type][orig[nbr_type][topo.indices]]
                 assert torch.equal(part.edge_times(etype, kind, "time"), nbr), "a neighbour's node time per edge"
@@ -227,8 +229,9 @@ def check_temporal_typed(batch, graph, arrays, time_attr: str, seed_time: torch.
     return edges
 
 
-@pytest.mark.parametrize("time_attr, strategy, fanouts", [("time", "uniform", [3, 2]), ("edge_time", "uniform", FANOUTS),
-                                                          ("time", "last", [3, 2]), ("edge_time", "last", FANOUTS)])
+@pytest.mark.parametrize("time_attr, strategy, fanouts", [
+    ("time", "uniform", [3, 2]), ("edge_time", "uniform", FANOUTS), ("time", "last", [3, 2]),
+    ("edge_time", "last", FANOUTS)])
 def test_temporal_typed_batches_never_sample_the_future(typed, time_attr, strategy, fanouts):
     parts_dir, graph, arrays = typed
     args = dict(batch_size=16, input_nodes=("user", "train"), shuffle=True, seed=2)

@@ -173,7 +173,8 @@ def _hetero_edge_type(store, etype: EdgeType, file: Path) -> RawEdgeType:
     if edge_index is None:
         raise InputError(f"{where('edge_index')} is missing: give every edge type an edge_index [2, E] "
                          f"(a SparseTensor adj_t is not read; convert it to edge_index)")
-    optional = {name: to_numpy(field_of(store, name), where(name)) for name in ("edge_attr", "edge_weight", "edge_time")}
+    optional = {name: to_numpy(field_of(store, name), where(name))
+                for name in ("edge_attr", "edge_weight", "edge_time")}
     return RawEdgeType(where=where, edge_index=edge_index, **optional)
 
 
@@ -266,7 +267,9 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
     if raw.edge_attr is not None:
         check_edge_attr(raw.edge_attr, edge_index.shape[1], raw.where("edge_attr"), "its edge_index")
     num_edges = edge_index.shape[1]
-    weight = None if raw.edge_weight is None else check_edge_weight(raw.edge_weight, num_edges, raw.where("edge_weight"))
+    weight = raw.edge_weight
+    if weight is not None:
+        weight = check_edge_weight(weight, num_edges, raw.where("edge_weight"))
     time = check_time(raw.edge_time, num_edges, raw.where("edge_time"), "its edge_index has")
     return EdgeTypeInput(edge_index, raw.edge_attr, weight, time)
 
