@@ -6,7 +6,10 @@ A hand-made typed graph (users, items; 4 edge types) carries per edge type ``edg
 and users 1..5 with known weights), so the weighted frequencies of each edge type are checked by a
 chi-square test.  Temporal batches are checked edge by edge against the input arrays: every
 sampled edge is an edge of its relation, subgraphs share no node, and no sampled neighbour
-(``"time"``) or edge (``"edge_time"``) is later than its subgraph's seed time.
+(``"time"``) or edge (``"edge_time"``) is later than its subgraph's seed time (node batches, and
+binary link batches whose seed edges carry their times).  Remote batches (2 servers) equal the local
+loader's; an edge type without the named column is a one-line error naming it (INVALID_ARGUMENT
+through the servers, which stay up).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from helpers_graphs import assert_same_batch, check_typed_batch, save_typed_fold
 import graphfeed.client as gf
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto.convert import open_session_request
+from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder
 from graphfeed.server.partition.format import edge_type_dirname
@@ -203,6 +207,20 @@ def test_weighted_typed_batches_hold_the_sampler_invariants_native_equals_refere
         assert_same_batch(a, b)
 
 
+def test_weighted_typed_batches_of_a_one_part_graph_skip_the_uniform_fused_op(typed, tmp_path, monkeypatch):
+    """One part holds every node: the fused typed op samples uniformly, so weighted batches take the driver."""
+    _, graph, _ = typed
+    builder.partition_graph(graph, 1, tmp_path / "one", method="random", topologies=("csc",))
+    calls = []
+    monkeypatch.setattr(dispatch, "fused_sample_typed", lambda *a, **k: calls.append(a))
+    loader = LocalNeighborLoader(tmp_path / "one", FANOUTS, batch_size=20, input_nodes=("user", "train"),
+                                 weight_attr="edge_weight")
+    batches = list(loader)
+    for batch in batches:
+        check_typed_batch(batch, graph, {e: FANOUTS.get(e, [0, 0]) for e in graph.edge_types})
+    assert len(batches) == 3 and calls == []
+
+
 # ---------------------------------------------------------------------------------------- temporal
 
 def check_temporal_typed(batch, graph, arrays, time_attr: str, seed_time: torch.Tensor) -> int:
@@ -267,6 +285,27 @@ def test_temporal_typed_input_time_limits_every_hop_and_native_equals_reference(
         assert_same_batch(a, b)
 
 
+def _link_args(arrays) -> dict:
+    """Temporal binary link seeds: every 4th ``follows`` edge, at its own edge time."""
+    index = torch.from_numpy(arrays["edges"][FOLLOWS]["edge_index"])[:, ::4].contiguous()
+    when = torch.from_numpy(arrays["edges"][FOLLOWS]["edge_time"])[::4].contiguous()
+    return dict(edge_label_index=(FOLLOWS, index), edge_label_time=when, time_attr="edge_time",
+                neg_sampling="binary", batch_size=8, shuffle=True, seed=6)
+
+
+def test_temporal_typed_link_batches_inherit_the_seed_edge_time(typed):
+    parts_dir, graph, arrays = typed
+    args = _link_args(arrays)
+    when = args["edge_label_time"]
+    edges, seen = 0, []
+    for batch in LocalLinkNeighborLoader(parts_dir, FANOUTS, **args):
+        sub_time = torch.cat([when[batch[FOLLOWS].input_id]] * 2)   # binary negative j: seed edge j's time
+        assert torch.equal(batch[FOLLOWS].edge_label_time, sub_time)
+        edges += check_temporal_typed(batch, graph, arrays, "edge_time", sub_time)
+        seen.append(batch[FOLLOWS].input_id)
+    assert edges > 0 and sorted(torch.cat(seen).tolist()) == list(range(when.numel()))
+
+
 # ---------------------------------------------------------------------------------------- errors
 
 ERRORS = [
@@ -319,6 +358,11 @@ def test_remote_weighted_and_temporal_typed_batches_equal_local_and_errors_keep_
             if "time_attr" in kw:
                 for a in remote:
                     check_temporal_typed(a, graph, arrays, kw["time_attr"], a["user"].seed_time)
+        local_links = list(LocalLinkNeighborLoader(parts_dir, FANOUTS, **_link_args(arrays)))
+        remote_links = list(client.link_neighbor_loader(FANOUTS, prefetch=2, **_link_args(arrays)))
+        assert len(remote_links) == len(local_links) > 1
+        for a, b in zip(remote_links, local_links, strict=True):
+            assert_same_batch(a, b)
         for options, fanouts, match in ERRORS:
             spec = LoaderSpec.of(("user", "train"), fanouts, batch_size=8, **options)
             with pytest.raises(grpc.RpcError) as info:
