@@ -30,6 +30,7 @@ from graphfeed.server.partition import builder
 from graphfeed.server.partition.format import edge_type_dirname
 from graphfeed.server.partition.inputs import InputError, read_graph
 from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.typed_inputs import write_typed_folder
 from graphfeed.server.sampling import dispatch
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 
@@ -108,6 +109,9 @@ def test_weights_and_times_are_read_from_both_inputs_and_stored_per_part_and_edg
     parts_dir, graph, arrays = typed
     from_npy = read_graph(save_typed_folder(tmp_path / "g", arrays))
     assert graph.dropped == from_npy.dropped == [] and graph.fingerprint == from_npy.fingerprint
+    (tmp_path / "written").mkdir()
+    write_typed_folder(tmp_path / "written", graph)      # what `graphfeed generate` writes keeps them
+    assert read_graph(tmp_path / "written").fingerprint == graph.fingerprint
     untimed = _arrays()
     del untimed["nodes"]["item"]["node_time"]
     assert read_graph(save_typed_folder(tmp_path / "untimed", untimed)).fingerprint != graph.fingerprint
