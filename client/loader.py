@@ -8,11 +8,13 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 from graphfeed.client.errors import NotFound, ServerError
+from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
@@ -48,7 +50,9 @@ class RemoteNeighborLoader:
     same arguments (input "every node" included).  ``ordered=True`` delivers the seeds in input
     order (batches may then span partitions, see :mod:`graphfeed.core.epoch`).  A typed graph gives
     ``HeteroData``.
-    ``prefetch``: pulls in flight per server.  Each ``iter()`` is one epoch (0, 1, ...;
+    ``prefetch``: pulls in flight per server.  ``feature_cache_mb`` (None/0 = off): this loader keeps the
+    feature rows of the label type's highest in-degree nodes within that many MiB (:mod:`graphfeed.client.feature_cache`);
+    the servers leave those rows out of every batch and the loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;
     :meth:`set_epoch` overrides); one iterator at a time (a second live one is a RuntimeError
     at ``iter()``).  :meth:`state_dict` / :meth:`load_state_dict` checkpoint the position.
     Under DDP, creating a loader and starting an epoch are collective: every rank must pass
@@ -57,14 +61,19 @@ class RemoteNeighborLoader:
     ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4):
+    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
+        budget = check_budget(feature_cache_mb)
         self.client = client
         self.spec = spec.ordered_input(client.num_nodes_of(spec.input.node_type))
+        self.feature_cache = load_feature_cache(client, budget, self.spec.feature_dtype)
+        if self.feature_cache is not None:
+            self.spec = dataclasses.replace(self.spec, feature_cache=self.feature_cache.cached)
+        self._cache_filled = 0   # rows the feature cache filled in this epoch
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
@@ -114,6 +123,7 @@ class RemoteNeighborLoader:
         check_cursor(epoch, start, len(plan))
         check_ranks_agree(self.spec, self.counts, epoch=epoch)
         self._stats.start_epoch(epoch)
+        self._cache_filled = 0
         generation = self._start_epoch(plan, start, self.client.generation)
         batches = self._batches(plan, generation)
         self._progress.attach(batches, epoch, start, len(plan))
@@ -180,13 +190,19 @@ class RemoteNeighborLoader:
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            data = batch_codec.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
+            data = batch_codec.to_pyg(self._filled(self._wait(pending, p, epoch, got_seq, generation)))
             del pending   # it holds the batch: a shared-memory slot is free once the trainer drops the batch
             inflight[p] -= 1
             self._stats.delivered(p)
             yield data
             del data
             self._stats.asked()
+
+    def _filled(self, batch: dict) -> dict:
+        """``batch`` with the rows the servers left out for the feature cache filled in."""
+        if self.feature_cache is not None:
+            self._cache_filled += self.feature_cache.fill(batch)
+        return batch
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -205,8 +221,15 @@ class RemoteNeighborLoader:
 
     def stats(self) -> dict:
         """The trainer's view of the current (or last) epoch: wait vs wall time, data-stall ratio,
-        batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`)."""
-        return self._stats.snapshot()
+        batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`); ``feature_cache``:
+        the cache's rows and bytes, and the x rows (bytes) of this epoch it filled, which no server sent."""
+        stats = self._stats.snapshot()
+        cache = self.feature_cache
+        stats["feature_cache"] = {
+            "rows": 0 if cache is None else cache.num_rows, "bytes": 0 if cache is None else cache.nbytes,
+            "rows_filled": self._cache_filled,   # x rows of this epoch the servers did not send
+            "bytes_filled": 0 if cache is None else self._cache_filled * cache.row_bytes}
+        return stats
 
     def _pull(self, part: int, epoch: int, seq: int) -> Pending:
         """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel
