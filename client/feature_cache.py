@@ -33,11 +33,12 @@ def check_budget(feature_cache_mb) -> float:
     """``feature_cache_mb`` as a float >= 0 (None = 0 = off); ValueError naming the argument otherwise."""
     if feature_cache_mb is None:
         return 0.0
-    if isinstance(feature_cache_mb, bool) or not isinstance(feature_cache_mb, numbers.Real) \
-            or not feature_cache_mb >= 0 or feature_cache_mb == float("inf"):
+    budget = float(feature_cache_mb) if isinstance(feature_cache_mb, numbers.Real) \
+        and not isinstance(feature_cache_mb, bool) else -1.0
+    if not 0 <= budget < float("inf"):   # NaN fails too
         raise ValueError(f"feature_cache_mb must be a number of megabytes >= 0 (0 or None = no cache), "
                          f"got {feature_cache_mb!r}")
-    return float(feature_cache_mb)
+    return budget
 
 
 def load_feature_cache(client: Client, budget_mb: float, dtype: str | None) -> FeatureCache | None:

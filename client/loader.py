@@ -51,8 +51,9 @@ class RemoteNeighborLoader:
     order (batches may then span partitions, see :mod:`graphfeed.core.epoch`).  A typed graph gives
     ``HeteroData``.
     ``prefetch``: pulls in flight per server.  ``feature_cache_mb`` (None/0 = off): this loader keeps the
-    feature rows of the label type's highest in-degree nodes within that many MiB (:mod:`graphfeed.client.feature_cache`);
-    the servers leave those rows out of every batch and the loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;
+    feature rows of the label type's highest in-degree nodes within that many MiB
+    (:mod:`graphfeed.client.feature_cache`); the servers leave those rows out of every batch and the
+    loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;
     :meth:`set_epoch` overrides); one iterator at a time (a second live one is a RuntimeError
     at ``iter()``).  :meth:`state_dict` / :meth:`load_state_dict` checkpoint the position.
     Under DDP, creating a loader and starting an epoch are collective: every rank must pass

@@ -26,7 +26,6 @@ from typing import cast
 
 import torch
 
-from graphfeed.core.feature_cache import CachedIds
 from graphfeed.core.constants import (
     DIRECTIONS,
     MAX_BATCH_SIZE,
@@ -35,6 +34,7 @@ from graphfeed.core.constants import (
     MAX_WORLD_SIZE,
     SPLITS,
 )
+from graphfeed.core.feature_cache import CachedIds
 
 MAX_KIND_LENGTH = 256
 SEED_LIMIT = 1 << 64          # seeds travel as uint64
