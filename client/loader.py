@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
@@ -75,6 +76,7 @@ class RemoteNeighborLoader:
         if self.feature_cache is not None:
             self.spec = dataclasses.replace(self.spec, feature_cache=self.feature_cache.cached)
         self._cache_filled = 0   # rows the feature cache filled in this epoch
+        self._cache_lock = threading.Lock()
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
@@ -191,7 +193,7 @@ class RemoteNeighborLoader:
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            data = batch_codec.to_pyg(self._filled(self._wait(pending, p, epoch, got_seq, generation)))
+            data = batch_codec.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
             del pending   # it holds the batch: a shared-memory slot is free once the trainer drops the batch
             inflight[p] -= 1
             self._stats.delivered(p)
@@ -199,11 +201,27 @@ class RemoteNeighborLoader:
             del data
             self._stats.asked()
 
-    def _filled(self, batch: dict) -> dict:
-        """``batch`` with the rows the servers left out for the feature cache filled in."""
-        if self.feature_cache is not None:
-            self._cache_filled += self.feature_cache.fill(batch)
-        return batch
+    def _filled(self, pending: Pending) -> Pending:
+        """``pending``'s batch with the rows the servers left out for the feature cache filled in, as soon as
+        it arrives (in the thread that completes it), so the copy overlaps the trainer's step."""
+        cache = self.feature_cache
+        if cache is None:
+            return pending
+        out = Pending()
+
+        def fill(p: Pending) -> None:
+            try:
+                batch = p.result()
+                filled = cache.fill(batch)
+            except Exception as exc:  # noqa: BLE001 -- the pull's error or a bad batch, to the waiting trainer
+                out.set_exception(exc)
+                return
+            with self._cache_lock:
+                self._cache_filled += filled
+            out.set_result(batch)
+
+        pending.add_done_callback(fill)
+        return out
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -236,7 +254,8 @@ class RemoteNeighborLoader:
         """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel
         (:class:`PullFailed` when even sending it fails, e.g. the peer is gone)."""
         try:
-            return self.client.group.channel.request(part, self.sessions[part], self._secrets[part], epoch, seq)
+            return self._filled(self.client.group.channel.request(part, self.sessions[part], self._secrets[part],
+                                                                  epoch, seq))
         except Exception as exc:  # noqa: BLE001 -- any failure to send is a failed pull, named like one
             where = self._failure_text(part, epoch, seq, f"could not be sent: {_first_line(exc)}", {})
             raise PullFailed(where) from exc

@@ -54,7 +54,7 @@ def drop_cached_rows(batch: dict[str, torch.Tensor], cached: CachedIds | None) -
         return batch
     hit, _ = cached.positions(batch[node_key("n_id", cached.node_type)])
     batch[node_key("x_cached", cached.node_type)] = hit.nonzero().view(-1)
-    batch[xkey] = x[~hit]
+    batch[xkey] = x.index_select(0, (~hit).nonzero().view(-1))
     return batch
 
 
@@ -106,7 +106,8 @@ class FeatureCache:
         x = torch.empty((n_id.numel(), self.rows.size(1)), dtype=sent.dtype)
         kept = torch.ones(n_id.numel(), dtype=torch.bool)
         kept[where] = False
-        x[kept] = sent
-        x[where] = self.rows.index_select(0, self.row_of.index_select(0, slot)).to(sent.dtype)
+        # index_copy_ with index tensors: a boolean-mask assignment of the same rows is several times slower
+        x.index_copy_(0, kept.nonzero().view(-1), sent)
+        x.index_copy_(0, where, self.rows.index_select(0, self.row_of.index_select(0, slot)).to(sent.dtype))
         batch[xkey] = x
         return int(where.numel())
