@@ -123,9 +123,10 @@ def test_bad_budget_names_the_argument(bad):
 
 # ---- through the servers ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [None, "bf16"])
-def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dtype):
-    with gf.connect(cluster, timeout=60) as client:
+@pytest.mark.parametrize("dtype, channel", [(None, "auto"), ("bf16", "auto"), (None, "rpc")])
+def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dtype, channel):
+    with gf.connect(cluster, timeout=60, channel=channel) as client:
+        assert client.group.channel.kind == ("shm" if channel == "auto" else "torch-rpc")
         plain = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype, **KW)
         cached = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype,
                                         feature_cache_mb=BUDGET_MB, **KW)
@@ -208,3 +209,14 @@ def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog,
         assert "cannot serve feature rows" in why
         for a, b in zip(loader, want):
             _assert_same(a, b)
+
+
+def test_a_bad_cached_set_is_invalid_argument_and_the_servers_stay_up(cluster):
+    with gf.connect(cluster, timeout=60) as client:
+        req = open_session_request(LoaderSpec.of("train", FANOUTS, **KW), client.group.group_id)
+        req.feature_cache.CopyFrom(pb.FeatureCache(node_type="_N", node_ids=[9, 4]))
+        for server in client.servers:
+            with pytest.raises(gf.InvalidRequest, match="feature_cache: node_ids must be sorted and distinct"):
+                server.call("OpenSession", req, timeout=30)
+        loader = client.neighbor_loader("train", FANOUTS, feature_cache_mb=BUDGET_MB, **KW)
+        assert len(list(loader)) == len(loader) > 1
