@@ -103,6 +103,9 @@ class RemoteBenchConfig:
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.prefetch < 1:
             raise ValueError(f"--prefetch must be at least 1 (pulls in flight per server), got {self.prefetch}")
+        if not 0 <= self.feature_cache_mb < float("inf"):   # NaN fails too
+            raise ValueError(f"--feature-cache-mb must be a number of MiB >= 0 (0 = no cache), "
+                             f"got {self.feature_cache_mb}")
 
 
 # ---- servers on loopback (graphfeed.testing.cluster starts and stops them) -------------------------

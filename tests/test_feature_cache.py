@@ -148,7 +148,8 @@ def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dt
             assert (mid - before) - (after - mid) == stats["rows_filled"] * (cache.row_bytes - 8)
 
 
-def test_cache_holds_the_highest_degree_nodes_of_each_part(cluster, graph, parts_dir):
+def test_cache_holds_the_highest_degree_nodes_of_each_part(cluster, graph, parts_dir, monkeypatch):
+    monkeypatch.setattr(client_cache, "CHUNK_BYTES", 1000)   # 15 rows per hot_rows call: many chunks per part
     degree = torch.bincount(torch.from_numpy(graph[0][1]), minlength=N)   # in-degree, by original id
     x = torch.from_numpy(graph[1])
     with gf.connect(cluster, timeout=60) as client:
