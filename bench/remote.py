@@ -19,8 +19,10 @@ machine (``cpu_s_per_epoch_trainer`` is the trainer's share).
 
 Transport: ``channel`` is the batch channel the client chose (``shm``: same-host shared memory,
 ``torch-rpc``); ``--channel rpc`` forces torch RPC (the figure before the shared-memory ring).
-``feature_dtype`` casts features on the servers (``bf16``/``fp16``); ``feature_bytes_per_epoch``
-is the bytes of ``x`` the trainer received per measured epoch (median).
+``feature_dtype`` casts features on the servers (``bf16``/``fp16``); ``feature_cache_mb`` gives the
+loader a hot-feature cache of that many MiB (the servers skip its rows); ``feature_bytes_per_epoch``
+is the bytes of ``x`` the servers sent per measured epoch (median): the trainer's ``x`` less the rows
+its feature cache filled in.
 
 Memory: ``peak_rss_mb`` is the trainer's (this process's ``ru_maxrss``, as ``bench
 sample``); ``servers_peak_rss_mb`` sums the peak resident sets (``VmHWM``) of every
@@ -69,6 +71,7 @@ class RemoteBenchConfig:
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
     channel: str = "auto"             # connect(channel=...): "auto" (shared memory on this host) or "rpc"
     feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
+    feature_cache_mb: float = 0.0     # the loader's hot-feature cache (MiB; 0 = none)
     link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
     neg_ratio: float = 1.0            # link mode: binary negatives per seed edge (0 = none)
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
@@ -100,6 +103,9 @@ class RemoteBenchConfig:
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
         if self.prefetch < 1:
             raise ValueError(f"--prefetch must be at least 1 (pulls in flight per server), got {self.prefetch}")
+        if not 0 <= self.feature_cache_mb < float("inf"):   # NaN fails too
+            raise ValueError(f"--feature-cache-mb must be a number of MiB >= 0 (0 = no cache), "
+                             f"got {self.feature_cache_mb}")
 
 
 # ---- servers on loopback (graphfeed.testing.cluster starts and stops them) -------------------------
@@ -164,7 +170,8 @@ def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] 
     """One epoch of ``loader`` as the trainer sees it (StartEpoch included, as the plan is in-process).
 
     Returns the epoch's stats (``cpu_s``: trainer + ``server_pids`` trees) and the trainer's CPU share;
-    appends the bytes of ``x`` received to ``feature_bytes`` when given.  ``link``: seeds are counted
+    appends the bytes of ``x`` the servers sent to ``feature_bytes`` when given (those the loader's feature
+    cache filled in are not sent).  ``link``: seeds are counted
     in seed edges (``input_id``), not in the batch's seed nodes.
     """
     t0, own0, srv0 = time.perf_counter(), time.process_time(), tree_cpu_s(server_pids)
@@ -178,12 +185,12 @@ def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] 
         batches += 1
     wall, own = time.perf_counter() - t0, time.process_time() - own0
     if feature_bytes is not None:
-        feature_bytes.append(x_bytes)
+        feature_bytes.append(x_bytes - loader.stats()["feature_cache"]["bytes_filled"])
     return EpochStats(wall, seeds, batches, edges, own + tree_cpu_s(server_pids) - srv0), own
 
 
 def _loader(client, cfg: RemoteBenchConfig):
-    return client.open_loader(cfg.loader, prefetch=cfg.prefetch)
+    return client.open_loader(cfg.loader, prefetch=cfg.prefetch, feature_cache_mb=cfg.feature_cache_mb)
 
 
 def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalCluster | None = None) -> dict:
@@ -208,6 +215,7 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     result["num_parts"] = num_parts
     result["channel"] = channel
     result["feature_dtype"] = cfg.feature_dtype
+    result["feature_cache_mb"] = cfg.feature_cache_mb
     result["feature_bytes_per_epoch"] = int(statistics.median(feature_bytes))
     return result
 

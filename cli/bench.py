@@ -74,6 +74,9 @@ def _add_remote(sub) -> None:
                    help="batch channel: auto = shared memory with servers on this host (default), rpc = torch RPC")
     p.add_argument("--feature-dtype", default=None, choices=("bf16", "fp16"),
                    help="features cast on the servers before they are sent (default: as stored)")
+    p.add_argument("--feature-cache-mb", type=float, default=0.0,
+                   help="the loader's hot-feature cache in MiB: the servers skip the rows of the highest in-degree "
+                        "nodes it holds (default 0 = none)")
     _add_workload(p)
     p.add_argument("--compare", action="store_true",
                    help="also run `bench sample --features` on --graph with the same settings (own process) "
@@ -135,7 +138,7 @@ def _run_remote(args) -> int:
 
     cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph, prefetch=args.prefetch,
                             compare=args.compare, channel=args.channel, feature_dtype=args.feature_dtype,
-                            **_workload(args))
+                            feature_cache_mb=args.feature_cache_mb, **_workload(args))
     try:
         result = bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line

@@ -8,11 +8,14 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
 from graphfeed.client.errors import NotFound, ServerError
+from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
@@ -48,7 +51,10 @@ class RemoteNeighborLoader:
     same arguments (input "every node" included).  ``ordered=True`` delivers the seeds in input
     order (batches may then span partitions, see :mod:`graphfeed.core.epoch`).  A typed graph gives
     ``HeteroData``.
-    ``prefetch``: pulls in flight per server.  Each ``iter()`` is one epoch (0, 1, ...;
+    ``prefetch``: pulls in flight per server.  ``feature_cache_mb`` (None/0 = off): this loader keeps the
+    feature rows of the label type's highest in-degree nodes within that many MiB
+    (:mod:`graphfeed.client.feature_cache`); the servers leave those rows out of every batch and the
+    loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;
     :meth:`set_epoch` overrides); one iterator at a time (a second live one is a RuntimeError
     at ``iter()``).  :meth:`state_dict` / :meth:`load_state_dict` checkpoint the position.
     Under DDP, creating a loader and starting an epoch are collective: every rank must pass
@@ -57,14 +63,20 @@ class RemoteNeighborLoader:
     ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4):
+    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
+        budget = check_budget(feature_cache_mb)
         self.client = client
         self.spec = spec.ordered_input(client.num_nodes_of(spec.input.node_type))
+        self.feature_cache = load_feature_cache(client, budget, self.spec.feature_dtype)
+        if self.feature_cache is not None:
+            self.spec = dataclasses.replace(self.spec, feature_cache=self.feature_cache.cached)
+        self._cache_filled = 0   # rows the feature cache filled in this epoch
+        self._cache_lock = threading.Lock()
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
@@ -114,6 +126,7 @@ class RemoteNeighborLoader:
         check_cursor(epoch, start, len(plan))
         check_ranks_agree(self.spec, self.counts, epoch=epoch)
         self._stats.start_epoch(epoch)
+        self._cache_filled = 0
         generation = self._start_epoch(plan, start, self.client.generation)
         batches = self._batches(plan, generation)
         self._progress.attach(batches, epoch, start, len(plan))
@@ -188,6 +201,28 @@ class RemoteNeighborLoader:
             del data
             self._stats.asked()
 
+    def _filled(self, pending: Pending) -> Pending:
+        """``pending``'s batch with the rows the servers left out for the feature cache filled in, as soon as
+        it arrives (in the thread that completes it), so the copy overlaps the trainer's step."""
+        cache = self.feature_cache
+        if cache is None:
+            return pending
+        out = Pending()
+
+        def fill(p: Pending) -> None:
+            try:
+                batch = p.result()
+                filled = cache.fill(batch)
+            except Exception as exc:  # noqa: BLE001 -- the pull's error or a bad batch, to the waiting trainer
+                out.set_exception(exc)
+                return
+            with self._cache_lock:
+                self._cache_filled += filled
+            out.set_result(batch)
+
+        pending.add_done_callback(fill)
+        return out
+
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
@@ -205,14 +240,22 @@ class RemoteNeighborLoader:
 
     def stats(self) -> dict:
         """The trainer's view of the current (or last) epoch: wait vs wall time, data-stall ratio,
-        batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`)."""
-        return self._stats.snapshot()
+        batches/s, batches per server, and totals (see :mod:`graphfeed.client.metrics`); ``feature_cache``:
+        the cache's rows and bytes, and the x rows (bytes) of this epoch it filled, which no server sent."""
+        stats = self._stats.snapshot()
+        cache = self.feature_cache
+        stats["feature_cache"] = {
+            "rows": 0 if cache is None else cache.num_rows, "bytes": 0 if cache is None else cache.nbytes,
+            "rows_filled": self._cache_filled,   # x rows of this epoch the servers did not send
+            "bytes_filled": 0 if cache is None else self._cache_filled * cache.row_bytes}
+        return stats
 
     def _pull(self, part: int, epoch: int, seq: int) -> Pending:
         """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel
         (:class:`PullFailed` when even sending it fails, e.g. the peer is gone)."""
         try:
-            return self.client.group.channel.request(part, self.sessions[part], self._secrets[part], epoch, seq)
+            return self._filled(self.client.group.channel.request(part, self.sessions[part], self._secrets[part],
+                                                                  epoch, seq))
         except Exception as exc:  # noqa: BLE001 -- any failure to send is a failed pull, named like one
             where = self._failure_text(part, epoch, seq, f"could not be sent: {_first_line(exc)}", {})
             raise PullFailed(where) from exc

@@ -27,7 +27,8 @@ import torch
 from graphfeed.core.spec import LoaderSpec
 
 AGREE_TIMEOUT = 300.0   # seconds a rank waits for the other ranks to compare loader fingerprints
-_NOT_HASHED = ("rank", "kind")   # fields of a LoaderSpec that may differ between ranks
+_NOT_HASHED = ("rank", "kind", "feature_cache")   # LoaderSpec fields that may differ between ranks (the cache
+#                                                  changes no batch, so checkpoints load with or without it)
 
 
 def _feed(h, value) -> None:

@@ -52,6 +52,10 @@ BATCH_FIELDS: dict[str, Field] = {
     "x": Field(NODE, False, None, "features of the type's batch nodes, [num_nodes, F] (dtype as stored); "
                                   "only for types with features"),
     "y": Field(NODE, False, None, "labels of the type's batch nodes, [num_nodes]; only for types with labels"),
+    "x_cached": Field(NODE, False, torch.int64, "positions (in the type's n_id) of the batch nodes whose x rows the "
+                                                "server left out because the trainer's feature cache holds them; x "
+                                                "then has only the other rows.  The client fills them in and drops "
+                                                "this field before to_pyg (graphfeed.core.feature_cache)"),
     "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
                                                  "source type's n_id, col the destination type's"),
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "

@@ -34,6 +34,7 @@ from graphfeed.core.constants import (
     MAX_WORLD_SIZE,
     SPLITS,
 )
+from graphfeed.core.feature_cache import CachedIds
 
 MAX_KIND_LENGTH = 256
 SEED_LIMIT = 1 << 64          # seeds travel as uint64
@@ -669,6 +670,9 @@ class LoaderSpec:
     # seeds in the order of the input: batches are consecutive slices of the whole input, not of one
     # partition's list (see graphfeed.core.epoch); ids or every node (original id order), no shuffle
     ordered: bool = False
+    # the trainer's hot-feature cache (graphfeed.core.feature_cache): the servers leave these nodes' x
+    # rows out of every batch and the client fills them in; None = no cache.  Batches are the same either way.
+    feature_cache: CachedIds | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         check_loader_args(self.batch_size, self.world_size, self.rank)

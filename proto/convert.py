@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.core.feature_cache import CachedIds
 from graphfeed.core.spec import (
     EdgeType,
     Fanouts,
@@ -83,6 +84,9 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
         raise ValueError("an ordered loader sends its input as ids: call spec.ordered_input(num_nodes) first")
     if not isinstance(spec.input, LinkInput) and spec.input.time is not None:
         req.input_time.extend(spec.input.time.tolist())
+    if spec.feature_cache is not None:
+        req.feature_cache.CopyFrom(pb.FeatureCache(node_type=spec.feature_cache.node_type,
+                                                   node_ids=spec.feature_cache.ids.tolist()))
     return req
 
 
@@ -131,10 +135,19 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
     try:
         return LoaderSpec(sampling, node_input, batch_size=req.batch_size, shuffle=req.shuffle,
                           drop_last=req.drop_last, seed=req.seed, rank=req.rank, world_size=world_size,
-                          kind=req.kind, feature_dtype=req.feature_dtype or None, ordered=req.ordered)
+                          kind=req.kind, feature_dtype=req.feature_dtype or None, ordered=req.ordered,
+                          feature_cache=_feature_cache(req))
     except ValueError as exc:
         raise ValueError(f"rank = {req.rank}, world_size = {req.world_size}, batch_size = {req.batch_size}, "
                          f"feature_dtype = {req.feature_dtype!r}, ordered = {req.ordered}: {exc}") from None
+
+
+def _feature_cache(req: pb.OpenSessionRequest) -> CachedIds | None:
+    """The cached nodes of a request (None when it has no feature_cache); ValueError naming the field."""
+    if not req.HasField("feature_cache"):
+        return None
+    ids = torch.from_numpy(np.asarray(req.feature_cache.node_ids, dtype=np.int64))
+    return CachedIds(req.feature_cache.node_type, ids)
 
 
 def _node_input(req: pb.OpenSessionRequest) -> SeedInput:

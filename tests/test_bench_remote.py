@@ -77,6 +77,18 @@ def test_running_servers_by_address(tiny_parts_dir, tiny_graph, tmp_path):
     _assert_consistent_rates(r)
 
 
+def test_feature_cache_lowers_the_feature_bytes_of_the_same_epoch(tiny_parts_dir, tmp_path):
+    with running_cluster(tiny_parts_dir, log_dir=tmp_path) as servers:
+        addresses = tuple(s.address for s in servers)
+        runs = [bench_remote(RemoteBenchConfig(addresses, num_neighbors=(4, 2), batch_size=64, prefetch=2, epochs=1,
+                                               feature_cache_mb=mb)) for mb in (0.0, 0.05)]
+    plain, cached = runs
+    assert cached["feature_cache_mb"] == 0.05 and plain["feature_cache_mb"] == 0.0
+    assert (cached["seeds_per_epoch"], cached["sampled_edges_per_epoch"]) == \
+        (plain["seeds_per_epoch"], plain["sampled_edges_per_epoch"])
+    assert 0 <= cached["feature_bytes_per_epoch"] < plain["feature_bytes_per_epoch"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--servers", "3"], "needs a partition folder with 3 part(s)"),
     (["--servers", "two"], "give a number of servers to start"),
@@ -84,6 +96,7 @@ def test_running_servers_by_address(tiny_parts_dir, tiny_graph, tmp_path):
     (["--servers", "2", "--prefetch", "0"], "--prefetch must be at least 1"),
     (["--servers", "2", "--num-neighbors", "5,-2"], "--num-neighbors"),
     (["--servers", "2", "--input", "everything"], "--input must be one of"),
+    (["--servers", "2", "--feature-cache-mb", "-1"], "--feature-cache-mb must be a number of MiB >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tiny_parts_dir, capsys, argv, message):
     rc = cli_main(["bench", "remote", "--graph", str(tiny_parts_dir), *argv])

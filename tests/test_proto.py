@@ -7,6 +7,8 @@ import sys
 import torch
 
 from graphfeed.core import batch
+from graphfeed.core.constants import DEFAULT_NODE_TYPE
+from graphfeed.core.feature_cache import CachedIds, drop_cached_rows
 from graphfeed.proto import control_pb2
 from graphfeed.proto.convert import edge_type_from_proto, edge_type_to_proto, graph_schema
 
@@ -33,7 +35,9 @@ def test_every_batch_field_is_documented_and_encoded():
                                "edge_label_time": torch.zeros(1, dtype=torch.int64),
                                **{k: torch.zeros(1, dtype=torch.int64)
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
-    # with features, labels, edge features and the link fields, a one-type batch carries every field once
+    wire = drop_cached_rows(wire, CachedIds(DEFAULT_NODE_TYPE, torch.tensor([1])))   # and x_cached (feature cache)
+    # with features, labels, edge features, the link fields and a feature cache, a one-type batch carries every
+    # field once
     assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
     for key, tensor in wire.items():
         dtype = batch.BATCH_FIELDS[key.partition("@")[0]].dtype

@@ -23,6 +23,8 @@ calls, it is not a sandbox.
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
+* ``hot_rows(ntype, start, count, dtype)`` -- a trainer fills its hot-feature cache: original ids and
+  feature rows of this part's highest in-degree nodes of a type, in chunks (:mod:`.hot_rows`).
 
 The worker process hosts exactly one :class:`SessionWorker`; :func:`bind` registers it
 here once at start-up (torch RPC calls module-level functions, so this module is the one
@@ -34,11 +36,14 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
+from graphfeed.core.spec import feature_dtype
+from graphfeed.server.worker.hot_rows import HotRows
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.shm import RingWriter
 
 _worker = None   # the process's SessionWorker (set once by bind())
 _ring = RingWriter()   # this worker's mappings of its trainer's shared-memory slots (one trainer per worker)
+_hot: HotRows | None = None   # this part's ranked feature rows (made at the first hot_rows call)
 
 
 def bind(worker) -> None:
@@ -175,7 +180,20 @@ def to_global(orig_ids: torch.Tensor, ntype: str | None = None):
     return store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
-ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global})
+def hot_rows(ntype: str, start: int, count: int, dtype: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(original ids, x rows)`` of this part's ``ntype`` nodes ranked ``start .. start + count - 1`` by
+    in-degree, rows cast to torch dtype name ``dtype`` (None = as stored); ValueError for an unknown or
+    featureless type (:meth:`HotRows.rows`)."""
+    global _hot
+    worker = _bound()
+    if _hot is None:
+        _hot = HotRows(worker.part)
+    name = feature_dtype(dtype)   # ValueError for anything but a feature transport dtype
+    torch_dtype = None if name is None else getattr(torch, name)
+    return _hot.rows(str(ntype), int(start), int(count), torch_dtype)
+
+
+ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global, hot_rows})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
+from graphfeed.core.feature_cache import drop_cached_rows
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
@@ -178,7 +179,7 @@ class Session:
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
                                               f"failed: {type(exc).__name__}: {exc}"))
                 return
-            run.buffer.put(seq, batch)
+            run.buffer.put(seq, drop_cached_rows(batch, self.spec.feature_cache))
 
     def sample(self, node_ids, seed: int) -> dict[str, torch.Tensor]:
         """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
