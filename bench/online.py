@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from graphfeed.bench.remote import check_servers
 from graphfeed.testing.cluster import LocalCluster
 
 DEFAULT_SIZES = (1, 64, 1024)
@@ -40,18 +41,10 @@ class OnlineBenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if isinstance(self.servers, int) and not isinstance(self.servers, bool):
-            if self.servers < 1:
-                raise ValueError(f"--servers must be at least 1 (or a host:port list), got {self.servers}")
-            if self.graph is None:
-                raise ValueError("--servers N starts N servers over a partition folder: give --graph DIR")
-            if not os.path.isdir(self.graph):
-                raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
-                                        f"create one with `graphfeed partition ... --output {self.graph}`")
-        else:
-            object.__setattr__(self, "servers", tuple(self.servers))
-            if not self.servers:
-                raise ValueError("--servers: give a number of servers to start or a host:port list")
+        object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
+        if isinstance(self.servers, int) and not os.path.isdir(os.fspath(self.graph)):
+            raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
+                                    f"create one with `graphfeed partition ... --output {self.graph}`")
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"--sizes must be positive seed counts, got {list(self.sizes)}")
         if self.requests < 1 or self.warmup < 0:

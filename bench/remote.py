@@ -49,6 +49,22 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.testing.cluster import LocalCluster
 
 
+def check_servers(servers, graph) -> int | tuple[str, ...]:
+    """``--servers`` as a bench takes it: a count N >= 1 of servers to start over the partition folder
+    ``graph`` (which must then be given), or a non-empty sequence of ``host:port`` (as a tuple);
+    ValueError naming the flag otherwise.  Shared by ``bench remote`` and ``bench online``."""
+    if isinstance(servers, int) and not isinstance(servers, bool):
+        if servers < 1:
+            raise ValueError(f"--servers must be at least 1 (or a host:port list), got {servers}")
+        if graph is None:
+            raise ValueError("--servers N starts N servers over a partition folder: give --graph DIR")
+        return servers
+    servers = tuple(servers)
+    if not servers:
+        raise ValueError("--servers: give a number of servers to start or a host:port list")
+    return servers
+
+
 @dataclass(frozen=True)
 class RemoteBenchConfig:
     """What ``bench remote`` measures; validated on construction.
@@ -84,15 +100,7 @@ class RemoteBenchConfig:
         return os.fspath(self.graph)
 
     def __post_init__(self):
-        if isinstance(self.servers, int) and not isinstance(self.servers, bool):
-            if self.servers < 1:
-                raise ValueError(f"--servers must be at least 1 (or a host:port list), got {self.servers}")
-            if self.graph is None:
-                raise ValueError("--servers N starts N servers over a partition folder: give --graph DIR")
-        else:
-            object.__setattr__(self, "servers", tuple(self.servers))
-            if not self.servers:
-                raise ValueError("--servers: give a number of servers to start or a host:port list")
+        object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
         if self.compare and self.graph is None:
             raise ValueError("--compare runs the in-process bench on the same graph: give --graph DIR")
         if self.graph is not None and not os.path.isdir(self.graph):
