@@ -19,6 +19,9 @@ machine (``cpu_s_per_epoch_trainer`` is the trainer's share).
 
 Transport: ``channel`` is the batch channel the client chose (``shm``: same-host shared memory,
 ``torch-rpc``); ``--channel rpc`` forces torch RPC (the figure before the shared-memory ring).
+Peers: servers started here on one host read each other's parts from the shared files
+(``colocated_reads``, the default); ``--peer-path rpc`` turns that off, so every remote hop and
+feature row goes over torch RPC between the workers as it does between hosts.
 ``feature_dtype`` casts features on the servers (``bf16``/``fp16``); ``feature_cache_mb`` gives the
 loader a hot-feature cache of that many MiB (the servers skip its rows); ``feature_bytes_per_epoch``
 is the bytes of ``x`` the servers sent per measured epoch (median): the trainer's ``x`` less the rows
@@ -86,6 +89,7 @@ class RemoteBenchConfig:
     compare: bool = False
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
     channel: str = "auto"             # connect(channel=...): "auto" (shared memory on this host) or "rpc"
+    peer_path: str = "auto"           # started servers: "auto" (colocated_reads) or "rpc" (peers over torch RPC)
     feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
     feature_cache_mb: float = 0.0     # the loader's hot-feature cache (MiB; 0 = none)
     link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
@@ -109,6 +113,8 @@ class RemoteBenchConfig:
         loader = dataclasses.replace(workload_spec(self), feature_dtype=self.feature_dtype)
         object.__setattr__(self, "loader", loader)
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
+        if self.peer_path not in ("auto", "rpc"):
+            raise ValueError(f"--peer-path must be auto or rpc, got {self.peer_path!r}")
         if self.prefetch < 1:
             raise ValueError(f"--prefetch must be at least 1 (pulls in flight per server), got {self.prefetch}")
         if not 0 <= self.feature_cache_mb < float("inf"):   # NaN fails too
@@ -259,7 +265,8 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph_folder, cfg.servers)
-            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers,
+            env = {"GRAPHFEED_COLOCATED_READS": "false"} if cfg.peer_path == "rpc" else {}
+            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env,
                                                      log_dir=tempfile.mkdtemp(prefix="graphfeed-bench-remote-")))
             result = measure(local.addresses, cfg, local)
         else:
@@ -270,6 +277,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
         "servers": nservers,
         "server_addresses": None if isinstance(cfg.servers, int) else list(cfg.servers),
         "prefetch": cfg.prefetch,
+        "peer_path": cfg.peer_path if isinstance(cfg.servers, int) else None,   # running servers: their config
         "graph": None if cfg.graph is None else os.fspath(cfg.graph),
         "features": True,   # remote batches always carry x and y
         **workload_fields(cfg),

@@ -70,6 +70,9 @@ def _add_remote(sub) -> None:
     p.add_argument("--features", action="store_true",
                    help="accepted for symmetry with `bench sample`: remote batches always carry x and y")
     p.add_argument("--prefetch", type=int, default=4, help="pulls in flight per server (default 4)")
+    p.add_argument("--peer-path", default="auto", choices=("auto", "rpc"),
+                   help="with --servers N: auto = servers read the other parts from the shared files on this host "
+                        "(default), rpc = peer workers call each other over torch RPC, as across hosts")
     p.add_argument("--channel", default="auto", choices=("auto", "rpc"),
                    help="batch channel: auto = shared memory with servers on this host (default), rpc = torch RPC")
     p.add_argument("--feature-dtype", default=None, choices=("bf16", "fp16"),
@@ -137,8 +140,9 @@ def _run_remote(args) -> int:
     from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 
     cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph, prefetch=args.prefetch,
-                            compare=args.compare, channel=args.channel, feature_dtype=args.feature_dtype,
-                            feature_cache_mb=args.feature_cache_mb, **_workload(args))
+                            compare=args.compare, channel=args.channel, peer_path=args.peer_path,
+                            feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
+                            **_workload(args))
     try:
         result = bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line

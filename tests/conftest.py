@@ -16,10 +16,16 @@ CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
 
 @pytest.fixture(scope="session", autouse=True)
 def hermetic_daemon_settings():
-    """No ``GRAPHFEED_<KEY>`` daemon setting of the caller's environment reaches the daemons tests start."""
+    """No ``GRAPHFEED_<KEY>`` daemon setting of the caller's environment reaches the daemons tests start.
+
+    One setting is set instead: ``colocated_reads: false``.  Every server of a test shares this host, so
+    by default their workers would read each other's parts from the shared files; the tests run the
+    path servers on different hosts take (peer workers over torch RPC), and ``test_colocated.py`` runs
+    the same-host one (``env={"GRAPHFEED_COLOCATED_READS": "true"}``)."""
     with pytest.MonkeyPatch.context() as patch:
         for name in daemon_setting_names():
             patch.delenv(name, raising=False)
+        patch.setenv("GRAPHFEED_COLOCATED_READS", "false")
         yield
 
 

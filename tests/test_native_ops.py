@@ -291,6 +291,45 @@ def test_relabel_map_errors():
 # ----------------------------------------------------------------------------- parity on random graphs
 GRAPH = random_graph(3000, 40_000, seed=1)
 TOPO = {d: compress(3000, GRAPH, d) for d in ("in", "out")}
+
+
+@needs_native
+def test_driver_reuses_a_cleared_id_map_per_thread():
+    """Batches after the first take the thread's id map back (cleared at the entries the last batch used):
+    each equals a sample that relabels without a map, and the map is all empty between batches.  A batch
+    that fails mid-relabel does not hand its map back."""
+    from graphfeed.server.sampling.neighbor import sample_typed
+
+    indptr, indices, eid = TOPO["in"]
+    topo = type("Topo", (), {"indptr": indptr, "indices": indices, "eid": eid})
+    etype = ("_N", "to", "_N")
+
+    def hop(et, gids, fanout, rng_hop):
+        return dispatch.one_hop(topo, gids, gids, fanout, False, 7, rng_hop)
+
+    def run(seeds, num_nodes):
+        sub = sample_typed({"_N": seeds}, {etype: [10, 5]}, "in", hop, num_nodes=num_nodes)
+        return sub.nodes["_N"], sub.row[etype], sub.col[etype]
+
+    g = torch.Generator().manual_seed(3)
+    maps = []
+    for _ in range(3):
+        seeds = torch.randperm(3000, generator=g)[:64]
+        got, want = run(seeds, {"_N": 3000}), run(seeds, None)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        spare = dispatch.take_id_map(3000, torch.device("cpu"))
+        assert bool((spare == dispatch.ID_MAP_EMPTY).all())
+        maps.append(spare.data_ptr())
+        dispatch.give_id_map(spare, [])
+    assert len(set(maps)) == 1                      # one map served every batch of this thread
+
+    def bad_hop(et, gids, fanout, rng_hop):
+        res = hop(et, gids, fanout, rng_hop)
+        return type(res)(res.counts, res.neighbors + 5000, res.eids)   # ids beyond the map
+    with pytest.raises(RuntimeError, match="outside the id map"):
+        sample_typed({"_N": torch.arange(8)}, {etype: [3]}, "in", bad_hop, num_nodes={"_N": 3000})
+    fresh = dispatch.take_id_map(3000, torch.device("cpu"))
+    assert bool((fresh == dispatch.ID_MAP_EMPTY).all())
 FANOUTS = [(-1, False), (1, False), (5, False), (15, False), (100, False), (1, True), (7, True), (100, True)]
 
 

@@ -64,6 +64,7 @@ class ServerConfig:
     buffer_bytes: int = 256 << 20      # per session: produced-but-not-pulled bytes
     rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
     join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
+    colocated_reads: bool = True       # read peer parts whose files this host shares directly, not over RPC
     call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
     log_format: str = "logfmt"         # "logfmt" | "json"
     log_level: str = "info"            # "debug" | "info" | "warning" | "error"
@@ -147,6 +148,14 @@ def _string(allow_empty: bool = False) -> Callable[[Any], str]:
     return parse
 
 
+def _flag(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return v.strip().lower() in ("true", "yes", "on", "1")
+    raise ValueError("expected true or false")
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(v):
         if not isinstance(v, str) or v.strip().lower() not in options:
@@ -219,6 +228,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "buffer_bytes": _bytes,
     "rpc_timeout": _seconds(0.0, 86400.0),
     "join_timeout": _seconds(0.0, 86400.0),
+    "colocated_reads": _flag,
     "call_timeout": _seconds(0.0, 86400.0),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),

@@ -209,7 +209,8 @@ class ControlServicer(pb_grpc.ControlServicer):
                          rank=request.rank, part_id=part, partition_root=self.served.root,
                          data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
                          num_producers=c.num_producers, buffer_batches=c.buffer_batches,
-                         buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout)
+                         buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
+                         colocated_reads=c.colocated_reads)
         return spec, float(lease)
 
     @rpc

@@ -147,6 +147,24 @@ class PartitionMeta:
             raise PartitionFormatError(f"META.json does not match format version {FORMAT_VERSION}: {exc}") from exc
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def part_files_identity(root: str | os.PathLike, part_id: int) -> tuple | None:
+    """What shows that two processes read the very same files of part ``part_id``: this host's boot id,
+    and the device, inode and modification time of the part's folder and of ``META.json``.  Equal
+    identities mean the same host (the same boot) and the same files, which then share one page
+    cache.  None when the part's folder or the boot id cannot be read."""
+    paths = PartitionPaths(root)
+    try:
+        with open(BOOT_ID, encoding="ascii") as f:
+            boot = f.read().strip()
+        folder, meta = os.stat(paths.part(part_id)), os.stat(paths.meta)
+    except OSError:
+        return None
+    return (boot, folder.st_dev, folder.st_ino, folder.st_mtime_ns, meta.st_dev, meta.st_ino, meta.st_mtime_ns)
+
+
 class PartitionPaths:
     """Every path inside a partition folder, in one place."""
 

@@ -117,6 +117,15 @@ class PartitionedGraph:
         """The partitions held in this process, in part order."""
         return [s.part for s in self.sources if isinstance(s, LocalSource)]
 
+    def read_locally(self, part: Partition) -> None:
+        """Serve part ``part.part_id`` from ``part`` (its files, mapped in this process) instead of its
+        current source: a session worker does so for a peer's part whose files it shares on the same host
+        (:func:`graphfeed.server.worker.peers.colocate`).  Samples are the same either way (the RNG keys
+        every draw by seed, hop and node, not by who draws)."""
+        if not 0 <= part.part_id < self.num_parts:
+            raise ValueError(f"part {part.part_id} is not a part of this graph (0..{self.num_parts - 1})")
+        self.sources[part.part_id] = LocalSource(part)
+
     # ---- the SamplingGraph protocol -------------------------------------------------------------
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,

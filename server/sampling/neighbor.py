@@ -85,13 +85,17 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
                            bounds.get(t))
              for t in plan.node_types}
     edges = {e: _TypeEdges() for e in etypes}
-    for hop in range(num_hops):
-        for k, etype in enumerate(etypes):
-            fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
-            _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn,
-                              subgraph_time)
+    try:
+        for hop in range(num_hops):
+            for k, etype in enumerate(etypes):
+                fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
+                _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn,
+                                  subgraph_time)
+            for typed in nodes.values():
+                typed.end_hop()
+    finally:
         for typed in nodes.values():
-            typed.end_hop()
+            typed.release_id_map()
     return TypedSubgraph(
         {t: n.gids() for t, n in nodes.items()},
         {e: _cat(s.rows) for e, s in edges.items()}, {e: _cat(s.cols) for e, s in edges.items()},
@@ -143,7 +147,8 @@ class _TypeNodes:
         self.total = seeds.numel()
         # global id -> local id of every node seen so far, when the type's ids are bounded (else each
         # add relabels against all chunks)
-        self.id_map = None if num_nodes is None or self.disjoint else dispatch.new_id_map(num_nodes, device)
+        self.id_map = None if num_nodes is None or self.disjoint else dispatch.take_id_map(num_nodes, device)
+        self._map_clean = True                # every entry the map holds is a node of self.chunks
         if self.id_map is not None:
             self.id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32))
         self.counts = [seeds.numel()]         # num_sampled_nodes
@@ -156,12 +161,21 @@ class _TypeNodes:
         the unseen ones are numbered next."""
         keys = candidates if not self.disjoint else _keys(candidates, subgraphs)
         if self.id_map is not None:
+            self._map_clean = False           # until the relabel returns its new nodes
             local, new = dispatch.relabel_map(self.id_map, keys, self.total)
+            self._map_clean = True
         else:
             local, new = dispatch.relabel(*_known(self.chunks), keys, self.total)
         self.chunks.append(new)
         self.total += new.numel()
         return local
+
+    def release_id_map(self) -> None:
+        """Hand the id map back for the next batch (:func:`dispatch.give_id_map` clears the entries of this
+        batch's nodes); a map a failed relabel may have left entries in is dropped instead."""
+        if self.id_map is not None and self._map_clean:
+            dispatch.give_id_map(self.id_map, self.chunks)
+        self.id_map = None
 
     def end_hop(self) -> None:
         """The nodes first seen in this hop become the next hop's frontier."""

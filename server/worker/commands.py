@@ -48,6 +48,7 @@ class GroupSpec:
     buffer_batches: int = 8          # per session, produced-but-not-pulled
     buffer_bytes: int = 256 << 20    # per session
     join_timeout: float = 60.0       # give up joining the RPC group after this
+    colocated_reads: bool = True     # read peers' parts from their files when this host shares them
 
 
 # ---- errors ---------------------------------------------------------------------------------------

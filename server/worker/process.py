@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from graphfeed.server.partition.store import Partition
+from graphfeed.server.sampling import dispatch
 from graphfeed.server.worker.commands import (
     START_ID,
     BadRequest,
@@ -46,7 +47,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     execute,
 )
-from graphfeed.server.worker.peers import worker_graph
+from graphfeed.server.worker.peers import colocate, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import rpc_group
@@ -55,6 +56,7 @@ from graphfeed.transport.pending import Pending
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
 PR_SET_PDEATHSIG = 1
+COLOCATE_TIMEOUT = 10.0   # seconds a peer has to answer part_identity before it stays on RPC
 
 
 class SessionNotFound(NotFound, LookupError):
@@ -91,6 +93,12 @@ class SessionWorker:
             print(f"graphfeed session worker part{s.part_id} group {s.group_id}: {self.join_error}",
                   file=sys.stderr, flush=True)
             os._exit(EXIT_JOIN_FAILED)
+        if s.colocated_reads and self.part.meta.num_parts > 1:
+            local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT))
+            if local:
+                print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
+                      f"{', '.join(map(str, local))} from their files on this host, not over RPC "
+                      f"(colocated_reads: false turns this off)", file=sys.stderr, flush=True)
         self.joined.set()
 
     def wait_joined(self) -> None:
@@ -265,6 +273,7 @@ def main(argv=None) -> int:
         _reply(conn, START_ID, WorkerError(f"session worker cannot start: {exc}"))
         return EXIT_BAD_START
     _reply(conn, START_ID, Started(os.getpid()))
+    dispatch.use_block_pool()   # a batch's large buffers reuse pooled pages instead of fresh zeroed ones
     worker = SessionWorker(spec, part)
     from graphfeed.server.worker import rpc_api
 

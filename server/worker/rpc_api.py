@@ -23,6 +23,8 @@ calls, it is not a sandbox.
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
+* ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
+  that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
 * ``hot_rows(ntype, start, count, dtype)`` -- a trainer fills its hot-feature cache: original ids and
   feature rows of this part's highest in-degree nodes of a type, in chunks (:mod:`.hot_rows`).
 
@@ -37,6 +39,7 @@ import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
 from graphfeed.core.spec import feature_dtype
+from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.worker.hot_rows import HotRows
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.shm import RingWriter
@@ -193,7 +196,15 @@ def hot_rows(ntype: str, start: int, count: int, dtype: str | None = None) -> tu
     return _hot.rows(str(ntype), int(start), int(count), torch_dtype)
 
 
-ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global, hot_rows})
+def part_identity() -> tuple | None:
+    """The identity of the files of this worker's part (:func:`part_files_identity`): a peer on the same
+    host that sees the same files reads them itself instead of calling ``one_hop``/``gather`` here."""
+    worker = _bound()
+    return part_files_identity(worker.part.paths.root, worker.part.part_id)
+
+
+ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global, hot_rows,
+                     part_identity})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
