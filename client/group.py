@@ -66,7 +66,8 @@ class DataGroup:
             raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0 (or None: slots grow to the batches), "
                              f"got {shm_slots} and {shm_slot_mb}")
         if not shm_max_slot_mb > 0:
-            raise ValueError(f"shm_max_slot_mb must be > 0 (the largest a growing slot gets, MiB), got {shm_max_slot_mb}")
+            raise ValueError(f"shm_max_slot_mb must be > 0 (MiB: the largest a growing slot gets), "
+                             f"got {shm_max_slot_mb}")
         self.channel_choice, self.shm_slots = channel, int(shm_slots)
         self.shm_slot_mb = None if shm_slot_mb is None else float(shm_slot_mb)
         self.shm_max_slot_mb = float(shm_max_slot_mb)
@@ -157,11 +158,12 @@ class DataGroup:
         torch RPC over the group just joined for the others, or for all when no ring can be set up (one log line)."""
         if self.channel_choice == "rpc":
             return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+        max_bytes: int | None = None
         if self.shm_slot_mb is None:   # slots grow to the batches, from SHM_START_MB up to shm_max_slot_mb
-            max_bytes: int | None = int(self.shm_max_slot_mb * 2**20)
+            max_bytes = int(self.shm_max_slot_mb * 2**20)
             slot_bytes = min(int(SHM_START_MB * 2**20), max_bytes)
         else:
-            slot_bytes, max_bytes = int(self.shm_slot_mb * 2**20), None
+            slot_bytes = int(self.shm_slot_mb * 2**20)
         try:
             return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
                                    slots=self.shm_slots, slot_bytes=slot_bytes, max_slot_bytes=max_bytes,

@@ -344,6 +344,14 @@ class _Ring:
             self.slot_bytes = slot_bytes
         self.pump()
 
+    def retire_all(self) -> None:
+        """Unmap the free slots now and the others once released (the channel closed)."""
+        with self.lock:
+            for slot in self.free:
+                del self.maps[slot]
+            self.retired |= set(self.maps)
+            self.free = deque()
+
     def take_unmapped(self) -> list[int]:
         with self.lock:
             ids, self.unmapped = self.unmapped, []
@@ -527,7 +535,9 @@ class ShmChannel(BatchChannel):
                 ask.pending.set_exception(RuntimeError("the shared-memory batch channel was closed"))
         if self._watch is not None:
             self._watch.join(timeout=5.0)
-        # the maps stay alive as long as a batch still holds a view of them (the views keep their buffers)
+        for ring in self.rings.values():
+            # free slots are unmapped now; a slot a batch still holds stays mapped until the batch is freed
+            ring.retire_all()
 
 
 def _attach(part: int, tag: str, ids: list[int], slot_bytes: int, timeout: float) -> dict[int, mmap.mmap]:

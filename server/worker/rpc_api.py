@@ -201,7 +201,8 @@ def hot_rows(ntype: str, start: int, count: int, dtype: str | None = None) -> tu
     return _hot.rows(str(ntype), int(start), int(count), torch_dtype)
 
 
-ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global, hot_rows})
+ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
+                     hot_rows})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
