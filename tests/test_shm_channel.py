@@ -26,6 +26,7 @@ from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
 from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import shm
+from graphfeed.transport.pending import Pending
 
 FANOUTS = [5, 3]
 KW = dict(batch_size=32, shuffle=True, seed=5)
@@ -148,6 +149,56 @@ def test_a_worker_adds_slot_generations_and_detach_unmaps_them():
     writer.detach([7, 8])
     gc.collect()
     assert not _mapped_segments(os.getpid())
+
+
+class _RecordingChannel:
+    """What a :class:`shm._Ring` needs of its channel: ``dispatch`` (recorded here) and ``closed``."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def dispatch(self, ring, slot: int, ask) -> None:
+        self.sent.append(slot)
+
+
+def _slots(ids, size: int) -> dict:
+    maps = {}
+    for k in ids:
+        name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s{k}"
+        maps[k] = shm.create_segment(name, size)
+        shm.unlink_segment(name)
+    return maps
+
+
+def test_a_ring_swaps_generations_and_unmaps_a_held_old_slot_when_its_batch_is_freed():
+    def _mine():   # this test's segments among the process's mappings
+        return [n for n in _mapped_segments(os.getpid()) if f"{os.getpid()}-abc123-" in n]
+
+    channel = _RecordingChannel()
+    ring = shm._Ring(channel, 0, _slots([0, 1], 4096), 4096)
+    ring.submit(shm._Ask((), Pending(), time.monotonic()))
+    assert channel.sent == [0]
+    batch = {"n_id@_N": torch.arange(9)}
+    layout = shm.place(batch, 4096)
+    shm.write_batch(ring.maps[0], batch, layout)
+    held = shm.read_batch(ring.maps[0], layout, lambda: ring.release(0))   # slot 0's batch, kept by the trainer
+    assert ring.ask_growth(5000, 1 << 30) and ring.take_growth() == (shm.MIB, [2, 3]), "fresh ids, 1 MiB"
+    assert ring.take_growth() == (0, []), "one growth per request"
+    ring.swap(_slots([2, 3], shm.MIB), shm.MIB)
+    assert list(ring.free) == [2, 3] and ring.retired == {0} and sorted(ring.maps) == [0, 2, 3]
+    assert ring.take_unmapped() == [1], "the free old slot is unmapped at once"
+    assert _slot_ids(_mine()) == [0, 2, 3]
+    assert torch.equal(held["n_id@_N"], torch.arange(9)), "a held batch stays valid across the swap"
+    del held
+    gc.collect()
+    assert ring.take_unmapped() == [0] and sorted(ring.maps) == [2, 3] and not ring.retired
+    assert list(ring.free) == [2, 3], "a retired slot never becomes free again"
+    assert _slot_ids(_mine()) == [2, 3]
+    ring.retire_all()
+    gc.collect()
+    assert not ring.maps and not _mine()
 
 
 def test_grown_size_is_a_quarter_more_rounded_up_to_a_mib():
