@@ -468,9 +468,12 @@ class ShmChannel(BatchChannel):
         """The channel's thread: requests that waited too long for a slot, growths, and retired slots."""
         while not self._stop.wait(WATCH_INTERVAL):
             for ring in list(self.rings.values()):
-                self._pull_overdue(ring)
-                self._grow(ring)
-                self._detach_unmapped(ring)
+                try:
+                    self._pull_overdue(ring)
+                    self._grow(ring)
+                    self._detach_unmapped(ring)
+                except Exception:  # noqa: BLE001 -- this thread must outlive any one failure: it bounds the waits
+                    log.exception("shared-memory channel: checking part %d's ring failed", ring.part)
 
     def _pull_overdue(self, ring: _Ring) -> None:
         for ask in ring.overdue(self.slot_wait):
