@@ -17,8 +17,11 @@ servers this command started) every daemon and session worker -- the service's w
 comparable with the in-process ``cpu_s_per_epoch`` and steadier than wall time on a shared
 machine (``cpu_s_per_epoch_trainer`` is the trainer's share).
 
-Transport: ``channel`` is the batch channel the client chose (``shm``: same-host shared memory,
-``torch-rpc``); ``--channel rpc`` forces torch RPC (the figure before the shared-memory ring).
+Transport: ``channel`` is how the measured epochs' batches travelled (``shm``: same-host shared
+memory, ``torch-rpc``, or ``shm+torch-rpc`` when some of them came each way -- e.g. batches too big
+for a slot before the ring grew), with ``shm_batches`` / ``rpc_batches`` counting them and
+``shm_grown`` the rings that grew to the batches; ``--channel rpc`` forces torch RPC (the figure
+before the shared-memory ring).
 Peers: servers started here on one host read each other's parts from the shared files
 (``colocated_reads``, the default); ``--peer-path rpc`` turns that off, so every remote hop and
 feature row goes over torch RPC between the workers as it does between hosts.
@@ -213,10 +216,11 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
     with gf.connect(list(addresses), channel=cfg.channel) as client, _loader(client, cfg) as loader:
-        channel = client.group.channel.kind
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
+        before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []
         runs = [run_epoch(loader, pids, feature_bytes, cfg.link) for _ in range(cfg.epochs)]
+        transport = transport_fields(client.group.channel, before)
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
     result = summarize([stats for stats, _ in runs])
@@ -227,11 +231,29 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     result["servers_peak_rss_mb"] = round(sum(server_rss), 1) if server_rss is not None else None
     result["servers_peak_rss_mb_each"] = server_rss
     result["num_parts"] = num_parts
-    result["channel"] = channel
+    result.update(transport)
     result["feature_dtype"] = cfg.feature_dtype
     result["feature_cache_mb"] = cfg.feature_cache_mb
     result["feature_bytes_per_epoch"] = int(statistics.median(feature_bytes))
     return result
+
+
+def channel_counts(channel) -> dict[str, int]:
+    """The batch channel's counters now (a channel without counters: none)."""
+    return dict(getattr(channel, "counts", {}))
+
+
+def transport_fields(channel, before: dict[str, int]) -> dict:
+    """``channel`` (how the measured epochs' batches travelled: ``shm``, ``torch-rpc`` or ``shm+torch-rpc``),
+    ``shm_batches`` / ``rpc_batches`` (their counts; None for a channel that does not count) and
+    ``shm_grown`` (shared-memory rings that grew to the batches, warm-up included)."""
+    counts = channel_counts(channel)
+    if not counts:
+        return {"channel": channel.kind, "shm_batches": None, "rpc_batches": None, "shm_grown": None}
+    shm = counts["shm"] - before.get("shm", 0)
+    rpc = sum(counts[k] - before.get(k, 0) for k in ("rpc", "too_big", "slot_wait"))
+    kind = "shm+torch-rpc" if shm and rpc else ("shm" if shm else "torch-rpc")
+    return {"channel": kind, "shm_batches": shm, "rpc_batches": rpc, "shm_grown": counts.get("grown", 0)}
 
 
 def inprocess_features(cfg: RemoteBenchConfig) -> dict:

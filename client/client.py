@@ -24,7 +24,7 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
             lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
             tls_ca=None, tls_cert=None, tls_key=None,
             reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT, channel: str = "auto", shm_slots: int = 8,
-            shm_slot_mb: float = 64.0) -> "Client":
+            shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0) -> "Client":
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
@@ -42,9 +42,12 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     :class:`ServerError`, as does a server that comes back with another partition.
 
     ``channel``: ``"auto"`` pulls batches from servers on this host through shared memory
-    (a ring of ``shm_slots`` slots of ``shm_slot_mb`` MiB per server, see
-    :mod:`graphfeed.transport.shm`; a batch's tensors are views of its slot, which is reused
-    once they are freed) and from the others over torch RPC; ``"rpc"`` uses torch RPC only.
+    (a ring of ``shm_slots`` slots per server, see :mod:`graphfeed.transport.shm`; a batch's
+    tensors are views of its slot, which is reused once they are freed) and from the others
+    over torch RPC; ``"rpc"`` uses torch RPC only.  Slots start at 64 MiB and grow to the
+    batches (the first batch too big for a slot comes over torch RPC, then the part's ring
+    moves to slots of 1.25x its size, at most ``shm_max_slot_mb`` MiB); ``shm_slot_mb=N`` fixes
+    them at N MiB instead (larger batches always come over torch RPC).
 
     Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
     every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
@@ -62,7 +65,7 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     try:
         group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
                           lease_seconds=lease_seconds, channel=channel, shm_slots=shm_slots,
-                          shm_slot_mb=shm_slot_mb)
+                          shm_slot_mb=shm_slot_mb, shm_max_slot_mb=shm_max_slot_mb)
         group.start()
     except BaseException:
         for s in servers:
@@ -267,7 +270,8 @@ class Client:
                     log.warning("graphfeed: %s answers again", s.name)
             group = DataGroup(self.servers, advertise_host=old.host, timeout=self.timeout,
                               rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request,
-                              channel=old.channel_choice, shm_slots=old.shm_slots, shm_slot_mb=old.shm_slot_mb)
+                              channel=old.channel_choice, shm_slots=old.shm_slots, shm_slot_mb=old.shm_slot_mb,
+                              shm_max_slot_mb=old.shm_max_slot_mb)
             try:
                 group.start()
                 self.group = group

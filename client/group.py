@@ -37,6 +37,8 @@ PROBE_TIMEOUT = 3.0
 # each batch never waits (slots > prefetch + 1); one that keeps every batch (``list(loader)``) can
 # never free a slot, so each of its pulls would wait this long: keep it short.
 SHM_SLOT_WAIT = 2.0
+# MiB of a shared-memory slot before it grows to the batches (``shm_slot_mb=None``, the default)
+SHM_START_MB = 64.0
 HEARTBEAT_MISSES = 2   # consecutive failed heartbeats before a server counts as gone
 
 
@@ -56,13 +58,19 @@ def free_port(host: str) -> int:
 class DataGroup:
     def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
                  rpc_timeout: float, lease_seconds: float | None, channel: str = "auto", shm_slots: int = 8,
-                 shm_slot_mb: float = 64.0):
+                 shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0):
         if channel not in CHANNELS:
             raise ValueError(f"channel must be 'auto' (shared memory with same-host servers, else torch RPC) or "
                              f"'rpc' (torch RPC only), got {channel!r}")
-        if shm_slots < 1 or shm_slot_mb <= 0:
-            raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0, got {shm_slots} and {shm_slot_mb}")
-        self.channel_choice, self.shm_slots, self.shm_slot_mb = channel, int(shm_slots), float(shm_slot_mb)
+        if shm_slots < 1 or (shm_slot_mb is not None and not shm_slot_mb > 0):
+            raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0 (or None: slots grow to the batches), "
+                             f"got {shm_slots} and {shm_slot_mb}")
+        if not shm_max_slot_mb > 0:
+            raise ValueError(f"shm_max_slot_mb must be > 0 (MiB: the largest a growing slot gets), "
+                             f"got {shm_max_slot_mb}")
+        self.channel_choice, self.shm_slots = channel, int(shm_slots)
+        self.shm_slot_mb = None if shm_slot_mb is None else float(shm_slot_mb)
+        self.shm_max_slot_mb = float(shm_max_slot_mb)
         self.servers = list(servers)
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
         host, port = self.servers[0].address.rsplit(":", 1)
@@ -150,12 +158,19 @@ class DataGroup:
         torch RPC over the group just joined for the others, or for all when no ring can be set up (one log line)."""
         if self.channel_choice == "rpc":
             return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+        max_bytes: int | None = None
+        if self.shm_slot_mb is None:   # slots grow to the batches, from SHM_START_MB up to shm_max_slot_mb
+            max_bytes = int(self.shm_max_slot_mb * 2**20)
+            slot_bytes = min(int(SHM_START_MB * 2**20), max_bytes)
+        else:
+            slot_bytes = int(self.shm_slot_mb * 2**20)
         try:
             return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
-                                   slots=self.shm_slots, slot_bytes=int(self.shm_slot_mb * 2**20),
+                                   slots=self.shm_slots, slot_bytes=slot_bytes, max_slot_bytes=max_bytes,
                                    slot_wait=min(SHM_SLOT_WAIT, self.rpc_timeout / 2), group=self.group_id)
         except ShmUnavailable as exc:
-            log.info("batch channel: torch RPC (no shared-memory ring: %s)", exc)
+            log.log(logging.WARNING if exc.no_room else logging.INFO,
+                    "batch channel: torch RPC (no shared-memory ring: %s)", exc)
         except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
             log.warning("batch channel: torch RPC (shared-memory ring could not be allocated: %s)", exc)
         return TorchRpcChannel(rpc_timeout=self.rpc_timeout)

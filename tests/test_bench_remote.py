@@ -12,7 +12,7 @@ import shutil
 import psutil
 import pytest
 
-from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
+from graphfeed.bench.remote import RemoteBenchConfig, bench_remote, transport_fields
 from graphfeed.cli.main import main as cli_main
 from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import running_cluster
@@ -74,7 +74,27 @@ def test_running_servers_by_address(tiny_parts_dir, tiny_graph, tmp_path):
     assert r["servers"] == 2 and r["server_addresses"] == list(addresses) and r["graph"] is None
     assert r["servers_peak_rss_mb"] is None and r["cpu_s_per_epoch"] is None  # not visible from the client
     assert r["cpu_s_per_epoch_trainer"] > 0 and "ratio_vs_inprocess" not in r
+    assert (r["channel"], r["shm_batches"], r["rpc_batches"]) == ("shm", r["batches_per_epoch"], 0), \
+        "loopback servers: every measured batch through shared memory"
     _assert_consistent_rates(r)
+
+
+class _Channel:
+    def __init__(self, kind: str, counts: dict | None = None):
+        self.kind = kind
+        if counts is not None:
+            self.counts = counts
+
+
+def test_the_channel_claimed_is_how_the_measured_batches_travelled():
+    counts = {"shm": 10, "rpc": 0, "too_big": 4, "slot_wait": 0, "grown": 1}
+    before = {"shm": 2, "rpc": 0, "too_big": 4, "slot_wait": 0, "grown": 1}   # the warm-up's too-big batches
+    assert transport_fields(_Channel("shm", counts), before) == {
+        "channel": "shm", "shm_batches": 8, "rpc_batches": 0, "shm_grown": 1}
+    assert transport_fields(_Channel("shm", counts), {})["channel"] == "shm+torch-rpc"
+    assert transport_fields(_Channel("shm", dict(counts, shm=2)), before)["channel"] == "torch-rpc"
+    assert transport_fields(_Channel("torch-rpc"), {}) == {
+        "channel": "torch-rpc", "shm_batches": None, "rpc_batches": None, "shm_grown": None}
 
 
 def test_feature_cache_lowers_the_feature_bytes_of_the_same_epoch(tiny_parts_dir, tmp_path):

@@ -1,10 +1,14 @@
 """The same-host shared-memory batch channel (:mod:`graphfeed.transport.shm`): the slot layout, the
 stale-segment sweep, and real daemons on loopback (2 parts, 3000 nodes): batches equal the torch RPC
-channel's and the local loader's, a full ring is backpressure, and no segment outlives a normal exit,
-a trainer killed with SIGKILL or a server killed with SIGKILL."""
+channel's and the local loader's, a full ring is backpressure, slots grow to the batches and the old
+ones are unmapped on both sides, a /dev/shm without room is torch RPC with one log line (at set-up or
+growth), and no segment outlives a normal exit, a trainer killed with SIGKILL or a server killed with
+SIGKILL."""
 from __future__ import annotations
 
+import errno
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -17,10 +21,12 @@ import pytest
 import torch
 
 import graphfeed.client as gf
+from graphfeed.client import group as group_mod
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
 from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import shm
+from graphfeed.transport.pending import Pending
 
 FANOUTS = [5, 3]
 KW = dict(batch_size=32, shuffle=True, seed=5)
@@ -100,6 +106,106 @@ def test_batch_round_trips_through_a_slot_and_the_slot_frees_with_its_last_tenso
     assert not _segments_of(os.getpid())
 
 
+def _no_room(fd, offset, size):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_segment_reserves_its_pages_and_no_room_is_an_oserror_with_the_name_unlinked(monkeypatch):
+    name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s0"
+    mm = shm.create_segment(name, 1 << 20)
+    try:
+        assert os.stat(shm.segment_path(name)).st_blocks * 512 >= 1 << 20, "posix_fallocate reserved the pages"
+    finally:
+        shm.unlink_segment(name)
+        mm.close()
+    monkeypatch.setattr(os, "posix_fallocate", _no_room)
+    with pytest.raises(OSError) as info:
+        shm.create_segment(name, 1 << 20)
+    assert info.value.errno == errno.ENOSPC
+    assert not _segments_of(os.getpid()), "a segment that could not be reserved is unlinked"
+
+
+def test_a_worker_adds_slot_generations_and_detach_unmaps_them():
+    writer = shm.RingWriter()
+    names = [f"{shm.PREFIX}{os.getpid()}-abc123-p0-s{k}" for k in range(5)]
+    made = [shm.create_segment(name, 1 << 16) for name in names]
+    for mm in made:   # the trainer's maps: only the writer's stay
+        mm.close()
+    assert len(writer.attach(names[:2], 1 << 16)) == 2
+    assert len(writer.attach(names[2:4], 1 << 16, ids=[7, 8])) == 2
+    assert sorted(writer.slots) == [0, 1, 7, 8], "a new generation is added beside the old one"
+    assert writer.answer(7, {"a": torch.arange(5)})[0] == "shm"
+    with pytest.raises(ValueError, match="already attached"):
+        writer.attach(names[4:], 1 << 16, ids=[7])
+    gc.collect()
+    assert not _segments_of(os.getpid()), "attach unlinks the names, mapped or not"
+    assert sorted(map(os.path.basename, _mapped_segments(os.getpid()))) == names[:4]
+    assert writer.detach([0, 1, 99]) == 2
+    gc.collect()
+    assert sorted(writer.slots) == [7, 8]
+    assert sorted(map(os.path.basename, _mapped_segments(os.getpid()))) == names[2:4], "detached ones are unmapped"
+    with pytest.raises(ValueError, match="not attached"):
+        writer.answer(0, {"a": torch.arange(5)})
+    writer.detach([7, 8])
+    gc.collect()
+    assert not _mapped_segments(os.getpid())
+
+
+class _RecordingChannel:
+    """What a :class:`shm._Ring` needs of its channel: ``dispatch`` (recorded here) and ``closed``."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def dispatch(self, ring, slot: int, ask) -> None:
+        self.sent.append(slot)
+
+
+def _slots(ids, size: int) -> dict:
+    maps = {}
+    for k in ids:
+        name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s{k}"
+        maps[k] = shm.create_segment(name, size)
+        shm.unlink_segment(name)
+    return maps
+
+
+def test_a_ring_swaps_generations_and_unmaps_a_held_old_slot_when_its_batch_is_freed():
+    def _mine():   # this test's segments among the process's mappings
+        return [n for n in _mapped_segments(os.getpid()) if f"{os.getpid()}-abc123-" in n]
+
+    channel = _RecordingChannel()
+    ring = shm._Ring(channel, 0, _slots([0, 1], 4096), 4096)
+    ring.submit(shm._Ask((), Pending(), time.monotonic()))
+    assert channel.sent == [0]
+    batch = {"n_id@_N": torch.arange(9)}
+    layout = shm.place(batch, 4096)
+    shm.write_batch(ring.maps[0], batch, layout)
+    held = shm.read_batch(ring.maps[0], layout, lambda: ring.release(0))   # slot 0's batch, kept by the trainer
+    assert ring.ask_growth(5000, 1 << 30) and ring.take_growth() == (shm.MIB, [2, 3]), "fresh ids, 1 MiB"
+    assert ring.take_growth() == (0, []), "one growth per request"
+    ring.swap(_slots([2, 3], shm.MIB), shm.MIB)
+    assert list(ring.free) == [2, 3] and ring.retired == {0} and sorted(ring.maps) == [0, 2, 3]
+    assert ring.take_unmapped() == [1], "the free old slot is unmapped at once"
+    assert _slot_ids(_mine()) == [0, 2, 3]
+    assert torch.equal(held["n_id@_N"], torch.arange(9)), "a held batch stays valid across the swap"
+    del held
+    gc.collect()
+    assert ring.take_unmapped() == [0] and sorted(ring.maps) == [2, 3] and not ring.retired
+    assert list(ring.free) == [2, 3], "a retired slot never becomes free again"
+    assert _slot_ids(_mine()) == [2, 3]
+    ring.retire_all()
+    gc.collect()
+    assert not ring.maps and not _mine()
+
+
+def test_grown_size_is_a_quarter_more_rounded_up_to_a_mib():
+    assert shm.grown_size(1) == shm.MIB
+    assert shm.grown_size(129 * shm.MIB) == 162 * shm.MIB   # 161.25 MiB, rounded up
+
+
 def test_segment_names_are_checked():
     for bad in ("../etc/passwd", "graphfeed-shm-1-zz-p0-s0", "other-1-ab-p0-s0"):
         with pytest.raises(ValueError, match="not a graphfeed shared-memory segment name"):
@@ -168,6 +274,87 @@ def test_batch_larger_than_a_slot_comes_over_rpc(cluster, parts_dir):
         assert client.group.channel.counts["too_big"] == len(local)
     for a, b in zip(got, local, strict=True):
         _assert_same_batch(a, b)
+
+
+def _epoch(loader, local_loader) -> int:
+    """One epoch of ``loader``, each batch checked against ``local_loader``'s and dropped at once."""
+    n = 0
+    for got, want in zip(loader, local_loader, strict=True):
+        _assert_same_batch(got, want)
+        del got
+        n += 1
+    return n
+
+
+def _slot_ids(names: list[str]) -> list[int]:
+    return sorted(int(n.rsplit("-s", 1)[1]) for n in names)
+
+
+def test_slots_grow_to_the_batches_and_the_old_slots_are_unmapped_on_both_sides(cluster, parts_dir, monkeypatch,
+                                                                               caplog):
+    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)   # 4 KiB slots: every batch is too big at first
+    local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
+    with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
+            gf.connect([s.address for s in cluster], timeout=60) as client:
+        channel = client.group.channel
+        assert channel.kind == "shm" and channel.max_slot_bytes == 1024 * shm.MIB
+        workers = [s.extra["worker_pid"] for s in client.servers]
+        loader = client.neighbor_loader("train", FANOUTS, prefetch=2, **KW)
+        first = _epoch(loader, local)
+        _wait(lambda: channel.counts["grown"] == 2, BOUND, "both rings to grow")
+        assert channel.counts["too_big"] > 0 and channel.counts["grow_failed"] == 0, channel.counts
+        assert all(r.slot_bytes == shm.MIB for r in channel.rings.values()), "1.25 x a ~50 KiB batch: 1 MiB"
+        before = dict(channel.counts)
+        assert _epoch(loader, local) == first
+        assert channel.counts["shm"] - before["shm"] == first and channel.counts["too_big"] == before["too_big"]
+        gc.collect()
+        ours = f"-{channel.tag}-"   # this client's segments (not an earlier test's)
+        assert _slot_ids([n for n in _mapped_segments(os.getpid()) if ours in n]) == sorted(list(range(8, 16)) * 2), \
+            "the trainer maps only the new generation (new slot ids), 8 slots per part"
+        for w in workers:
+            _wait(lambda w=w: _slot_ids(_mapped_segments(w)) == list(range(8, 16)), BOUND,
+                  f"worker {w} to unmap its retired slots")
+    assert not [n for n in _mapped_segments(os.getpid()) if ours in n], "closing the client unmaps the free slots"
+    grew = [r.getMessage() for r in caplog.records if "grew" in r.getMessage()]
+    assert len(grew) == 2 and all("0 -> 1 MiB" in m for m in grew), grew
+    assert not _segments_of(os.getpid())
+
+
+def test_no_room_for_the_ring_is_torch_rpc_with_one_log_line(cluster, parts_dir, monkeypatch, caplog):
+    monkeypatch.setattr(os, "posix_fallocate", _no_room)
+    gc.collect()
+    mapped = _mapped_segments(os.getpid())
+    with caplog.at_level(logging.INFO, logger="graphfeed"), \
+            gf.connect([s.address for s in cluster], timeout=60) as client:
+        assert client.group.channel.kind == "torch-rpc"
+        assert _epoch(client.neighbor_loader("train", FANOUTS, **KW), LocalNeighborLoader(parts_dir, FANOUTS, **KW))
+    lines = [r for r in caplog.records if "shared" in r.getMessage() or "shm" in r.name]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING, [r.getMessage() for r in lines]
+    assert "No space left on device" in lines[0].getMessage() and "torch RPC" in lines[0].getMessage()
+    assert not _segments_of(os.getpid()) and _mapped_segments(os.getpid()) == mapped
+
+
+def test_no_room_to_grow_keeps_the_old_slots_and_the_batches_come_over_rpc(cluster, parts_dir, monkeypatch, caplog):
+    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)
+    local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
+    with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
+            gf.connect([s.address for s in cluster], timeout=60) as client:
+        channel = client.group.channel
+        monkeypatch.setattr(os, "posix_fallocate", _no_room)   # set up, then /dev/shm is full
+        loader = client.neighbor_loader("train", FANOUTS, prefetch=2, **KW)
+        first = _epoch(loader, local)
+        _wait(lambda: channel.counts["grow_failed"] == 2, BOUND, "both growths to fail")
+        assert _epoch(loader, local) == first
+        assert channel.counts["grown"] == 0 and channel.counts["shm"] == 0
+        assert channel.counts["too_big"] == 2 * first, "every batch came over torch RPC"
+        assert all(r.slot_bytes == 4096 and sorted(r.maps) == list(range(8)) for r in channel.rings.values())
+        assert _slot_ids([n for n in _mapped_segments(os.getpid()) if f"-{channel.tag}-" in n]) == \
+            sorted(list(range(8)) * 2)
+    failed = [r for r in caplog.records if "could not grow" in r.getMessage()]
+    assert len(failed) == 2 and all(r.levelno == logging.WARNING for r in failed)
+    assert "No space left on device" in failed[0].getMessage()
+    assert not [r for r in caplog.records if "grew" in r.getMessage()]
+    assert not _segments_of(os.getpid())
 
 
 TRAINER = textwrap.dedent("""

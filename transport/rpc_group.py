@@ -125,7 +125,7 @@ def interface_for(address: str) -> str | None:
 # ---- naming a worker's RPC function without importing the server ----------------------------------
 
 WORKER_RPC_MODULE = "graphfeed.server.worker.rpc_api"
-WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather", "pull_into", "attach", "sample", "hot_rows")
+WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather", "pull_into", "attach", "detach", "sample", "hot_rows")
 
 
 def remote_function(module: str, name: str):
@@ -160,7 +160,8 @@ class RemoteFunction:
 
 PULL = RemoteFunction("pull", is_async=True)
 PULL_INTO = RemoteFunction("pull_into", is_async=True)   # the shared-memory channel's pull
-ATTACH = RemoteFunction("attach")                        # the shared-memory channel's set-up
+ATTACH = RemoteFunction("attach")                        # the shared-memory channel's set-up (and growth)
+DETACH = RemoteFunction("detach")                        # ... and its retired slots
 SAMPLE = RemoteFunction("sample", is_async=True)         # online sampling (Client.sample)
 HOT_ROWS = RemoteFunction("hot_rows")                     # a loader's hot-feature cache (chunks of rows)
 

@@ -18,7 +18,20 @@ The slot is free again when the last of those tensors is freed (a finalizer on t
 storage holds).  When every slot is taken, requests wait in order (backpressure); a request that
 waited ``slot_wait`` seconds -- the trainer still holds every slot's batch -- is pulled over torch
 RPC instead, so holding batches never hangs the loader.  A batch larger than a slot is answered
-over torch RPC as well (one log line names the setting to raise).
+over torch RPC as well; the worker says how many bytes it needed.
+
+Slots that grow (``max_slot_bytes``, what ``connect(shm_slot_mb=None)`` asks for): after such an
+answer the channel's own thread makes a new generation of slots for that part, of the needed size
+x 1.25 rounded up to a MiB (at most ``max_slot_bytes``), has the worker ``attach`` them beside the
+old ones and swaps them in: new requests take new slots.  Slot ids are never reused, so a pull in
+flight on an old slot cannot be confused with a new one.  An old slot is retired once it is free
+(at once, or when the batch that holds it is freed): the trainer drops its map and the worker is
+told to ``detach`` it, so the old generation's memory goes away on both sides.  A growth that fails
+(no room in ``/dev/shm``, the worker cannot map) leaves the part on its old slots, with one log line.
+
+Room: a segment's pages are reserved when it is made (``posix_fallocate``), so a full ``/dev/shm``
+is an OSError at set-up or growth -- torch RPC, one log line -- and never a SIGBUS in the worker that
+writes into a sparse segment past the tmpfs limit.
 """
 from __future__ import annotations
 
@@ -51,11 +64,24 @@ NAME_RE = re.compile(r"^graphfeed-shm-(\d+)-[0-9a-f]+-p\d+-s\d+$")
 TOKEN_BYTES = 16
 HEADER = 64          # bytes before a slot's payload (the token lives here)
 ALIGN = 64           # every tensor starts at a multiple of this offset
-WATCH_INTERVAL = 0.2  # seconds between checks for requests that waited too long for a slot
+WATCH_INTERVAL = 0.2  # seconds between checks for requests that waited too long for a slot (and growths)
+MIB = 1 << 20
+GROWTH = 1.25        # a grown slot holds the batch that asked for it x this, rounded up to a MiB
 
 
 class ShmUnavailable(RuntimeError):
-    """The ring could not be set up with any part (the caller falls back to torch RPC)."""
+    """The ring could not be set up with any part (the caller falls back to torch RPC).
+
+    ``no_room``: a part failed because this host could not reserve the segments (``/dev/shm`` full
+    or too small), which an operator should hear about, rather than e.g. a server on another host."""
+
+    def __init__(self, message: str, no_room: bool = False):
+        super().__init__(message)
+        self.no_room = no_room
+
+
+class NoRoom(OSError):
+    """The segments of a ring could not be reserved in ``/dev/shm`` (ENOSPC, ...)."""
 
 
 # ---- segments --------------------------------------------------------------------------------------
@@ -68,10 +94,15 @@ def segment_path(name: str) -> str:
 
 
 def create_segment(name: str, size: int) -> mmap.mmap:
-    """A new segment of ``size`` bytes (mode 0600), mapped; FileExistsError/OSError as the OS raises."""
+    """A new segment of ``size`` bytes (mode 0600), its pages reserved, mapped.
+
+    FileExistsError/OSError as the OS raises (the name is unlinked again): ENOSPC when ``/dev/shm``
+    has no room for ``size`` bytes.  Reserving them now (``posix_fallocate``) is what keeps a later
+    write into the mapping from dying of SIGBUS on a full tmpfs."""
     fd = os.open(segment_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
         return mmap.mmap(fd, size)
     except BaseException:
         os.unlink(segment_path(name))
@@ -167,21 +198,38 @@ def read_batch(mm: mmap.mmap, layout: list[Placed], on_free) -> dict[str, torch.
 # ---- the worker's half ------------------------------------------------------------------------------
 
 class RingWriter:
-    """A worker's mappings of its trainer's slots (``slot -> mmap``), filled by ``attach``."""
+    """A worker's mappings of its trainer's slots (``slot id -> mmap``), added by ``attach``, dropped by ``detach``."""
 
     def __init__(self) -> None:
         self.slots: dict[int, mmap.mmap] = {}
         self._lock = threading.Lock()
 
-    def attach(self, names: Sequence[str], size: int) -> list[bytes]:
-        """Map ``names`` as slots ``0..`` and unlink them; returns each slot's token (its first bytes).
-        OSError if any cannot be mapped (e.g. FileNotFoundError: the trainer is on another host)."""
-        maps = [open_segment(name, int(size)) for name in names]
-        for name in names:   # mapped: the names are no longer needed, whichever side dies first
-            unlink_segment(name)
+    def attach(self, names: Sequence[str], size: int, ids: Sequence[int] | None = None) -> list[bytes]:
+        """Map ``names`` as slots ``ids`` (default ``0..``) beside those already attached, and unlink the
+        names; returns each slot's token (its first bytes).  OSError if any cannot be mapped (e.g.
+        FileNotFoundError: the trainer is on another host); ValueError for an id already attached
+        (slot ids are never reused: a pull in flight must not land in another generation's slot)."""
+        ids = list(range(len(names))) if ids is None else [int(i) for i in ids]
+        if len(ids) != len(names) or len(set(ids)) != len(ids):
+            raise ValueError(f"attach needs one distinct slot id per segment, got {len(names)} names and ids {ids}")
+        try:
+            maps = [open_segment(name, int(size)) for name in names]
+        finally:   # mapped or not, the names are no longer needed, whichever side dies first
+            for name in names:
+                unlink_segment(name)
         with self._lock:
-            self.slots = dict(enumerate(maps))
+            taken = sorted(set(ids) & set(self.slots))
+            if taken:
+                raise ValueError(f"slots {taken} are already attached: a new generation needs fresh slot ids")
+            self.slots.update(zip(ids, maps))
         return [bytes(m[:TOKEN_BYTES]) for m in maps]
+
+    def detach(self, ids: Sequence[int]) -> int:
+        """Forget slots ``ids`` (retired by the trainer: neither in flight nor holding a batch); returns how
+        many were attached.  The mapping goes with its last reference -- at once, as no copy into a
+        retired slot runs -- so a copy still running could never write into unmapped memory."""
+        with self._lock:
+            return sum(self.slots.pop(int(i), None) is not None for i in ids)
 
     def answer(self, slot: int, batch: dict[str, torch.Tensor]):
         """What ``pull_into`` answers: ``("shm", layout)`` after copying ``batch`` into ``slot``, or
@@ -206,14 +254,30 @@ class _Ask:
     since: float
 
 
-class _Ring:
-    """One part's slots on the trainer: which are free, and the requests waiting for one."""
+def grown_size(needed: int) -> int:
+    """The slot size for a batch of ``needed`` bytes: ``needed`` x :data:`GROWTH`, rounded up to a MiB."""
+    return -(-int(needed * GROWTH) // MIB) * MIB
 
-    def __init__(self, channel: ShmChannel, part: int, maps: list[mmap.mmap]):
-        self.channel, self.part, self.maps = channel, part, maps
-        self.free: deque[int] = deque(range(len(maps)))
+
+class _Ring:
+    """One part's slots on the trainer: which are free, the requests waiting for one, and retired slots.
+
+    ``maps`` holds the slots of the current generation and the retired ones still in flight or held
+    by a batch; a retired slot leaves it (and goes to ``unmapped``, for the worker to detach) when it
+    is released instead of becoming free.  The lock is re-entrant: a release may run in a finalizer,
+    in whatever thread drops a batch's last tensor."""
+
+    def __init__(self, channel: ShmChannel, part: int, maps: dict[int, mmap.mmap], slot_bytes: int):
+        self.channel, self.part, self.maps, self.slot_bytes = channel, part, maps, slot_bytes
+        self.slots = len(maps)
+        self.next_id = max(maps) + 1
+        self.free: deque[int] = deque(maps)
         self.waiting: deque[_Ask] = deque()
-        self.lock = threading.Lock()
+        self.retired: set[int] = set()
+        self.unmapped: list[int] = []   # retired and released: the worker may drop them
+        self.wanted = 0                 # slot bytes a too-big batch asked for (0: no growth asked)
+        self.can_grow = True            # False once a growth failed: the part stays on its slots
+        self.lock = threading.RLock()
 
     def submit(self, ask: _Ask) -> None:
         with self.lock:
@@ -231,6 +295,11 @@ class _Ring:
 
     def release(self, slot: int) -> None:
         with self.lock:
+            if slot in self.retired:    # an old generation's slot: unmap it instead of reusing it
+                self.retired.discard(slot)
+                del self.maps[slot]     # the mapping goes with this last reference
+                self.unmapped.append(slot)
+                return
             self.free.append(slot)
         if not self.channel.closed:
             self.pump()
@@ -244,48 +313,100 @@ class _Ring:
                 self.waiting.remove(a)
         return late
 
+    def ask_growth(self, needed: int, cap: int) -> bool:
+        """Note that a batch of ``needed`` bytes did not fit; False when slots of ``cap`` bytes would not hold it."""
+        target = min(cap, grown_size(needed))
+        with self.lock:
+            if self.can_grow and target > max(self.slot_bytes, self.wanted):
+                self.wanted = target
+        return target >= needed
+
+    def take_growth(self) -> tuple[int, list[int]]:
+        """``(slot bytes, fresh slot ids)`` of the growth asked for, or ``(0, [])`` when none is due."""
+        with self.lock:
+            size, self.wanted = self.wanted, 0
+            if not self.can_grow or size <= self.slot_bytes:
+                return 0, []
+            ids = list(range(self.next_id, self.next_id + self.slots))
+            self.next_id += self.slots
+        return size, ids
+
+    def swap(self, maps: dict[int, mmap.mmap], slot_bytes: int) -> None:
+        """Make ``maps`` the ring's slots: the old free ones are unmapped now, the others once released."""
+        with self.lock:
+            old_free = list(self.free)
+            self.retired |= set(self.maps) - set(old_free)
+            for slot in old_free:
+                del self.maps[slot]
+            self.unmapped += old_free
+            self.maps.update(maps)
+            self.free = deque(maps)
+            self.slot_bytes = slot_bytes
+        self.pump()
+
+    def retire_all(self) -> None:
+        """Unmap the free slots now and the others once released (the channel closed)."""
+        with self.lock:
+            for slot in self.free:
+                del self.maps[slot]
+            self.retired |= set(self.maps)
+            self.free = deque()
+
+    def take_unmapped(self) -> list[int]:
+        with self.lock:
+            ids, self.unmapped = self.unmapped, []
+        return ids
+
 
 class ShmChannel(BatchChannel):
     """Pulls through shared-memory rings for the parts whose workers share this host, torch RPC for the rest.
 
-    ``slots`` slots of ``slot_bytes`` each per part; ``slot_wait`` seconds a request waits for a
-    free slot before it is pulled over torch RPC instead.  Counters in :attr:`counts`:
-    ``shm`` (batches through a slot), ``rpc`` (parts without a ring), ``too_big``, ``slot_wait``.
+    ``slots`` slots of ``slot_bytes`` each per part, grown up to ``max_slot_bytes`` when a batch does
+    not fit (None: fixed size); ``slot_wait`` seconds a request waits for a free slot before it is
+    pulled over torch RPC instead.  Counters in :attr:`counts`: ``shm`` (batches through a slot),
+    ``rpc`` (parts without a ring), ``too_big`` (batches larger than their slot, over torch RPC),
+    ``slot_wait``, ``grown`` (rings that moved to larger slots), ``grow_failed``.
     """
 
     kind = "shm"
 
-    def __init__(self, rpc_timeout: float, slot_wait: float):
+    def __init__(self, rpc_timeout: float, slot_wait: float, max_slot_bytes: int | None = None, tag: str = ""):
         super().__init__()
         self.rpc = TorchRpcChannel(rpc_timeout=rpc_timeout)
         self.rpc_timeout, self.slot_wait = float(rpc_timeout), float(slot_wait)
+        self.max_slot_bytes, self.tag = max_slot_bytes, tag
         self.rings: dict[int, _Ring] = {}
-        self.counts = {"shm": 0, "rpc": 0, "too_big": 0, "slot_wait": 0}
+        self.counts = {"shm": 0, "rpc": 0, "too_big": 0, "slot_wait": 0, "grown": 0, "grow_failed": 0}
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
         self._told: set[str] = set()
 
     @classmethod
     def open(cls, parts: Sequence[int], *, rpc_timeout: float, slots: int = 8, slot_bytes: int = 64 << 20,
-             slot_wait: float = 10.0, group: str = "") -> ShmChannel:
+             max_slot_bytes: int | None = None, slot_wait: float = 10.0, group: str = "") -> ShmChannel:
         """Set up a ring with every part's worker that can map it; :class:`ShmUnavailable` if none can."""
         if slots < 1 or slot_bytes <= HEADER:
             raise ValueError(f"a ring needs at least 1 slot of more than {HEADER} bytes, got {slots} x {slot_bytes}")
+        if max_slot_bytes is not None and max_slot_bytes < slot_bytes:
+            raise ValueError(f"max_slot_bytes ({max_slot_bytes}) must be at least slot_bytes ({slot_bytes})")
         sweep_stale()
-        channel = cls(rpc_timeout, slot_wait)
         tag = (re.sub(r"[^0-9a-f]", "", group.lower()) or secrets.token_hex(4))[-12:]
-        problems = {}
+        channel = cls(rpc_timeout, slot_wait, max_slot_bytes, tag)
+        problems, no_room = {}, False
         for part in parts:
             try:
-                channel.rings[part] = _Ring(channel, part, _attach(part, tag, slots, slot_bytes, rpc_timeout))
+                maps = _attach(part, tag, list(range(slots)), slot_bytes, rpc_timeout)
+                channel.rings[part] = _Ring(channel, part, maps, slot_bytes)
             except Exception as exc:  # noqa: BLE001 -- any failure: this part is pulled over torch RPC
                 problems[part] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                no_room = no_room or isinstance(exc, NoRoom)
         if not channel.rings:
-            raise ShmUnavailable("; ".join(f"part {p}: {why}" for p, why in problems.items()))
+            raise ShmUnavailable("; ".join(f"part {p}: {why}" for p, why in problems.items()), no_room)
         if problems:
-            log.info("batch channel: shared memory with parts %s, torch RPC with parts %s (%s)",
-                     sorted(channel.rings), sorted(problems), "; ".join(problems.values()))
-        channel._watch = threading.Thread(target=channel._watch_waits, name="graphfeed-shm-watch", daemon=True)
+            log.log(logging.WARNING if no_room else logging.INFO,
+                    "batch channel: shared memory with parts %s, torch RPC with parts %s (%s)",
+                    sorted(channel.rings), sorted(problems), "; ".join(problems.values()))
+        channel._watch = threading.Thread(target=channel._watch_rings, name="graphfeed-shm-watch", daemon=True)
         channel._watch.start()
         return channel
 
@@ -325,23 +446,81 @@ class ShmChannel(BatchChannel):
             self.counts["shm"] += 1
             pending.set_result(read_batch(ring.maps[slot], answer[1], lambda: ring.release(slot)))
             return
+        size = len(ring.maps[slot])
         ring.release(slot)
         self.counts["too_big"] += 1
-        self._tell("too_big", f"a batch of {answer[2] / 2**20:.1f} MiB does not fit a shared-memory slot of "
-                              f"{len(ring.maps[slot]) / 2**20:.1f} MiB and came over torch RPC: raise "
-                              f"shm_slot_mb in connect() to keep such batches in shared memory")
+        self._too_big(ring, size, int(answer[2]))
         pending.set_result(answer[1])
 
-    def _watch_waits(self) -> None:
+    def _too_big(self, ring: _Ring, size: int, needed: int) -> None:
+        """A batch of ``needed`` bytes came over torch RPC as slot of ``size`` bytes could not hold it: ask the
+        ring to grow (it grows on this channel's thread, never in a torch RPC callback), or say what to raise."""
+        what = f"a batch of {needed / MIB:.1f} MiB does not fit a shared-memory slot of {size / MIB:.1f} MiB"
+        if self.max_slot_bytes is None:
+            self._tell("too_big", f"{what} and came over torch RPC: raise shm_slot_mb in connect() (or leave it "
+                                  f"unset: slots then grow to the batches) to keep such batches in shared memory")
+        elif not ring.ask_growth(needed, self.max_slot_bytes):
+            self._tell("too_big", f"{what} nor the largest slot allowed ({self.max_slot_bytes / MIB:.0f} MiB) and "
+                                  f"came over torch RPC: raise shm_max_slot_mb in connect() to keep such batches "
+                                  f"in shared memory")
+
+    def _watch_rings(self) -> None:
+        """The channel's thread: requests that waited too long for a slot, growths, and retired slots."""
         while not self._stop.wait(WATCH_INTERVAL):
-            for ring in self.rings.values():
-                for ask in ring.overdue(self.slot_wait):
-                    self.counts["slot_wait"] += 1
-                    self._tell("slot_wait", f"every shared-memory slot of part {ring.part} is held by a batch the "
-                                            f"trainer still references after {self.slot_wait:g} s; pulling over "
-                                            f"torch RPC meanwhile (drop batches sooner or raise shm_slots)")
-                    pulled = self.rpc.request(ring.part, *ask.args)
-                    pulled.add_done_callback(functools.partial(_forward, dst=ask.pending))
+            for ring in list(self.rings.values()):
+                try:
+                    self._pull_overdue(ring)
+                    self._grow(ring)
+                    self._detach_unmapped(ring)
+                except Exception:  # noqa: BLE001 -- this thread must outlive any one failure: it bounds the waits
+                    log.exception("shared-memory channel: checking part %d's ring failed", ring.part)
+
+    def _pull_overdue(self, ring: _Ring) -> None:
+        for ask in ring.overdue(self.slot_wait):
+            self.counts["slot_wait"] += 1
+            self._tell("slot_wait", f"every shared-memory slot of part {ring.part} is held by a batch the "
+                                    f"trainer still references after {self.slot_wait:g} s; pulling over "
+                                    f"torch RPC meanwhile (drop batches sooner or raise shm_slots)")
+            pulled = self.rpc.request(ring.part, *ask.args)
+            pulled.add_done_callback(functools.partial(_forward, dst=ask.pending))
+
+    def _grow(self, ring: _Ring) -> None:
+        """Give ``ring`` the larger slots a too-big batch asked for; on failure it keeps its slots for good."""
+        size, ids = ring.take_growth()
+        if not ids or self._stop.is_set():
+            return
+        old = ring.slot_bytes
+        try:
+            maps = _attach(ring.part, self.tag, ids, size, self.rpc_timeout)
+        except Exception as exc:  # noqa: BLE001 -- any failure: the part stays on its slots, batches too big use RPC
+            with ring.lock:
+                ring.can_grow = False
+                ring.unmapped += ids   # in case the worker mapped some of them before the failure
+            if self._stop.is_set():
+                return
+            self.counts["grow_failed"] += 1
+            log.warning("shared-memory ring of part %d: could not grow its slots from %.0f to %.0f MiB (%s); batches "
+                        "over %.0f MiB keep coming over torch RPC", ring.part, old / MIB, size / MIB,
+                        f"{type(exc).__name__}: {exc}".splitlines()[0], old / MIB)
+            return
+        ring.swap(maps, size)
+        self.counts["grown"] += 1
+        log.info("shared-memory ring of part %d grew: %d slots of %.0f -> %.0f MiB", ring.part, len(ids),
+                 old / MIB, size / MIB)
+
+    def _detach_unmapped(self, ring: _Ring) -> None:
+        """Tell the worker to drop the retired slots the trainer has unmapped (fire and forget: a worker
+        that is gone has dropped them already)."""
+        ids = ring.take_unmapped()
+        if not ids:
+            return
+        try:
+            fut = torch.distributed.rpc.rpc_async(rpc_group.worker_name(ring.part), rpc_group.DETACH, args=(ids,),
+                                                  timeout=self.rpc_timeout)
+        except Exception as exc:  # noqa: BLE001 -- the group is gone: so are the worker's maps
+            log.debug("detach of part %d's slots %s not sent: %s", ring.part, ids, exc)
+            return
+        fut.add_done_callback(lambda f: _ignore_error(f, ring.part))
 
     def _tell(self, what: str, message: str) -> None:
         if what not in self._told:
@@ -359,25 +538,32 @@ class ShmChannel(BatchChannel):
                 ask.pending.set_exception(RuntimeError("the shared-memory batch channel was closed"))
         if self._watch is not None:
             self._watch.join(timeout=5.0)
-        # the maps stay alive as long as a batch still holds a view of them (the views keep their buffers)
+        for ring in self.rings.values():
+            # free slots are unmapped now; a slot a batch still holds stays mapped until the batch is freed
+            ring.retire_all()
 
 
-def _attach(part: int, tag: str, slots: int, slot_bytes: int, timeout: float) -> list[mmap.mmap]:
-    """Create ``slots`` segments, have part ``part``'s worker map them, check the tokens, unlink the names."""
-    names = [f"{PREFIX}{os.getpid()}-{tag}-p{part}-s{k}" for k in range(slots)]
+def _attach(part: int, tag: str, ids: list[int], slot_bytes: int, timeout: float) -> dict[int, mmap.mmap]:
+    """Create one segment per slot id (:class:`NoRoom` when they cannot be reserved), have part ``part``'s
+    worker map them, check the tokens, unlink the names; ``{slot id: map}``."""
+    names = [f"{PREFIX}{os.getpid()}-{tag}-p{part}-s{k}" for k in ids]
     maps: list[mmap.mmap] = []
     try:
         tokens = []
         for name in names:
-            mm = create_segment(name, slot_bytes)
+            try:
+                mm = create_segment(name, slot_bytes)
+            except OSError as exc:
+                raise NoRoom(exc.errno, f"cannot reserve {len(names)} x {slot_bytes / MIB:.1f} MiB in {SHM_DIR}: "
+                                        f"{exc.strerror or exc}") from exc
             maps.append(mm)
             tokens.append(secrets.token_bytes(TOKEN_BYTES))
             mm[:TOKEN_BYTES] = tokens[-1]
         got = torch.distributed.rpc.rpc_sync(rpc_group.worker_name(part), rpc_group.ATTACH,
-                                              args=(names, slot_bytes), timeout=timeout)
+                                              args=(names, slot_bytes, ids), timeout=timeout)
         if list(got) != tokens:
             raise ShmUnavailable("the worker mapped different segments (it does not share this host's /dev/shm)")
-        return maps
+        return dict(zip(ids, maps))
     finally:
         for name in names:
             unlink_segment(name)
@@ -388,3 +574,10 @@ def _forward(src: Pending, dst: Pending) -> None:
         dst.set_result(src.result())
     except Exception as exc:  # noqa: BLE001 -- the pull's error, as the torch RPC channel gives it
         dst.set_exception(exc)
+
+
+def _ignore_error(fut, part: int) -> None:
+    try:
+        fut.wait()
+    except Exception as exc:  # noqa: BLE001 -- the worker (and its maps) may be gone
+        log.debug("detach on part %d failed: %s", part, exc)

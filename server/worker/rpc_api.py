@@ -11,9 +11,10 @@ calls, it is not a sandbox.
   (async: completes when the batch is ready).  ``secret`` must be the session's secret
   (OpenSessionReply.session_secret, issued over the authenticated control plane),
   compared in constant time: a process that did not open the session cannot pull.
-* ``attach(names, size)`` / ``pull_into(session_id, epoch, seq, secret, slot)`` -- the same-host
-  shared-memory channel (:mod:`graphfeed.transport.shm`): map the trainer's ring of slots, and
-  pull a batch by copying it into one slot (answering with its layout only).
+* ``attach(names, size, ids)`` / ``pull_into(session_id, epoch, seq, secret, slot)`` /
+  ``detach(ids)`` -- the same-host shared-memory channel (:mod:`graphfeed.transport.shm`): map
+  (a generation of) the trainer's ring of slots, pull a batch by copying it into one slot
+  (answering with its layout only), and drop the slots the trainer retired.
 * ``sample(session_id, secret, node_ids, seed)`` -- online sampling (``Client.sample``): one batch
   for arbitrary original node ids with the session's sampling options, outside any epoch (async:
   runs on the worker's online threads; bad ids fail the call with ValueError).
@@ -114,11 +115,18 @@ def sample(session_id: str, secret: bytes, node_ids: torch.Tensor, seed: int) ->
     return _as_remote_errors(pending)
 
 
-def attach(names: list[str], size: int) -> list[bytes]:
-    """Map the trainer's shared-memory slots ``names`` (``size`` bytes each); returns their tokens.
-    OSError when they cannot be mapped here (another host: the trainer then uses torch RPC)."""
+def attach(names: list[str], size: int, ids: list[int] | None = None) -> list[bytes]:
+    """Map the trainer's shared-memory slots ``names`` (``size`` bytes each) as slot ``ids`` (default
+    ``0..``), beside the slots already mapped; returns their tokens.  OSError when they cannot be
+    mapped here (another host: the trainer then uses torch RPC); ValueError for an id in use."""
     _bound()
-    return _ring.attach(list(names), int(size))
+    return _ring.attach(list(names), int(size), None if ids is None else [int(i) for i in ids])
+
+
+def detach(ids: list[int]) -> int:
+    """Drop the trainer's retired shared-memory slots ``ids`` (unknown ids are ignored); how many were mapped."""
+    _bound()
+    return _ring.detach([int(i) for i in ids])
 
 
 def _as_remote_errors(pending: Pending) -> torch.futures.Future:
@@ -203,8 +211,8 @@ def part_identity() -> tuple | None:
     return part_files_identity(worker.part.paths.root, worker.part.part_id)
 
 
-ALLOWED = frozenset({pull, pull_into, attach, sample, one_hop, gather, has_edges, edge_attr, to_global, hot_rows,
-                     part_identity})
+ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
+                     hot_rows, part_identity})
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
