@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from graphfeed.bench.remote import check_servers
+from graphfeed.bench.remote import check_servers, server_logs
 from graphfeed.testing.cluster import LocalCluster
 
 DEFAULT_SIZES = (1, 64, 1024)
@@ -96,8 +95,8 @@ def bench_online(cfg: OnlineBenchConfig) -> dict:
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph or "", cfg.servers)
-            local = stack.enter_context(LocalCluster(cfg.graph or "", cfg.servers,
-                                                     log_dir=tempfile.mkdtemp(prefix="graphfeed-bench-online-")))
+            log_dir = stack.enter_context(server_logs("graphfeed-bench-online-"))
+            local = stack.enter_context(LocalCluster(cfg.graph or "", cfg.servers, log_dir=log_dir))
             result = measure(local.addresses, cfg)
         else:
             result = measure(cfg.servers, cfg)

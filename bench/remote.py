@@ -41,14 +41,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_fields, workload_spec
 from graphfeed.core.spec import LoaderSpec
@@ -280,6 +281,15 @@ def inprocess_features(cfg: RemoteBenchConfig) -> dict:
     return json.loads(lines[-1])
 
 
+@contextmanager
+def server_logs(prefix: str) -> Iterator[str]:
+    """A fresh folder for the logs of the servers a bench starts: removed when the run succeeds, kept when it
+    fails (the error names a server's log), so runs do not pile folders up in the temp directory."""
+    log_dir = tempfile.mkdtemp(prefix=prefix)
+    yield log_dir
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
 def bench_remote(cfg: RemoteBenchConfig) -> dict:
     """Measure throughput through the servers; returns the JSON-ready result (see the module doc)."""
     from graphfeed.server.sampling import dispatch
@@ -288,8 +298,8 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph_folder, cfg.servers)
             env = {"GRAPHFEED_COLOCATED_READS": "false"} if cfg.peer_path == "rpc" else {}
-            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env,
-                                                     log_dir=tempfile.mkdtemp(prefix="graphfeed-bench-remote-")))
+            log_dir = stack.enter_context(server_logs("graphfeed-bench-remote-"))
+            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env, log_dir=log_dir))
             result = measure(local.addresses, cfg, local)
         else:
             result = measure(cfg.servers, cfg)
