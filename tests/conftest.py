@@ -1,6 +1,7 @@
 """Shared fixtures: the tiny synthetic graph (generated once per session), Cora, a partitioned tiny graph."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,13 @@ def hermetic_daemon_settings():
     One setting is set instead: ``colocated_reads: false``.  Every server of a test shares this host, so
     by default their workers would read each other's parts from the shared files; the tests run the
     path servers on different hosts take (peer workers over torch RPC), and ``test_colocated.py`` runs
-    the same-host one (``env={"GRAPHFEED_COLOCATED_READS": "true"}``)."""
+    the same-host one (``env={"GRAPHFEED_COLOCATED_READS": "true"}``).  ``GRAPHFEED_TEST_COLOCATED=1`` runs
+    every test's servers with the same-host path instead."""
+    colocated = os.environ.get("GRAPHFEED_TEST_COLOCATED") == "1"
     with pytest.MonkeyPatch.context() as patch:
         for name in daemon_setting_names():
             patch.delenv(name, raising=False)
-        patch.setenv("GRAPHFEED_COLOCATED_READS", "false")
+        patch.setenv("GRAPHFEED_COLOCATED_READS", "true" if colocated else "false")
         yield
 
 
