@@ -294,6 +294,34 @@ TOPO = {d: compress(3000, GRAPH, d) for d in ("in", "out")}
 
 
 @needs_native
+def test_block_pool_allocator_reuses_freed_large_blocks():
+    """``dispatch.use_block_pool`` (what session workers install): a freed block of 8 MiB or more serves the
+    next large tensor (no fresh pages), a large tensor allocated while the block is held gets another one, and
+    tensors keep their values.
+    In a child process: the allocator stays installed for the process's life."""
+    code = textwrap.dedent("""
+        import torch
+        from graphfeed.server.sampling import dispatch
+        assert dispatch.use_block_pool() and dispatch.use_block_pool()      # a second call is harmless
+        a = torch.arange(2 << 20)                                            # 16 MiB of int64: from the pool
+        where = a.data_ptr()
+        assert where % (2 << 20) == 0, "pooled blocks are huge-page aligned"
+        total = int(a.sum())
+        del a
+        b = torch.ones(3 << 20, dtype=torch.float32)                         # 12 MiB: the same block again
+        assert b.data_ptr() == where and float(b.sum()) == 3 << 20
+        c = torch.ones(1000)                                                  # small: torch's allocator
+        assert float(c.sum()) == 1000
+        d = torch.randn(3000, 1000)                                          # 12 MiB, while b holds the block
+        assert d.data_ptr() != where and torch.equal(d.clone(), d)
+        print("ok", total == (2 << 20) * ((2 << 20) - 1) // 2)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["ok", "True"]
+
+
+@needs_native
 def test_driver_reuses_a_cleared_id_map_per_thread():
     """Batches after the first take the thread's id map back (cleared at the entries the last batch used):
     each equals a sample that relabels without a map, and the map is all empty between batches.  A batch

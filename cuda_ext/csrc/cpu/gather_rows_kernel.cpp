@@ -92,6 +92,17 @@ class RowBlockPool {
   size_t held_ = 0;
 };
 
+// A block of at least ``bytes`` (its size in ``*size``): a pooled one, else a fresh one on huge pages.
+void* take_block(size_t bytes, size_t* size) {
+  void* p = RowBlockPool::get().take(bytes, size);
+  if (p != nullptr) return p;
+  *size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  p = std::aligned_alloc(kHugePage, *size);
+  TORCH_CHECK(p != nullptr, "out of memory allocating ", *size, " bytes");
+  madvise(p, *size, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return p;
+}
+
 // A fresh multi-MB output costs more in page faults than the gather itself (measured:
 // 122 MB of rows, 87 ms fresh vs 20-30 ms into a reused buffer); transparent huge pages
 // cut the faults 512-fold, and the pool above avoids them for the next batches.  Small
@@ -102,13 +113,7 @@ at::Tensor empty_rows(const std::vector<int64_t>& sizes, const at::Tensor& like)
   const size_t bytes = static_cast<size_t>(numel) * like.element_size();
   if (bytes < kHugeFrom) return at::empty(sizes, like.options());
   size_t size = 0;
-  void* p = RowBlockPool::get().take(bytes, &size);
-  if (p == nullptr) {
-    size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    p = std::aligned_alloc(kHugePage, size);
-    TORCH_CHECK(p != nullptr, "out of memory allocating ", size, " bytes for gathered rows");
-    madvise(p, size, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-  }
+  void* p = take_block(bytes, &size);
   return at::from_blob(p, sizes, [size](void* q) { RowBlockPool::get().give(q, size); }, like.options());
 }
 
@@ -125,13 +130,7 @@ class BlockPoolAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     if (n < kHugeFrom) return prev_->allocate(n);
     size_t size = 0;
-    void* p = RowBlockPool::get().take(n, &size);
-    if (p == nullptr) {
-      size = (n + kHugePage - 1) / kHugePage * kHugePage;
-      p = std::aligned_alloc(kHugePage, size);
-      TORCH_CHECK(p != nullptr, "out of memory allocating ", size, " bytes");
-      madvise(p, size, MADV_HUGEPAGE);
-    }
+    void* p = take_block(n, &size);
     {
       std::lock_guard<std::mutex> lock(mu_);
       sizes_[p] = size;
