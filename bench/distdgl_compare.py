@@ -326,8 +326,8 @@ def run_trainer(args: argparse.Namespace) -> None:
     run_epoch(g, loader, server_pids)                                     # warm-up
     runs = [run_epoch(g, loader, server_pids) for _ in range(args.epochs)]
     out = summarize(runs)
-    out.update(connect_s=round(connect_s, 1), feature_rows_checked=checked, local_part=int(g.get_partition_book().partid),
-               server_peak_rss_mb=[peak_rss_mb(p) for p in server_pids])
+    out.update(connect_s=round(connect_s, 1), feature_rows_checked=checked,
+               local_part=int(g.get_partition_book().partid), server_peak_rss_mb=[peak_rss_mb(p) for p in server_pids])
     dgl.distributed.exit_client()                                         # shuts the servers down
     out["trainer_peak_rss_mb"] = peak_rss_mb(os.getpid())
     with open(args.result, "w") as f:
@@ -386,8 +386,12 @@ class Run:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, cmd: list[str], env: dict[str, str] | None = None, log: str = "") -> subprocess.Popen:
-        out = open(log, "w") if log else subprocess.DEVNULL
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if not log:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        else:
+            with open(log, "w") as out:     # the child holds its own descriptor
+                proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         return proc
 
