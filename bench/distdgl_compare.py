@@ -435,6 +435,21 @@ def shm_segments() -> set[str]:
         return set()
 
 
+def remove_dgl_segments(before: set[str]) -> list[str]:
+    """Unlink the DGL segments of this run that a killed server left behind; returns their names.
+
+    Only segments created during the run and named as DGL names this graph's (``GRAPH_NAME...``)
+    or its feature stores (``...-kvdata-``) are touched.
+    """
+    left = sorted(n for n in shm_segments() - before if n.startswith(GRAPH_NAME) or n.endswith("-kvdata-"))
+    for name in left:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+    return left
+
+
 def serve_and_train(args: argparse.Namespace, run: Run) -> tuple[dict, list[int | None]]:
     """Start the servers and the trainer, wait for the trainer's summary; returns it and the exit codes."""
     rundir = tempfile.mkdtemp(prefix="run-", dir=os.path.abspath(args.workdir))
@@ -463,11 +478,13 @@ def main_run(args: argparse.Namespace) -> dict:
         summary, codes = serve_and_train(args, run)
     finally:
         run.stop(grace_s=5.0)
-    leaked = sorted(shm_segments() - shm_before)
+        leaked = remove_dgl_segments(shm_before)
+        if leaked:
+            print(f"distdgl_compare: removed {len(leaked)} shared-memory segments the servers left", file=sys.stderr)
     summary.update(method=args.method, parts=args.parts, partition_s=marker["partition_s"],
                    partition_peak_rss_mb=marker["partition_peak_rss_mb"],
                    partition_cached=marker["partition_cached"], server_exit_codes=codes[:-1],
-                   trainer_exit_code=codes[-1], new_shm_segments=leaked,
+                   trainer_exit_code=codes[-1], leftover_shm_segments=leaked,
                    implementation=_dgl_version(), graph=args.graph, num_neighbors=parse_fanouts(args.num_neighbors),
                    batch_size=args.batch_size, epochs=args.epochs, threads=args.threads, samplers=args.samplers,
                    load_1min=round(os.getloadavg()[0], 2))

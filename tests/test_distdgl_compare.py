@@ -120,6 +120,24 @@ def test_whole_run_against_distdgl_servers(graph_dir, tmp_path):
         # each batch's <= 3 * 32 destinations
         assert 200 <= r["sampled_edges_per_epoch"] <= 200 + 2 * 3 * 100
         assert r["server_exit_codes"] == [0, 0] and r["trainer_exit_code"] == 0
-        assert r["feature_rows_checked"] == 300 and r["new_shm_segments"] == []
+        assert r["feature_rows_checked"] == 300 and r["leftover_shm_segments"] == []
         assert r["cpu_s_per_epoch"] >= r["trainer_cpu_s_per_epoch"] > 0
         assert r["min"]["seeds_per_s"] <= r["seeds_per_s"] <= r["max"]["seeds_per_s"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_leftover_dgl_segments_of_the_run_are_removed_and_nothing_else():
+    before = dd.shm_segments()
+    ours = [f"{dd.GRAPH_NAME}_node_test{os.getpid()}", f"node~_N~test{os.getpid()}-kvdata-"]
+    other = f"not-dgl-test-{os.getpid()}"
+    for name in ours + [other]:
+        with open(os.path.join("/dev/shm", name), "w") as f:
+            f.write("x")
+    try:
+        assert dd.remove_dgl_segments(before) == sorted(ours)
+        assert not any(os.path.exists(os.path.join("/dev/shm", n)) for n in ours)
+        assert os.path.exists(os.path.join("/dev/shm", other))
+    finally:
+        for name in ours + [other]:
+            if os.path.exists(os.path.join("/dev/shm", name)):
+                os.unlink(os.path.join("/dev/shm", name))
