@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-neighbors", default="15,10,5", help="fanouts, hop 1 (the seeds) first")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--epochs", type=int, default=2, help="measured epochs (after one warm-up epoch)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="OMP/torch threads of the trainer and of each server")
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP/torch threads of the trainer and of each server (2 on 2 cores: slower, oversubscribed)")
     p.add_argument("--samplers", type=int, default=0,
                    help="DGL_NUM_SAMPLER: sampler processes of the trainer (0: it samples itself)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run, partitioning included")
@@ -369,9 +369,12 @@ def _role_cmd(args: argparse.Namespace, role: str, *extra: str) -> list[str]:
 
 
 def dgl_env(args: argparse.Namespace, ip_config: str, role: str) -> dict[str, str]:
-    """The environment DGL's tools/launch.py gives a server or a trainer (one server per machine)."""
+    """The environment DGL's tools/launch.py gives a server or a trainer (one server per machine).
+
+    Every sampler process is a DGL client of its own, so the servers wait for 1 + ``--samplers``.
+    """
     env = dict(os.environ, DGL_DIST_MODE="distributed", DGL_ROLE=role, DGL_NUM_SERVER="1",
-               DGL_NUM_CLIENT="1", DGL_CONF_PATH=part_config(args), DGL_IP_CONFIG=ip_config,
+               DGL_NUM_CLIENT=str(1 + args.samplers), DGL_CONF_PATH=part_config(args), DGL_IP_CONFIG=ip_config,
                DGL_GRAPH_FORMAT="csc", DGL_NUM_SAMPLER=str(args.samplers), DGL_GROUP_ID="0",
                OMP_NUM_THREADS=str(args.threads), DGLBACKEND="pytorch")
     env.pop("DGL_KEEP_ALIVE", None)    # the trainer's exit shuts the servers down
