@@ -98,6 +98,14 @@ def test_run_stops_what_it_started_and_waits_are_bounded(tmp_path):
         failing.wait(proc, "partitioning", "p.log")
 
 
+def test_launch_env_counts_sampler_processes_as_clients(graph_dir):
+    args = dd.parse_args(["--graph", str(graph_dir), "--workdir", "/w", "--samplers", "2"])
+    env = dd.dgl_env(args, "/w/ip_config.txt", "server")
+    assert env["DGL_NUM_CLIENT"] == "3" and env["DGL_NUM_SAMPLER"] == "2" and env["DGL_NUM_SERVER"] == "1"
+    assert env["DGL_CONF_PATH"] == "/w/random-2/gfbench.json" and env["DGL_ROLE"] == "server"
+    assert env["DGL_GRAPH_FORMAT"] == "csc" and env["OMP_NUM_THREADS"] == "1" and "DGL_KEEP_ALIVE" not in env
+
+
 def test_free_ports_are_distinct():
     ports = dd.free_ports(3)
     assert len(set(ports)) == 3 and all(0 < p < 65536 for p in ports)
