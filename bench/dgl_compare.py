@@ -81,7 +81,9 @@ def main() -> None:
     fanouts = [int(k) for k in args.num_neighbors.split(",")]
     g, train = load_graph(args.graph, args.features)
     kwargs = dict(prefetch_node_feats=["feat"], prefetch_labels=["label"]) if args.features else {}
-    sampler = dgl.dataloading.NeighborSampler(fanouts, replace=False, fused=True, **kwargs)
+    # --num-neighbors is PyG's order (the first fanout is the seeds' hop); DGL's NeighborSampler takes one
+    # fanout per layer, input layer first, so its LAST fanout is the seeds' hop: reverse.
+    sampler = dgl.dataloading.NeighborSampler(fanouts[::-1], replace=False, fused=True, **kwargs)
     run_epoch(g, train, sampler, args.batch_size, args.seed)          # warm-up
     runs = [run_epoch(g, train, sampler, args.batch_size, args.seed + 1 + e) for e in range(args.epochs)]
     rates = {"seeds_per_s": [train.numel() / s for s, _, _ in runs],
