@@ -12,10 +12,17 @@ def synthetic_parts(out: Path, *, nodes: int, avg_degree: float, features: int, 
 
     ``name`` becomes both the graph name and its fingerprint in META.json.
     """
-    ei, x, y, splits = synth.generate(nodes, avg_degree, features, classes)
+    return partition_arrays(synth.generate(nodes, avg_degree, features, classes), out, classes=classes, parts=parts,
+                            name=name)
+
+
+def partition_arrays(arrays, out: Path, *, classes: int, parts: int, name: str, method: str = "random") -> Path:
+    """Write ``arrays`` (``(edge_index, x, y, splits)`` as :func:`synth.generate` gives them), partitioned into
+    ``parts`` by ``method`` (CSC), to ``out``; ``name`` becomes the graph name and its fingerprint."""
+    ei, x, y, splits = arrays
     graph = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, name=name, fingerprint=name,
                                num_classes=classes)
-    builder.partition_graph(graph, parts, out)
+    builder.partition_graph(graph, parts, out, method=method)
     return out
 
 

@@ -90,7 +90,7 @@ def test_servers_of_different_copies_keep_to_rpc(tiny_parts_dir, tmp_path):
 
 
 @pytest.mark.parametrize("value, expected", [("false", False), ("on", True), (True, True)])
-def test_colocated_reads_setting(value, expected, tiny_parts_dir):
+def test_colocated_reads_setting(value, expected):
     from graphfeed.server.daemon.config import PARSERS
     assert PARSERS["colocated_reads"](value) is expected
     with pytest.raises(ValueError, match="true or false"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from helpers_graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.client import feature_cache as client_cache
@@ -18,7 +19,7 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition import synth
 from graphfeed.server.partition.store import Partition
 from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import rpc_group
@@ -36,11 +37,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="feature-cache-3000")
-    out = tmp_path_factory.mktemp("feature_cache") / "parts"
-    builder.partition_graph(g, 2, out, method="metis")
-    return out
+    return partition_arrays(graph, tmp_path_factory.mktemp("feature_cache") / "parts", classes=4, parts=2,
+                            name="feature-cache-3000", method="metis")
 
 
 @pytest.fixture(scope="module")

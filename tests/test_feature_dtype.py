@@ -7,6 +7,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from helpers_graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.core import batch as batch_codec
@@ -15,7 +16,7 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition import synth
 from graphfeed.testing.cluster import running_cluster
 
 FANOUTS = [5, 3]
@@ -29,11 +30,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="feature-dtype-3000")
-    out = tmp_path_factory.mktemp("feature_dtype") / "parts"
-    builder.partition_graph(g, 2, out, method="metis")
-    return out
+    return partition_arrays(graph, tmp_path_factory.mktemp("feature_dtype") / "parts", classes=4, parts=2,
+                            name="feature-dtype-3000", method="metis")
 
 
 def _assert_rounded(got, full, dtype: torch.dtype) -> None:

@@ -276,7 +276,14 @@ def new_id_map(num_nodes: int, device: torch.device) -> torch.Tensor | None:
     return torch.full((num_nodes,), ID_MAP_EMPTY, dtype=torch.int32)
 
 
-_ID_MAPS = threading.local()   # per thread: num_nodes -> an id map every entry of which is ID_MAP_EMPTY
+class _SpareIdMaps(threading.local):
+    """Per thread: num_nodes -> a given-back id map every entry of which is :data:`ID_MAP_EMPTY`."""
+
+    def __init__(self) -> None:
+        self.maps: dict[int, torch.Tensor] = {}
+
+
+_SPARE_ID_MAPS = _SpareIdMaps()
 
 
 def take_id_map(num_nodes: int, device: torch.device) -> torch.Tensor | None:
@@ -285,7 +292,7 @@ def take_id_map(num_nodes: int, device: torch.device) -> torch.Tensor | None:
     entries one batch used costs O(batch)."""
     if _NATIVE is None or device.type != "cpu":
         return None
-    spare = getattr(_ID_MAPS, "maps", {}).pop(num_nodes, None)
+    spare = _SPARE_ID_MAPS.maps.pop(num_nodes, None)
     return spare if spare is not None else new_id_map(num_nodes, device)
 
 
@@ -295,9 +302,7 @@ def give_id_map(id_map: torch.Tensor, node_chunks: list[torch.Tensor]) -> None:
     for gids in node_chunks:
         if gids.numel():
             id_map.index_fill_(0, gids, ID_MAP_EMPTY)
-    if not hasattr(_ID_MAPS, "maps"):
-        _ID_MAPS.maps = {}
-    _ID_MAPS.maps[id_map.numel()] = id_map
+    _SPARE_ID_MAPS.maps[id_map.numel()] = id_map
 
 
 def relabel_map(id_map: torch.Tensor, candidates: torch.Tensor, num_known: int) -> tuple[torch.Tensor, torch.Tensor]:
