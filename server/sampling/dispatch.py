@@ -241,11 +241,8 @@ def use_block_pool() -> bool:
     huge-page blocks (what :func:`empty_rows` draws from), so a batch's large buffers -- its rows, and the
     buffers torch RPC receives a peer's rows into -- do not each cost fresh pages the kernel zeroes.
     For the session workers (a daemon's own processes); True once the pool serves them, False without
-    the native library (then nothing changes)."""
-    if _NATIVE is None:
-        return False
-    _NATIVE.use_block_pool()
-    return True
+    the native library or when another allocator outranks it (then nothing changes)."""
+    return _NATIVE is not None and bool(_NATIVE.use_block_pool())
 
 
 def gather_rows_to(src: torch.Tensor, index: torch.Tensor | None, out: torch.Tensor, out_index: torch.Tensor) -> None:

@@ -273,7 +273,10 @@ def main(argv=None) -> int:
         _reply(conn, START_ID, WorkerError(f"session worker cannot start: {exc}"))
         return EXIT_BAD_START
     _reply(conn, START_ID, Started(os.getpid()))
-    dispatch.use_block_pool()   # a batch's large buffers reuse pooled pages instead of fresh zeroed ones
+    # a batch's large buffers reuse pooled pages instead of fresh zeroed ones
+    if not dispatch.use_block_pool() and dispatch.has_fused_sampler():
+        print("graphfeed session worker: another CPU allocator outranks the block pool; large buffers come from "
+              "it (fresh pages per batch)", file=sys.stderr, flush=True)
     worker = SessionWorker(spec, part)
     from graphfeed.server.worker import rpc_api
 

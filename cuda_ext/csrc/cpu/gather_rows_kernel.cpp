@@ -173,12 +173,13 @@ class BlockPoolAllocator final : public c10::Allocator {
 
 BlockPoolAllocator* BlockPoolAllocator::installed = nullptr;
 
-// Make the block pool this process's CPU allocator for large blocks; true if this call installed it
-// (false: already installed).  Deliberately leaked, like the pool: tensors outlive any teardown.
+// Make the block pool this process's CPU allocator for large blocks (once; later calls change nothing);
+// true when it is the CPU allocator now (false: an allocator registered with a higher priority wins).
+// Deliberately leaked, like the pool: tensors outlive any teardown.
 bool use_block_pool() {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  if (BlockPoolAllocator::installed != nullptr) return false;
+  if (BlockPoolAllocator::installed != nullptr) return c10::GetCPUAllocator() == BlockPoolAllocator::installed;
   c10::Allocator* prev = c10::GetCPUAllocator();
   TORCH_CHECK(prev->raw_deleter() != nullptr, "the current CPU allocator has no raw deleter; the block pool "
               "cannot stand in front of it");
