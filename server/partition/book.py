@@ -29,12 +29,14 @@ class RangePartitionBook:
 
     def owner(self, gids: torch.Tensor) -> torch.Tensor:
         """Owning part of each global id (ids must be in ``[0, num_nodes)``)."""
-        return torch.searchsorted(self.bounds, gids, right=True) - 1
+        bounds = self.bounds if gids.device.type == "cpu" else self.bounds.to(gids.device)
+        return torch.searchsorted(bounds, gids, right=True) - 1
 
     def split(self, gids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-        """``[(part, positions into gids)]`` for every part that owns some of ``gids`` (positions ascending)."""
+        """``[(part, positions into gids)]`` for every part that owns some of ``gids`` (positions ascending,
+        on ``gids``' device)."""
         if self.num_parts == 1:
-            return [(0, torch.arange(gids.numel()))]
+            return [(0, torch.arange(gids.numel(), device=gids.device))]
         owner = self.owner(gids)
         if self.num_parts <= _MASK_SPLIT_PARTS:   # a pass per part beats a stable sort for a few parts
             pieces = [(part, torch.nonzero(owner == part).view(-1)) for part in range(self.num_parts)]

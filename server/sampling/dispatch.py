@@ -227,13 +227,14 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, out: torch.Tensor | None
     return torch.index_select(src, 0, index, out=out)
 
 
-def empty_rows(like: torch.Tensor, rows: int) -> torch.Tensor:
-    """An uninitialised ``[rows, *like.shape[1:]]`` tensor of ``like``'s dtype and device, for rows about to be
-    written: multi-MB ones on huge pages with the native library (a fresh multi-MB tensor costs more in
-    page faults than the copy into it)."""
-    if _NATIVE is not None and like.device.type == "cpu":
+def empty_rows(like: torch.Tensor, rows: int, device: torch.device | None = None) -> torch.Tensor:
+    """An uninitialised ``[rows, *like.shape[1:]]`` tensor of ``like``'s dtype on ``device`` (default: ``like``'s),
+    for rows about to be written: multi-MB CPU ones on huge pages with the native library (a fresh multi-MB
+    tensor costs more in page faults than the copy into it)."""
+    device = like.device if device is None else torch.device(device)
+    if _NATIVE is not None and device.type == "cpu":
         return _NATIVE.empty_rows(like, int(rows))
-    return torch.empty((int(rows),) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+    return torch.empty((int(rows),) + tuple(like.shape[1:]), dtype=like.dtype, device=device)
 
 
 def use_block_pool() -> bool:
@@ -252,7 +253,8 @@ def gather_rows_to(src: torch.Tensor, index: torch.Tensor | None, out: torch.Ten
     if _NATIVE is not None and src.device.type == "cpu" and out.device.type == "cpu":
         _NATIVE.gather_rows_to(src, None if index is None else _long(index), out, out_index)
         return
-    out.index_copy_(0, out_index, src if index is None else src.index_select(0, _long(index)))
+    rows = src if index is None else src.index_select(0, _long(index).to(src.device))
+    out.index_copy_(0, out_index.to(out.device), rows.to(out.device))
 
 
 def relabel_needs_sorted_known() -> bool:

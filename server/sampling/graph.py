@@ -26,7 +26,7 @@ from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
-from graphfeed.server.sampling.source import Handle, LocalSource, PartSource, Rows, center_type
+from graphfeed.server.sampling.source import HeldPart, Handle, LocalSource, PartSource, Rows, center_type
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
 
 T = TypeVar("T")
@@ -75,14 +75,16 @@ def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingS
 class PartitionedGraph:
     """A graph partitioned by range books (one per node type); ``sources[p]`` serves part ``p``.
 
-    At least one source must be local: its :class:`Partition` gives the schema (node and edge
-    types, label type), the books, and the feature rows' shape and type of every node type.
+    At least one source must hold its part in this process (:meth:`PartSource.held`): its
+    :class:`Partition` gives the schema (node and edge types, label type), the books, and the
+    feature rows' shape and type of every node type; its device is the graph's :attr:`device`,
+    where frontiers, stitched hops and gathered rows live (a GPU worker's: its GPU).
     ``telemetry`` records ``local_sample``, ``remote_sample`` (per hop and edge type) and
     ``feature_gather``.
     """
 
     def __init__(self, sources: Sequence[PartSource], telemetry: StageTelemetry | None = None):
-        local = [s for s in sources if isinstance(s, LocalSource)]
+        local = [h for h in (s.held() for s in sources) if h is not None]
         if not local:
             raise ValueError("a PartitionedGraph needs at least one part in this process")
         like = local[0].part
@@ -95,8 +97,9 @@ class PartitionedGraph:
         self._num_nodes = {t: b.num_nodes for t, b in self.books.items()}
         self.node_types, self.edge_types, self.label_type = like.node_types, like.edge_types, like.label_type
         self.is_homogeneous = like.meta.is_homogeneous
-        self._like = local[0]                                                  # feature rows' shape and type
+        self._like: HeldPart = local[0]                                        # feature rows' shape and type
         self._whole = local[0] if like.meta.num_parts == 1 else None           # one local part holds every node
+        self.device: torch.device = local[0].device
 
     @classmethod
     def in_process(cls, parts: Sequence[Partition]) -> PartitionedGraph:
@@ -115,7 +118,7 @@ class PartitionedGraph:
     @property
     def parts(self) -> list[Partition]:
         """The partitions held in this process, in part order."""
-        return [s.part for s in self.sources if isinstance(s, LocalSource)]
+        return [h.part for h in (s.held() for s in self.sources) if h is not None]
 
     def read_locally(self, part: Partition) -> None:
         """Serve part ``part.part_id`` from ``part`` (its files, mapped in this process) instead of its
@@ -141,6 +144,8 @@ class PartitionedGraph:
         fanouts = spec.fanouts_for(self.edge_types)
         if spec.temporal and subgraph_time is None:
             raise ValueError("temporal sampling needs each subgraph's seed time")
+        if self.device.type != "cpu":    # the frontier lives where the graph samples
+            seeds, subgraphs, subgraph_time = _to_device(self.device, seeds, subgraphs, subgraph_time)
         if self._whole is not None and not spec.disjoint:
             return self._sample_one_part(seeds, spec, fanouts, seed, input_type)
 
@@ -155,7 +160,7 @@ class PartitionedGraph:
         """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
         with self.telemetry.stage("feature_gather"):
             if self._whole is not None:
-                return self._whole.gather(ntype, gids)
+                return self._whole.gather(ntype, gids.to(self._whole.device))
             return self._gather(ntype, gids)
 
     def local_node_time(self, ntype: str, gids: torch.Tensor) -> torch.Tensor:
@@ -163,10 +168,10 @@ class PartitionedGraph:
         node batch's seeds are); ValueError naming the fix when the type stores no times."""
         out = torch.empty(gids.numel(), dtype=torch.int64)
         for p, pos in self.books[ntype].split(gids):
-            source = self.sources[p]
-            if not isinstance(source, LocalSource):
+            held = self.sources[p].held()
+            if held is None:
                 raise ValueError(f"node times of part {p} are not in this process")
-            store = source.part.nodes(ntype)
+            store = held.part.nodes(ntype)
             if store.time is None:
                 raise ValueError("the seeds have no stored node times: pass input_time (one time per input node), "
                                  "or partition the graph with node_time.npy (Data.time)")
@@ -195,8 +200,10 @@ class PartitionedGraph:
         part's hops (the same sample either way).
         """
         assert self._whole is not None
-        part = self._whole.part
+        part, whole = self._whole.part, self._whole
         with self.telemetry.stage("local_sample"):
+            if whole.device.type != "cpu":    # the fused ops run on the CPU: the driver over the device's hops
+                return self._driver_one_part(seeds, spec, fanouts, seed, input_type)
             if self.is_homogeneous and not spec.is_typed and not spec.weighted and set(seeds) == {self.label_type}:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
@@ -206,12 +213,18 @@ class PartitionedGraph:
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
                                                    spec.direction, spec.replace, seed, input_type,
                                                    node_bounds={t: n.stop for t, n in stores.items()})
-            whole = self._whole
+            return self._driver_one_part(seeds, spec, fanouts, seed, input_type)
 
-            def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
-                return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
+    def _driver_one_part(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec,
+                         fanouts: Mapping[EdgeType, Sequence[int]], seed: int, input_type: str | None) -> TypedSubgraph:
+        """The typed driver over the one part's hops, on its device."""
+        whole = self._whole
+        assert whole is not None
 
-            return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
+        def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
+            return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
+
+        return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
     # ---- what link loaders ask: edge membership and id resolution -------------------------------
 
@@ -249,8 +262,8 @@ class PartitionedGraph:
         if not self.has_edge_features:
             return None
         kind = spec.topology
-        center = sub.nodes.index_select(0, sub.col if kind == "csc" else sub.row)
-        pairs = torch.stack([center, sub.eids.to(torch.int64)], dim=1)
+        center = sub.nodes.index_select(0, sub.col if kind == "csc" else sub.row).cpu()   # edge features: host
+        pairs = torch.stack([center, sub.eids.to(torch.int64).cpu()], dim=1)
         like = self._like.part.edges(self._like.part.etype).edge_attr(kind)
         assert like is not None
         out = torch.empty((pairs.size(0),) + tuple(like.shape[1:]), dtype=like.dtype)
@@ -290,39 +303,39 @@ class PartitionedGraph:
         # positions travel with the ids so that each piece's seed times can be picked out
         keyed = gids if seed_time is None else torch.stack([gids, torch.arange(gids.numel())], dim=1)
 
-        def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:
+        def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:   # ids on src's device (_pieces)
             if seed_time is None:
                 return src.start_one_hop(etype, ids, spec, fanout, seed, hop)
             return src.start_one_hop(etype, ids[:, 0].contiguous(), spec, fanout, seed, hop,
-                                     seed_time.index_select(0, ids[:, 1]))
+                                     seed_time.index_select(0, ids[:, 1].to(seed_time.device)).to(src.device))
 
         pieces = list(self._pieces(keyed, split, start, local_stage="local_sample"))
         if any(not self.sources[p].local for p, _ in split):
             tel.observe_stage("remote_sample", tel.clock() - t0)
-        return stitch(gids.numel(), pieces)
+        return stitch(gids.numel(), pieces, gids.device)
 
     def _gather(self, ntype: str, gids: torch.Tensor) -> Rows:
         """Rows of ``gids`` (type ``ntype``) from their owners, copied into place (one local owner: its
         rows as they are).  Remote pieces are asked for first; local rows are copied straight into
         place meanwhile (one copy), then each remote piece as it arrives."""
         split = self.books[ntype].split(gids)
-        only = self.sources[split[0][0]] if len(split) == 1 else None
-        if isinstance(only, LocalSource):
+        only = self.sources[split[0][0]].held() if len(split) == 1 else None
+        if only is not None and only.device == gids.device:
             return only.gather(ntype, gids)
-        n, store = gids.numel(), self._like.part.nodes(ntype)
-        x, y = (None if t is None else dispatch.empty_rows(t, n) for t in (store.x, store.y))
-        out = (x, y, torch.empty(n, dtype=torch.int64))
-        remote = [(pos, self.sources[p].start_gather(ntype, gids[pos])) for p, pos in split
-                  if not isinstance(self.sources[p], LocalSource)]
+        n, store, device = gids.numel(), self._like.part.nodes(ntype), gids.device
+        x, y = (None if t is None else dispatch.empty_rows(t, n, device) for t in (store.x, store.y))
+        out = (x, y, torch.empty(n, dtype=torch.int64, device=device))
+        remote = [(pos, self.sources[p].start_gather(ntype, gids[pos].to(self.sources[p].device)))
+                  for p, pos in split if self.sources[p].held() is None]
         for p, pos in split:
-            source = self.sources[p]
-            if isinstance(source, LocalSource):
-                source.gather_to(ntype, gids[pos], out, pos)
+            held = self.sources[p].held()
+            if held is not None:
+                held.gather_to(ntype, gids[pos], out, pos)
         for pos, handle in remote:
             rows = handle.wait()
             for dst, src in zip(out, rows):
                 if dst is not None and src is not None:
-                    dispatch.gather_rows_to(src, None, dst, pos)
+                    dispatch.gather_rows_to(src.to(device, non_blocking=True), None, dst, pos)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
         return out
 
@@ -334,10 +347,13 @@ class PartitionedGraph:
         (inside ``local_stage`` when given) and yielded at once; then each remote piece as it
         arrives.  Nothing here holds a piece once it is yielded.
         """
-        remote = [(pos, start(self.sources[p], gids[pos])) for p, pos in split if not self.sources[p].local]
+        def ids(p: int, pos: torch.Tensor) -> torch.Tensor:   # a piece goes where its source works
+            return gids[pos].to(self.sources[p].device)
+
+        remote = [(pos, start(self.sources[p], ids(p, pos))) for p, pos in split if not self.sources[p].local]
         for p, pos in split:
             if self.sources[p].local:
-                yield pos, self._local_piece(self.sources[p], gids[pos], start, local_stage)
+                yield pos, self._local_piece(self.sources[p], ids(p, pos), start, local_stage)
         for pos, handle in remote:
             yield pos, handle.wait()
 
@@ -345,3 +361,11 @@ class PartitionedGraph:
         """``start(source, ids)`` of a local source (done when started), inside ``stage`` when given."""
         with self.telemetry.stage(stage) if stage else nullcontext():
             return start(source, ids).wait()
+
+
+def _to_device(device: torch.device, seeds: Mapping[str, torch.Tensor], subgraphs: Mapping[str, torch.Tensor] | None,
+               subgraph_time: torch.Tensor | None):
+    """A batch's seeds (and disjoint subgraphs, seed times) on ``device``."""
+    return ({t: s.to(device) for t, s in seeds.items()},
+            None if subgraphs is None else {t: s.to(device) for t, s in subgraphs.items()},
+            None if subgraph_time is None else subgraph_time.to(device))

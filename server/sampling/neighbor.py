@@ -98,8 +98,8 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
             typed.release_id_map()
     return TypedSubgraph(
         {t: n.gids() for t, n in nodes.items()},
-        {e: _cat(s.rows) for e, s in edges.items()}, {e: _cat(s.cols) for e, s in edges.items()},
-        {e: _cat(s.eids) for e, s in edges.items()},
+        {e: _cat(s.rows, device) for e, s in edges.items()}, {e: _cat(s.cols, device) for e, s in edges.items()},
+        {e: _cat(s.eids, device) for e, s in edges.items()},
         {t: n.counts for t, n in nodes.items()}, {e: s.counts for e, s in edges.items()},
         nodes[input_type].counts[0], input_type,
         None if subgraphs is None else {t: n.subgraphs() for t, n in nodes.items()})
@@ -150,7 +150,7 @@ class _TypeNodes:
         self.id_map = None if num_nodes is None or self.disjoint else dispatch.take_id_map(num_nodes, device)
         self._map_clean = True                # every entry the map holds is a node of self.chunks
         if self.id_map is not None:
-            self.id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32))
+            self.id_map.index_copy_(0, seeds, torch.arange(seeds.numel(), dtype=torch.int32, device=device))
         self.counts = [seeds.numel()]         # num_sampled_nodes
         self.frontier = (seeds, torch.arange(seeds.numel(), device=device))   # (global ids, local ids)
         self._frontier_keys = keys
@@ -228,9 +228,9 @@ def _empty(device: torch.device | None = None) -> torch.Tensor:
     return torch.empty(0, dtype=torch.int64, device=device)
 
 
-def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
+def _cat(chunks: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
     """One new tensor (never one of ``chunks``: results must not alias the caller's seeds or hop results)."""
-    return torch.cat(chunks) if chunks else _empty()
+    return torch.cat(chunks) if chunks else _empty(device)   # (no chunks: an edge type never sampled)
 
 
 def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,32 +245,42 @@ def _known(nodes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return gids, torch.arange(gids.numel(), device=gids.device)
 
 
-def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]]) -> OneHop:
-    """Merge per-owner results back into frontier order.
+def stitch(n: int, pieces: Sequence[tuple[torch.Tensor, OneHop]], device: torch.device | None = None) -> OneHop:
+    """Merge per-owner results back into frontier order, on ``device`` (the frontier's; default the CPU).
 
     ``pieces`` holds ``(positions into the frontier, result for those nodes)``; together the
     positions cover ``0..n-1`` once.  The same for every edge type: a typed ``one_hop_fn``
     splits and stitches each edge type's frontier.  One piece that covers the frontier in order
-    is returned as it is.
+    is returned as it is (moved to ``device``).  A piece from another device (a peer's answer on a
+    GPU worker) is copied over once.
     """
+    device = torch.device("cpu") if device is None else device
+    pieces = [(pos.to(device), _on(res, device)) for pos, res in pieces]
     if len(pieces) == 1 and pieces[0][0].numel() == n and _in_order(pieces[0][0]):
         return pieces[0][1]
-    counts = torch.zeros(n, dtype=torch.int64)
+    counts = torch.zeros(n, dtype=torch.int64, device=device)
     for pos, res in pieces:
         counts.index_copy_(0, pos, res.counts)
     ends = torch.cumsum(counts, 0)
     offsets = ends - counts
     total = int(ends[-1]) if n else 0
-    neighbors = torch.empty(total, dtype=torch.int64)
-    edge_ids = torch.empty(total, dtype=torch.int64)
+    neighbors = torch.empty(total, dtype=torch.int64, device=device)
+    edge_ids = torch.empty(total, dtype=torch.int64, device=device)
     for pos, res in pieces:
         # a piece's j-th neighbor of its i-th node goes to offsets[pos[i]] + j: shift its own offsets
         m = res.neighbors.numel()
         shift = offsets.index_select(0, pos) - (torch.cumsum(res.counts, 0) - res.counts)
-        dst = torch.repeat_interleave(shift, res.counts, output_size=m) + torch.arange(m)
+        dst = torch.repeat_interleave(shift, res.counts, output_size=m) + torch.arange(m, device=device)
         neighbors.index_copy_(0, dst, res.neighbors)
         edge_ids.index_copy_(0, dst, res.eids)
     return OneHop(counts, neighbors, edge_ids)
+
+
+def _on(res: OneHop, device: torch.device) -> OneHop:
+    """``res`` on ``device`` (itself when it is there)."""
+    if res.counts.device == device:
+        return res
+    return OneHop(res.counts.to(device), res.neighbors.to(device), res.eids.to(device))
 
 
 def _in_order(pos: torch.Tensor) -> bool:

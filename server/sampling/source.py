@@ -51,13 +51,20 @@ class Ready(Generic[T]):
 class PartSource(Protocol):
     """The nodes of one part: sample a hop of an edge type for some of them, read their features.
 
-    ``local`` is True when the source works in the caller's thread as it is started (the
-    driver then starts it after every remote source, and times it as ``local_sample``).
-    Every id passed is a global id of the named type that the part owns.
+    ``part_id`` is the part it serves; ``device`` where it samples and gathers (a peer's source:
+    the CPU, where its answers arrive).  ``local`` is True when the source works in the caller's
+    thread as it is started (the driver then starts it after every remote source, and times it as
+    ``local_sample``); :meth:`held` then gives the part's arrays in this process.  Every id passed
+    is a global id of the named type that the part owns; results are on the ids' device.
     """
 
     part_id: int
     local: bool
+    device: torch.device
+
+    def held(self) -> HeldPart | None:
+        """This part's arrays and in-process reads when they are in this process, else None (a peer)."""
+        ...
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int, seed_time: torch.Tensor | None = None) -> Handle[OneHop]: ...
@@ -76,19 +83,37 @@ class PartSource(Protocol):
                         ntype: str | None = None) -> Handle[tuple[torch.Tensor, torch.Tensor]]: ...
 
 
+class HeldPart(Protocol):
+    """A part whose arrays are in this process (:meth:`PartSource.held`): read and sampled directly."""
+
+    part: Partition
+    device: torch.device
+
+    def one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
+                hop: int, seed_time: torch.Tensor | None = None) -> OneHop: ...
+
+    def gather(self, ntype: str, gids: torch.Tensor) -> Rows: ...
+
+    def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None: ...
+
+
 def center_type(etype: EdgeType, direction: str) -> str:
     """The node type a hop of ``etype`` expands: its destination for in-edges, its source for out-edges."""
     return etype[2] if direction == "in" else etype[0]
 
 
 class LocalSource:
-    """A part whose arrays are in this process (memory-mapped :class:`Partition`)."""
+    """A part whose arrays are in this process (memory-mapped :class:`Partition`), sampled on the CPU."""
 
     local = True
+    device = torch.device("cpu")
 
     def __init__(self, part: Partition):
         self.part = part
         self.part_id = part.part_id
+
+    def held(self) -> LocalSource:
+        return self
 
     # ---- the PartSource protocol ------------------------------------------------------------------
 
@@ -110,7 +135,7 @@ class LocalSource:
         """Rows of ``gids`` (type ``ntype``, this part's) written straight to rows ``pos`` of ``out``
         (the driver's per-batch arrays; x / y None where the type has none)."""
         store = self.part.nodes(ntype)
-        local = gids - store.start
+        local = (gids - store.start).cpu()     # a GPU graph's batch arrays (out) are filled from here too
         for dst, src in zip(out, (store.x, store.y, store.orig_id)):
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, local, dst, pos)

@@ -75,11 +75,15 @@ class RemoteSource:
     """
 
     local = False
+    device = torch.device("cpu")     # where its answers arrive (torch RPC sends host tensors)
 
     def __init__(self, part_id: int, rpc_timeout: float, telemetry: WorkerTelemetry):
         self.part_id = part_id
         self.rpc_timeout = float(rpc_timeout)
         self.telemetry = telemetry
+
+    def held(self) -> None:
+        return None
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int, seed_time: torch.Tensor | None = None) -> PeerCall[OneHop]:
