@@ -163,6 +163,7 @@ class Daemon:
         c = self.config
         self.served = served = load_partition(c)
         self.implementation = self._check_sampler()
+        gpu_topology, on_device = self._check_device(served)
         self.registry = registry = Registry(max_groups=c.max_groups, max_sessions_per_group=c.max_sessions_per_group,
                                  log=self.log)
         check_bindable(c.host, c.port)
@@ -174,7 +175,8 @@ class Daemon:
         registry.before_stop = figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, served, registry, self.log, self.worker_factory,
                                   is_draining=lambda: self.draining, figures=figures)
-        control.sampler = self.implementation
+        control.sampler = self.implementation + on_device
+        control.gpu_topology = gpu_topology
         pb_grpc.add_ControlServicer_to_server(control, server)
         self.control = control
         self._health = health.aio.HealthServicer()
@@ -227,6 +229,29 @@ class Daemon:
         if reason is not None:
             self.log.warning("sampler_fallback", implementation=dispatch.IMPLEMENTATION, cause=reason)
         return dispatch.IMPLEMENTATION
+
+    def _check_device(self, served: ServedPartition) -> tuple[str, str]:
+        """``(topology placement, what status shows)`` of ``device: cuda[:N]`` (``("auto", "")`` on the CPU):
+        :class:`StartupError` (one line, exit code CONFIG) when this host cannot sample on that GPU.  The
+        placement is decided here once (``gpu`` when the topology fits in GPU memory, else ``uva``: pinned
+        host memory the GPU reads) and logged."""
+        c = self.config
+        if c.device == "cpu":
+            return "auto", ""
+        import torch
+
+        from graphfeed.server.partition.store import Partition
+        from graphfeed.server.sampling import gpu
+
+        part = Partition(served.root, served.part_id, served.meta)
+        try:
+            device = gpu.check_device(c.device)
+            placement = gpu.choose_placement(part, device, c.gpu_topology)
+        except RuntimeError as exc:
+            raise StartupError(ExitCode.CONFIG, f"{exc}; set device: cpu to sample on the CPU") from None
+        self.log.info("device", device=str(device), name=torch.cuda.get_device_name(device), topology=placement,
+                      topology_bytes=gpu.topology_bytes(part), gpu_cache_bytes=c.gpu_cache_bytes)
+        return placement, f" on {device} topology={placement}"
 
     def _add_port(self, server: grpc.aio.Server) -> int:
         c = self.config

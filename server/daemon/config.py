@@ -12,6 +12,8 @@ Example file (every key optional except ``partition`` and ``part``)::
     port: 50051
     lease_seconds: 15
     buffer_bytes: 256MiB
+    device: cuda:0                              # sample on this GPU (default cpu)
+    gpu_cache_bytes: 4GiB                       # GPU memory for the hottest feature rows
     log_format: json
     tls_cert: /etc/graphfeed/tls/server.crt     # TLS on the gRPC port (with tls_key)
     tls_key: /etc/graphfeed/tls/server.key
@@ -65,6 +67,9 @@ class ServerConfig:
     rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
     join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
     colocated_reads: bool = True       # read peer parts whose files this host shares directly, not over RPC
+    device: str = "cpu"                # where session workers sample: "cpu" or "cuda[:N]" (a GPU of this host)
+    gpu_cache_bytes: int = 1 << 30     # device: cuda -- GPU memory for the hottest feature rows
+    gpu_topology: str = "auto"         # device: cuda -- topology in "gpu" memory, pinned host memory ("uva"), "auto"
     call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
     log_format: str = "logfmt"         # "logfmt" | "json"
     log_level: str = "info"            # "debug" | "info" | "warning" | "error"
@@ -85,7 +90,7 @@ class ServerConfig:
     def summary(self) -> str:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
                 f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g} "
-                f"tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
+                f"device={self.device} tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
                 f"token={'on' if self.token else 'off'}")
 
 
@@ -212,6 +217,13 @@ def _token_file(v) -> str:
     return str(p)
 
 
+def _device(v) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N`` (whether this host has that GPU is checked at startup)."""
+    if not isinstance(v, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", v.strip().lower()):
+        raise ValueError("expected cpu, cuda or cuda:N")
+    return v.strip().lower()
+
+
 PARSERS: dict[str, Callable[[Any], Any]] = {
     "partition": _string(),
     "part": _int(0),
@@ -229,6 +241,9 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "rpc_timeout": _seconds(0.0, 86400.0),
     "join_timeout": _seconds(0.0, 86400.0),
     "colocated_reads": _flag,
+    "device": _device,
+    "gpu_cache_bytes": _bytes,
+    "gpu_topology": _choice(("auto", "gpu", "uva")),
     "call_timeout": _seconds(0.0, 86400.0),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),

@@ -128,6 +128,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.figures = figures          # the workers' cumulative figures (GetStats totals)
         self.metrics_port = 0           # set by the daemon when its metrics endpoint runs
         self.sampler = ""               # set by the daemon: "native" or "reference"
+        self.gpu_topology = "auto"      # set by the daemon when it samples on a GPU: "gpu" or "uva"
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -210,7 +211,8 @@ class ControlServicer(pb_grpc.ControlServicer):
                          data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
                          num_producers=c.num_producers, buffer_batches=c.buffer_batches,
                          buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
-                         colocated_reads=c.colocated_reads)
+                         colocated_reads=c.colocated_reads, device=c.device, gpu_cache_bytes=c.gpu_cache_bytes,
+                         gpu_topology=self.gpu_topology)
         return spec, float(lease)
 
     @rpc

@@ -120,14 +120,15 @@ class PartitionedGraph:
         """The partitions held in this process, in part order."""
         return [h.part for h in (s.held() for s in self.sources) if h is not None]
 
-    def read_locally(self, part: Partition) -> None:
+    def read_locally(self, part: Partition, source: PartSource | None = None) -> None:
         """Serve part ``part.part_id`` from ``part`` (its files, mapped in this process) instead of its
         current source: a session worker does so for a peer's part whose files it shares on the same host
         (:func:`graphfeed.server.worker.peers.colocate`).  Samples are the same either way (the RNG keys
-        every draw by seed, hop and node, not by who draws)."""
+        every draw by seed, hop and node, not by who draws).  ``source``: the source reading it (default a CPU
+        :class:`LocalSource`; a GPU worker's is a :class:`~graphfeed.server.sampling.gpu.GpuSource`)."""
         if not 0 <= part.part_id < self.num_parts:
             raise ValueError(f"part {part.part_id} is not a part of this graph (0..{self.num_parts - 1})")
-        self.sources[part.part_id] = LocalSource(part)
+        self.sources[part.part_id] = source if source is not None else LocalSource(part)
 
     # ---- the SamplingGraph protocol -------------------------------------------------------------
 

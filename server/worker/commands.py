@@ -49,6 +49,9 @@ class GroupSpec:
     buffer_bytes: int = 256 << 20    # per session
     join_timeout: float = 60.0       # give up joining the RPC group after this
     colocated_reads: bool = True     # read peers' parts from their files when this host shares them
+    device: str = "cpu"              # where the worker samples: "cpu" or "cuda[:N]" (server/sampling/gpu.py)
+    gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
+    gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -30,23 +30,29 @@ class PeerError(RuntimeError):
     """A peer worker failed (or is unreachable) while serving a hop or a feature lookup."""
 
 
-def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry | None = None) -> PartitionedGraph:
-    """The graph a session worker samples: ``part`` here, every other part on its peer worker."""
+def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry | None = None,
+                 own: PartSource | None = None) -> PartitionedGraph:
+    """The graph a session worker samples: ``part`` here (``own``: its source, e.g. a
+    :class:`~graphfeed.server.sampling.gpu.GpuSource`; default a CPU :class:`LocalSource`), every other
+    part on its peer worker."""
     telemetry = telemetry if telemetry is not None else WorkerTelemetry()
-    sources: list[PartSource] = [LocalSource(part) if p == part.part_id else RemoteSource(p, rpc_timeout, telemetry)
+    mine = own if own is not None else LocalSource(part)
+    sources: list[PartSource] = [mine if p == part.part_id else RemoteSource(p, rpc_timeout, telemetry)
                                  for p in range(part.meta.num_parts)]
     return PartitionedGraph(sources, telemetry)
 
 
-def colocate(graph: PartitionedGraph, part: Partition, timeout: float) -> list[int]:
+def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
+             source: Callable[[Partition], PartSource | None] | None = None) -> list[int]:
     """Read every peer's part whose files this process sees as the very files its worker reads -- the
     same host and the same folder (:func:`part_files_identity`) -- from those files, not over RPC.
 
     They share the host's page cache, so this costs no memory, and a remote row is then copied once
     (into the batch) instead of three times (the peer's gather, the transfer, the copy into place).
     Call once every worker of the group has joined (each peer answers ``part_identity``); a peer
-    that does not answer within ``timeout`` seconds, or whose files differ, stays on RPC.  Returns the
-    parts now read locally.
+    that does not answer within ``timeout`` seconds, or whose files differ, stays on RPC.  ``source(part)``
+    makes the source that reads such a part (default a CPU :class:`LocalSource`).  Returns the parts now
+    read locally.
     """
     local = []
     for source in list(graph.sources):
@@ -62,7 +68,8 @@ def colocate(graph: PartitionedGraph, part: Partition, timeout: float) -> list[i
             continue
         if theirs is None or tuple(theirs) != mine:
             continue
-        graph.read_locally(Partition(part.paths.root, p, meta=part.meta))
+        peer = Partition(part.paths.root, p, meta=part.meta)
+        graph.read_locally(peer, None if source is None else source(peer))
         local.append(p)
     return local
 

@@ -47,6 +47,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     execute,
 )
+from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
 from graphfeed.server.worker.peers import colocate, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
@@ -59,6 +60,18 @@ PR_SET_PDEATHSIG = 1
 COLOCATE_TIMEOUT = 10.0   # seconds a peer has to answer part_identity before it stays on RPC
 
 
+def own_source(spec: GroupSpec, part: Partition) -> GpuSource | None:
+    """The worker's source of ``part`` (its own, or a peer's it reads from the files): None (the CPU's) unless
+    the daemon samples on a GPU; then a :class:`GpuSource`, and one line on stderr (the daemon's log) says
+    where its topology lives."""
+    if spec.device == "cpu":
+        return None
+    source = GpuSource(part, spec.device, cache_bytes=spec.gpu_cache_bytes, placement=spec.gpu_topology)
+    print(f"graphfeed session worker part{spec.part_id} group {spec.group_id}: samples part {part.part_id} on "
+          f"{source.describe()}", file=sys.stderr, flush=True)
+    return source
+
+
 class SessionNotFound(NotFound, LookupError):
     """No such session here.  Also a LookupError: the type a trainer's pull of a closed session sees."""
 
@@ -69,7 +82,7 @@ class SessionWorker:
     def __init__(self, spec: GroupSpec, part: Partition):
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
-        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry)
+        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, own_source(spec, part))
         self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
@@ -94,7 +107,8 @@ class SessionWorker:
                   file=sys.stderr, flush=True)
             os._exit(EXIT_JOIN_FAILED)
         if s.colocated_reads and self.part.meta.num_parts > 1:
-            local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT))
+            local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT),
+                             None if s.device == "cpu" else lambda peer: own_source(s, peer))
             if local:
                 print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
                       f"{', '.join(map(str, local))} from their files on this host, not over RPC "
@@ -113,6 +127,9 @@ class SessionWorker:
             raise BadRequest(f"session {cmd.session_id} is already open")
         if not isinstance(cmd.secret, bytes) or len(cmd.secret) < 16:
             raise BadRequest("the session secret must be at least 16 random bytes")
+        refused = None if self.graph.device.type == "cpu" else unsupported_on_gpu(cmd.spec)
+        if refused is not None:
+            raise BadRequest(f"part {self.spec.part_id} samples on {self.graph.device}: {refused}")
         try:
             self.part.check_sampling(cmd.spec.sampling, cmd.spec.input)
             inputs = self.part.input_nodes(cmd.spec.input)
