@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -50,6 +51,8 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
+
+import torch
 
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_fields, workload_spec
 from graphfeed.core.spec import LoaderSpec
@@ -98,6 +101,10 @@ class RemoteBenchConfig:
     feature_cache_mb: float = 0.0     # the loader's hot-feature cache (MiB; 0 = none)
     link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
     neg_ratio: float = 1.0            # link mode: binary negatives per seed edge (0 = none)
+    server_device: str = "cpu"        # started servers: where their workers sample ("cpu", "cuda[:N]")
+    trainer_device: str | None = None  # the loader's device= (batches moved there one ahead); None = host
+    pin_memory: bool = False          # the loader's pin_memory=
+    step_ms: float = 0.0              # a simulated training step per batch on trainer_device (GPU time, then a sync)
     loader: LoaderSpec = field(init=False, repr=False)   # what every epoch runs (bench.sample.workload_spec)
 
     @property
@@ -117,6 +124,10 @@ class RemoteBenchConfig:
         loader = dataclasses.replace(workload_spec(self), feature_dtype=self.feature_dtype)
         object.__setattr__(self, "loader", loader)
         object.__setattr__(self, "num_neighbors", loader.sampling.num_neighbors)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.server_device):
+            raise ValueError(f"--server-device must be cpu, cuda or cuda:N, got {self.server_device!r}")
+        if self.step_ms < 0:
+            raise ValueError(f"--step-ms must be >= 0, got {self.step_ms}")
         if self.peer_path not in ("auto", "rpc"):
             raise ValueError(f"--peer-path must be auto or rpc, got {self.peer_path!r}")
         if self.prefetch < 1:
@@ -183,18 +194,30 @@ def tree_cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
+GPU_SPIN_HZ = 1.5e9    # cycles per second torch.cuda._sleep spins at (about a data-centre GPU's clock)
+
+
 def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] | None = None,
-              link: bool = False) -> tuple[EpochStats, float]:
+              link: bool = False, step_ms: float = 0.0, wait_ms: list[float] | None = None) -> tuple[EpochStats, float]:
     """One epoch of ``loader`` as the trainer sees it (StartEpoch included, as the plan is in-process).
 
     Returns the epoch's stats (``cpu_s``: trainer + ``server_pids`` trees) and the trainer's CPU share;
     appends the bytes of ``x`` the servers sent to ``feature_bytes`` when given (those the loader's feature
     cache filled in are not sent).  ``link``: seeds are counted
-    in seed edges (``input_id``), not in the batch's seed nodes.
+    in seed edges (``input_id``), not in the batch's seed nodes.  ``step_ms``: a simulated training step per
+    batch (:func:`training_step`); ``wait_ms`` gets the trainer's mean wait per batch (time inside ``next``).
     """
     t0, own0, srv0 = time.perf_counter(), time.process_time(), tree_cpu_s(server_pids)
     seeds = batches = edges = x_bytes = 0
-    for batch in loader:   # Data, or HeteroData (batch_size on the input type; edges of every edge type)
+    waited, it = 0.0, iter(loader)
+    while True:
+        w0 = time.perf_counter()
+        batch = next(it, None)   # Data, or HeteroData (batch_size on the input type; edges of every edge type)
+        waited += time.perf_counter() - w0
+        if batch is None:
+            break
+        if step_ms:
+            training_step(batch, step_ms)
         seeds += int(batch.input_id.numel()) if link else \
             sum(int(store.batch_size) for store in batch.node_stores if "batch_size" in store)
         edges += int(batch.num_edges)
@@ -204,11 +227,26 @@ def run_epoch(loader, server_pids: Sequence[int] = (), feature_bytes: list[int] 
     wall, own = time.perf_counter() - t0, time.process_time() - own0
     if feature_bytes is not None:
         feature_bytes.append(x_bytes - loader.stats()["feature_cache"]["bytes_filled"])
+    if wait_ms is not None:
+        wait_ms.append(1000.0 * waited / max(batches, 1))
     return EpochStats(wall, seeds, batches, edges, own + tree_cpu_s(server_pids) - srv0), own
 
 
+def training_step(batch, step_ms: float) -> None:
+    """A stand-in for a training step on the batch's device: ``step_ms`` of GPU work reading the batch
+    (a spin kernel on its stream), then a synchronize, as ``loss.item()`` does; on the CPU a sleep."""
+    x = batch.x if "x" in batch else None
+    if x is not None and x.is_cuda:
+        x.sum()                                                     # the step reads the batch
+        torch.cuda._sleep(int(step_ms * 1e-3 * GPU_SPIN_HZ))
+        torch.cuda.synchronize(x.device)
+    else:
+        time.sleep(step_ms / 1000.0)
+
+
 def _loader(client, cfg: RemoteBenchConfig):
-    return client.open_loader(cfg.loader, prefetch=cfg.prefetch, feature_cache_mb=cfg.feature_cache_mb)
+    return client.open_loader(cfg.loader, prefetch=cfg.prefetch, feature_cache_mb=cfg.feature_cache_mb,
+                              pin_memory=cfg.pin_memory, device=cfg.trainer_device)
 
 
 def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalCluster | None = None) -> dict:
@@ -220,7 +258,8 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []
-        runs = [run_epoch(loader, pids, feature_bytes, cfg.link) for _ in range(cfg.epochs)]
+        wait_ms: list[float] = []
+        runs = [run_epoch(loader, pids, feature_bytes, cfg.link, cfg.step_ms, wait_ms) for _ in range(cfg.epochs)]
         transport = transport_fields(client.group.channel, before)
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
@@ -236,7 +275,17 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     result["feature_dtype"] = cfg.feature_dtype
     result["feature_cache_mb"] = cfg.feature_cache_mb
     result["feature_bytes_per_epoch"] = int(statistics.median(feature_bytes))
+    result["wait_ms_per_batch"] = round(statistics.median(wait_ms), 3)
+    result.update(server_device=cfg.server_device, trainer_device=cfg.trainer_device, pin_memory=cfg.pin_memory,
+                  step_ms=cfg.step_ms)
+    if servers is not None and cfg.server_device != "cpu":
+        result["server_gpu"] = [line for line in server_logs_lines(servers) if "samples part" in line][:4]
     return result
+
+
+def server_logs_lines(cluster: LocalCluster) -> list[str]:
+    """The started servers' log lines (where a GPU worker says where it samples)."""
+    return [line for s in cluster.servers for line in s.logs().splitlines()]
 
 
 def channel_counts(channel) -> dict[str, int]:
@@ -298,6 +347,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph_folder, cfg.servers)
             env = {"GRAPHFEED_COLOCATED_READS": "false"} if cfg.peer_path == "rpc" else {}
+            env["GRAPHFEED_DEVICE"] = cfg.server_device
             log_dir = stack.enter_context(server_logs("graphfeed-bench-remote-"))
             local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env, log_dir=log_dir))
             result = measure(local.addresses, cfg, local)

@@ -19,12 +19,14 @@ Definitions (keep them stable: later issues report against them):
 * ``peak_rss_mb`` is the process's peak resident set (``ru_maxrss``), memory-mapped
   partition pages that were touched included.
 
-With ``device="cuda"`` (``--device cuda``; a one-part partition) the same epochs run on a GPU
-(:class:`graphfeed.server.sampling.gpu.GpuPart`): the multi-hop driver over the CUDA kernels,
-and with ``features`` the rows of every sampled node read through the GPU feature cache
-(``gpu_cache_mb`` of the highest-degree rows in device memory, the rest from pinned host
-memory); each batch ends with a device synchronize, so the wall time counts the GPU's work.
-``cpu_s_per_epoch`` is then the host's share only.
+With ``device="cuda"`` (``--device cuda``; any number of parts) the same epochs run on a GPU,
+every part a :class:`graphfeed.server.sampling.gpu.GpuSource` (what a GPU daemon's workers
+sample with): the multi-hop driver over the CUDA kernels, and with ``features`` the rows of
+every sampled node read through the GPU feature cache (``gpu_cache_mb`` of the highest-degree
+rows in device memory, shared by the parts, the rest from pinned host memory), the batch
+encoded on the device and copied to the host once; each batch ends with a device synchronize,
+so the wall time counts the GPU's work.  ``cpu_s_per_epoch`` is then the host's share only;
+``gpu_peak_mb`` is torch's peak device allocation.
 
 Link mode (``link``, ``--link``): the epoch is one pass over the seed *edges* of the link split
 ``input`` names (stored by ``graphfeed partition --link-split``), cut as the link loaders cut it;
@@ -172,26 +174,22 @@ def run_epoch(graph: PartitionedGraph, inputs: list[torch.Tensor], cfg: SampleBe
             sub = graph.sample_typed({ntype: batch_seeds}, sampling, entry.seed, ntype)
             edges += sum(row.numel() for row in sub.row.values())
         seeds += batch_seeds.numel()
+        if graph.device.type == "cuda":   # the wall time counts the GPU's work
+            torch.cuda.synchronize(graph.device)
     return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
 
 
-def run_gpu_epoch(gpu, inputs: list[torch.Tensor], cfg: SampleBenchConfig, epoch: int,
-                  clock: Callable[[], float] = time.perf_counter) -> EpochStats:
-    """:func:`run_epoch` on a :class:`~graphfeed.server.sampling.gpu.GpuPart`: the same plan and seeds,
-    sampled (and with ``cfg.features`` gathered) on the GPU, synchronized after every batch."""
-    t0, cpu0 = clock(), time.process_time()
-    counts = [t.numel() for t in inputs]
-    plan = EpochPlan(cfg.loader, counts, epoch)
-    positions = [input_positions(counts, p) for p in range(len(inputs))]
-    seeds = edges = 0
-    for _seq, entry, batch_seeds, _input_id in planned_batches(plan, inputs, positions):
-        sub = gpu.sample(batch_seeds, entry.seed)
-        if cfg.features:
-            gpu.gather(sub.nodes)
-        torch.cuda.synchronize(gpu.device)
-        edges += sub.row.numel()
-        seeds += batch_seeds.numel()
-    return EpochStats(clock() - t0, seeds, len(plan), edges, time.process_time() - cpu0)
+def _gpu_graph(parts, cfg: SampleBenchConfig) -> tuple[PartitionedGraph, dict]:
+    """Every part on the GPU (:class:`~graphfeed.server.sampling.gpu.GpuSource`, what a GPU daemon's workers
+    sample with), ``gpu_cache_mb`` of feature rows shared among them; and the result's device fields."""
+    from graphfeed.server.sampling.gpu import GpuSource
+
+    share = (cfg.gpu_cache_mb << 20) // max(1, len(parts))
+    sources = [GpuSource(p, "cuda", cache_bytes=share) for p in parts]
+    graph = PartitionedGraph(sources)
+    return graph, {"device": "cuda", "gpu": torch.cuda.get_device_name(sources[0].device),
+                   "gpu_cached_rows": sum(s.cached_rows for s in sources), "gpu_cache_mb": cfg.gpu_cache_mb,
+                   "gpu_topology": sources[0].placement}
 
 
 def peak_rss_mb() -> float:
@@ -220,24 +218,21 @@ def bench_sample(cfg: SampleBenchConfig) -> dict:
     """Measure the in-process sampler on ``cfg.graph``; returns the JSON-ready result."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
-    graph = PartitionedGraph.in_process(open_parts(cfg.graph)[1])
+    parts = open_parts(cfg.graph)[1]
+    graph = PartitionedGraph.in_process(parts)
     inputs = part_inputs(graph.parts, cfg.loader.input)
     device_fields: dict = {"device": cfg.device}
     if cfg.device == "cuda":
-        from graphfeed.server.sampling.gpu import GpuPart
+        graph, device_fields = _gpu_graph(parts, cfg)
 
-        gpu = GpuPart(graph.parts[0], cfg.loader.sampling, cfg.gpu_cache_mb << 20)
-        device_fields.update(gpu=torch.cuda.get_device_name(gpu.device), gpu_cached_rows=gpu.cached_rows,
-                             gpu_cache_mb=cfg.gpu_cache_mb)
+    def epoch_fn(e: int) -> EpochStats:
+        return run_epoch(graph, inputs, cfg, e)
 
-        def epoch_fn(e: int) -> EpochStats:
-            return run_gpu_epoch(gpu, inputs, cfg, e)
-    else:
-        def epoch_fn(e: int) -> EpochStats:
-            return run_epoch(graph, inputs, cfg, e)
     epoch_fn(0)                                                  # warm-up, not reported
     measured = [epoch_fn(e) for e in range(1, cfg.epochs + 1)]
     result = summarize(measured)
+    if cfg.device == "cuda":
+        device_fields["gpu_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     result.update(device_fields)
     result.update({
         "peak_rss_mb": round(peak_rss_mb(), 1),

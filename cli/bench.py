@@ -80,6 +80,14 @@ def _add_remote(sub) -> None:
     p.add_argument("--feature-cache-mb", type=float, default=0.0,
                    help="the loader's hot-feature cache in MiB: the servers skip the rows of the highest in-degree "
                         "nodes it holds (default 0 = none)")
+    p.add_argument("--server-device", default="cpu",
+                   help="with --servers N: where the started servers sample: cpu (default), cuda or cuda:N")
+    p.add_argument("--trainer-device", default=None,
+                   help="the loader's device=: batches moved there one batch ahead (e.g. cuda; default: host)")
+    p.add_argument("--pin-memory", action="store_true", help="the loader's pin_memory=True")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="a simulated training step per batch (GPU spin on --trainer-device, else a sleep), so "
+                        "wait_ms_per_batch shows whether the copy hides behind the step (default 0 = none)")
     _add_workload(p)
     p.add_argument("--compare", action="store_true",
                    help="also run `bench sample --features` on --graph with the same settings (own process) "
@@ -142,7 +150,8 @@ def _run_remote(args) -> int:
     cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph, prefetch=args.prefetch,
                             compare=args.compare, channel=args.channel, peer_path=args.peer_path,
                             feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
-                            **_workload(args))
+                            server_device=args.server_device, trainer_device=args.trainer_device,
+                            pin_memory=args.pin_memory, step_ms=args.step_ms, **_workload(args))
     try:
         result = bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line

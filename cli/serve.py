@@ -20,7 +20,8 @@ HELP = "run a sampler-server daemon for one partition"
 
 # flag -> config key (every flag is optional: None means "not given")
 FLAG_KEYS = ("partition", "part", "host", "port", "data_address", "metrics_port", "lease_seconds",
-             "drain_grace_seconds", "log_format", "log_level", "tls_cert", "tls_key", "tls_client_ca", "token_file")
+             "drain_grace_seconds", "log_format", "log_level", "tls_cert", "tls_key", "tls_client_ca", "token_file",
+             "device")
 
 
 def add_arguments(parser) -> None:
@@ -39,6 +40,7 @@ def add_arguments(parser) -> None:
                                                                           "long without Heartbeat (default 15)")
     parser.add_argument("--drain-grace-seconds", type=float, default=None,
                         help="on SIGTERM, wait this long for open groups to close (default 20)")
+    parser.add_argument("--device", default=None, help="where session workers sample: cpu (default), cuda or cuda:N")
     parser.add_argument("--log-format", default=None, help="json or logfmt (default logfmt)")
     parser.add_argument("--log-level", default=None, help="debug, info, warning or error (default info)")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: TLS on the control port (with --tls-key)")

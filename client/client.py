@@ -106,7 +106,8 @@ class Client:
                         weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
                         input_time=None, temporal_strategy: str = "uniform",
                         disjoint: bool = False, ordered: bool = False,
-                        feature_cache_mb: float | None = None) -> RemoteNeighborLoader:
+                        feature_cache_mb: float | None = None, pin_memory: bool = False,
+                        device=None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -121,8 +122,9 @@ class Client:
         ``ordered=True`` (with ``shuffle=False``; ids, or None = every node in original id order) delivers
         the seeds in input order.  ``feature_cache_mb`` (MiB; None/0 = off): the loader caches the feature
         rows of the label type's highest in-degree nodes, which the servers then leave out of its batches
-        (same batches, fewer bytes; see :class:`RemoteNeighborLoader`).  They become one :class:`LoaderSpec`
-        (:meth:`open_loader`).
+        (same batches, fewer bytes; see :class:`RemoteNeighborLoader`).  ``pin_memory`` / ``device`` (PyG's):
+        batches in pinned memory / on that device, copied one batch ahead.  They become one
+        :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
@@ -132,7 +134,8 @@ class Client:
                              rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
                              feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
                              disjoint=disjoint, input_time=input_time, ordered=ordered)
-        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
+        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
+                                device=device)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, batch_size: int = 1,
@@ -141,15 +144,16 @@ class Client:
                              world_size: int | None = None, kind: str | None = None,
                              weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
                              edge_label_time=None, temporal_strategy: str = "uniform",
-                             disjoint: bool = False, feature_cache_mb: float | None = None) -> RemoteNeighborLoader:
+                             disjoint: bool = False, feature_cache_mb: float | None = None, pin_memory: bool = False,
+                             device=None) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
-        ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy``, ``feature_cache_mb`` as
-        :meth:`neighbor_loader`,
+        ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy``, ``feature_cache_mb``,
+        ``pin_memory``, ``device`` as :meth:`neighbor_loader`,
         ``edge_label_time`` one time per seed edge.  ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
@@ -165,7 +169,8 @@ class Client:
         spec.check_schema(self.node_types, self.edge_types)
         if link.split is None:
             check_link_ids(link, self.num_nodes_of)
-        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
+        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
+                                device=device)
 
     def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
                direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
@@ -198,12 +203,14 @@ class Client:
                              f"are {', '.join(map(repr, self.node_types))}")
         return int(self.num_nodes_by_type[ntype])
 
-    def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4,
-                    feature_cache_mb: float | None = None) -> RemoteNeighborLoader:
+    def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None,
+                    pin_memory: bool = False, device=None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
-        in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off)."""
+        in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off),
+        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.client.delivery.Delivery`)."""
         self._check_usable()
-        loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
+        loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
+                                      pin_memory=pin_memory, device=device)
         self._loaders.append(loader)
         return loader
 

@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
+from graphfeed.client.delivery import Delivery
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
@@ -51,7 +52,9 @@ class RemoteNeighborLoader:
     same arguments (input "every node" included).  ``ordered=True`` delivers the seeds in input
     order (batches may then span partitions, see :mod:`graphfeed.core.epoch`).  A typed graph gives
     ``HeteroData``.
-    ``prefetch``: pulls in flight per server.  ``feature_cache_mb`` (None/0 = off): this loader keeps the
+    ``prefetch``: pulls in flight per server.  ``pin_memory`` / ``device`` (PyG's): batches in pinned memory /
+    moved to that device one batch ahead, so the copy overlaps the training step
+    (:class:`~graphfeed.client.delivery.Delivery`).  ``feature_cache_mb`` (None/0 = off): this loader keeps the
     feature rows of the label type's highest in-degree nodes within that many MiB
     (:mod:`graphfeed.client.feature_cache`); the servers leave those rows out of every batch and the
     loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;
@@ -63,13 +66,15 @@ class RemoteNeighborLoader:
     ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None):
+    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None,
+                 pin_memory: bool = False, device=None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer (pulls in flight per server), got {prefetch!r}")
         budget = check_budget(feature_cache_mb)
+        self.delivery = Delivery(pin_memory, device)   # pinned / on the trainer's GPU, one batch ahead
         self.client = client
         self.spec = spec.ordered_input(client.num_nodes_of(spec.input.node_type))
         self.feature_cache = load_feature_cache(client, budget, self.spec.feature_dtype)
@@ -168,7 +173,8 @@ class RemoteNeighborLoader:
         with progress.running():
             while progress.delivered < len(plan):
                 try:
-                    for data in self._stream(plan.epoch, plan.entries, progress.delivered, generation):
+                    for data in self.delivery(self._stream(plan.epoch, plan.entries, progress.delivered,
+                                                           generation)):
                         progress.delivered += 1   # before the yield: the trainer holds it from here on
                         yield data
                         del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)

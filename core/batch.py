@@ -294,6 +294,36 @@ def cast_features(batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> 
     return batch
 
 
+def to_host(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every device tensor on the host, in one device-to-host copy (the batch as it is when
+    every tensor is already there).
+
+    The device tensors are packed into one device buffer (device-side copies, 16-byte aligned), which is
+    copied once into pinned host memory; the host tensors are views of it, bytes unchanged."""
+    on_device = [k for k, t in batch.items() if t.device.type != "cpu"]
+    if not on_device:
+        return batch
+    device = batch[on_device[0]].device
+    offsets, total = {}, 0
+    for k in on_device:
+        offsets[k] = total
+        total += -(-batch[k].numel() * batch[k].element_size() // 16) * 16
+    packed = torch.empty(total, dtype=torch.uint8, device=device)
+    for k in on_device:
+        t = batch[k].contiguous()
+        if t.numel():
+            packed[offsets[k]:offsets[k] + t.numel() * t.element_size()].copy_(t.reshape(-1).view(torch.uint8))
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    host.copy_(packed)
+    out = dict(batch)
+    for k in on_device:
+        t = batch[k]
+        n = t.numel() * t.element_size()
+        out[k] = host[offsets[k]:offsets[k] + n].view(t.dtype).view(t.shape) if n else torch.empty(t.shape,
+                                                                                                      dtype=t.dtype)
+    return out
+
+
 def nbytes(batch: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())
 

@@ -99,7 +99,7 @@ def check_device(device: str) -> torch.device:
     sample here (no GPU, no such GPU, no CUDA kernels)."""
     reason = cuda_unavailable_reason()
     if reason is not None:
-        raise RuntimeError(f"device {device} cannot sample here: {reason}")
+        raise RuntimeError(f"GPU sampling needs a GPU and graphfeed's CUDA kernels (device {device}): {reason}")
     dev = torch.device(device)
     index = 0 if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
@@ -183,7 +183,7 @@ class GpuSource(LocalSource):
             for etype in part.edge_types:
                 self._topos[(etype, kind)] = self._place(part.edges(etype).topology(kind))
         self.caches = self._make_caches(cache_bytes)
-        self._y = {t: None if part.nodes(t).y is None else part.nodes(t).y.to(self.device) for t in part.node_types}
+        self._y = {t: _on_device(part.nodes(t).y, self.device) for t in part.node_types}
         self._orig = {t: part.nodes(t).orig_id.to(self.device) for t in part.node_types}
         self.hits = 0     # rows read from the device cache (hits) and in all (reads), for the hit rate
         self.reads = 0
@@ -269,6 +269,10 @@ def hottest(part: Partition, ntype: str) -> torch.Tensor:
             indptr = part.edges(etype).topology(kind).indptr.to(torch.int64)
             degree += indptr[1:] - indptr[:-1]
     return torch.sort(-degree, stable=True).indices
+
+
+def _on_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
 
 
 def _moved(res: OneHop, device: torch.device) -> OneHop:

@@ -26,7 +26,7 @@ from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
-from graphfeed.server.sampling.source import HeldPart, Handle, LocalSource, PartSource, Rows, center_type
+from graphfeed.server.sampling.source import Handle, HeldPart, LocalSource, PartSource, Rows, center_type
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
 
 T = TypeVar("T")

@@ -77,7 +77,8 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
         wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id, extra=extra)
-        return batch_codec.cast_features(wire, feature_dtype)
+        # a GPU graph's batch is encoded on its device and leaves it in one copy
+        return batch_codec.to_host(batch_codec.cast_features(wire, feature_dtype))
 
 
 def produce_online(graph: SamplingGraph, seeds: torch.Tensor, spec: SamplingSpec, seed: int, *, input_type: str,

@@ -43,14 +43,14 @@ def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry
 
 
 def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
-             source: Callable[[Partition], PartSource | None] | None = None) -> list[int]:
+             make_source: Callable[[Partition], PartSource | None] | None = None) -> list[int]:
     """Read every peer's part whose files this process sees as the very files its worker reads -- the
     same host and the same folder (:func:`part_files_identity`) -- from those files, not over RPC.
 
     They share the host's page cache, so this costs no memory, and a remote row is then copied once
     (into the batch) instead of three times (the peer's gather, the transfer, the copy into place).
     Call once every worker of the group has joined (each peer answers ``part_identity``); a peer
-    that does not answer within ``timeout`` seconds, or whose files differ, stays on RPC.  ``source(part)``
+    that does not answer within ``timeout`` seconds, or whose files differ, stays on RPC.  ``make_source(part)``
     makes the source that reads such a part (default a CPU :class:`LocalSource`).  Returns the parts now
     read locally.
     """
@@ -69,7 +69,7 @@ def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
         if theirs is None or tuple(theirs) != mine:
             continue
         peer = Partition(part.paths.root, p, meta=part.meta)
-        graph.read_locally(peer, None if source is None else source(peer))
+        graph.read_locally(peer, None if make_source is None else make_source(peer))
         local.append(p)
     return local
 

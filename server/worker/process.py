@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
 from graphfeed.server.worker.commands import (
     START_ID,
     BadRequest,
@@ -47,7 +48,6 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     execute,
 )
-from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
 from graphfeed.server.worker.peers import colocate, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
