@@ -147,9 +147,8 @@ class _DeviceView:
     addressing gives pinned memory the same address on the GPU), so torch makes a CUDA tensor of it, no copy."""
 
     def __init__(self, host: torch.Tensor):
-        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<i8", "descr": [("", "<i8")],
-                                         "data": (host.data_ptr(), False), "strides": None, "version": 3,
-                                         "stream": None}
+        self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": "<i8",
+                                         "data": (host.data_ptr(), False), "strides": None, "version": 2}
 
 
 def uva_tensor(t: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -302,7 +302,8 @@ class PartitionedGraph:
         split = self.books[center_type(etype, spec.direction)].split(gids)
 
         # positions travel with the ids so that each piece's seed times can be picked out
-        keyed = gids if seed_time is None else torch.stack([gids, torch.arange(gids.numel())], dim=1)
+        keyed = gids if seed_time is None else \
+            torch.stack([gids, torch.arange(gids.numel(), device=gids.device)], dim=1)
 
         def start(src: PartSource, ids: torch.Tensor) -> Handle[OneHop]:   # ids on src's device (_pieces)
             if seed_time is None:
