@@ -86,6 +86,7 @@ fi
 wait $GRAPH_PID 2>/dev/null
 cat "$OUT/graph.log" | tail -4
 P=$G/medium-p2
+ERRS=/tmp/gpu_check_errs; mkdir -p $ERRS
 W=(--num-neighbors 15,10,5 --batch-size 1024 --epochs 1)
 bench() {   # name, time limit, args...
   local name=$1 limit=$2; shift 2
@@ -94,19 +95,20 @@ bench() {   # name, time limit, args...
   [ $limit -gt $left ] && limit=$left
   say "bench $name"
   local line
-  line=$(timeout $limit $GF bench "$@" 2>"$OUT/$name.err" | tail -1)
+  line=$(timeout $limit $GF bench "$@" 2>"$ERRS/$name.err" | tail -1)
   if [ -n "$line" ]; then echo "{\"run\": \"$name\", \"result\": $line}" | tee -a "$RES"; else
-    say "$name gave no result: $(tail -2 "$OUT/$name.err")"; fi
+    say "$name gave no result: $(tail -5 "$ERRS/$name.err")"; fi
 }
-bench sample-cpu 60 sample --graph "$P" "${W[@]}"
+# most telling first (a step that would not fit in the time left is skipped)
 bench sample-cuda 40 sample --graph "$P" --device cuda "${W[@]}"
-bench sample-cuda-features 40 sample --graph "$P" --device cuda --features --gpu-cache-mb 512 "${W[@]}"
-bench remote-cpu-daemons 70 remote --servers 2 --graph "$P" "${W[@]}"
 bench remote-gpu-daemons 60 remote --servers 2 --graph "$P" --server-device cuda "${W[@]}"
-bench remote-gpu-trainer-pageable 60 remote --servers 2 --graph "$P" --server-device cuda --trainer-device cuda \
+bench remote-cpu-daemons 70 remote --servers 2 --graph "$P" "${W[@]}"
+bench remote-gpu-trainer-pageable 50 remote --servers 2 --graph "$P" --server-device cuda --trainer-device cuda \
   --step-ms 5 "${W[@]}"
-bench remote-gpu-trainer-pinned 60 remote --servers 2 --graph "$P" --server-device cuda --trainer-device cuda \
+bench remote-gpu-trainer-pinned 50 remote --servers 2 --graph "$P" --server-device cuda --trainer-device cuda \
   --pin-memory --step-ms 5 "${W[@]}"
+bench sample-cpu 50 sample --graph "$P" "${W[@]}"
+bench sample-cuda-features 40 sample --graph "$P" --device cuda --features --gpu-cache-mb 512 "${W[@]}"
 
 # ---- 4. summary -----------------------------------------------------------------------------------------
 $PY - "$RES" <<'EOF'
