@@ -55,12 +55,16 @@ fi
 # ---- 1. build the CUDA ops; meanwhile the medium graph ---------------------------------------------------
 G=${GRAPHS:-/tmp/gfgraphs-gpucheck}
 METHOD=random
-$PY -c "import pymetis" 2>/dev/null && METHOD=metis
+$PY -c "import pymetis" 2>/dev/null && METHOD=${GPU_CHECK_METHOD:-metis}
 (
   set -e
   [ -f "$G/medium-p2/META.json" ] && exit 0
   $GF generate --preset medium --out "$G/medium" --skip-existing
-  $GF partition "$G/medium" -p 2 --method $METHOD --topology csc -o "$G/medium-p2" --overwrite --quiet
+  # through the API: the CLI asks for every server extra (pymetis) even for --method random
+  $PY -c "import sys; from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.builder import partition_graph
+partition_graph(read_graph(sys.argv[1]), 2, sys.argv[2], method=sys.argv[3], topologies=('csc',))
+print('partitioned', sys.argv[2], 'method', sys.argv[3])" "$G/medium" "$G/medium-p2" $METHOD
 ) >"$OUT/graph.log" 2>&1 &
 GRAPH_PID=$!
 say "building the native ops (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-default}, MAX_JOBS=$MAX_JOBS)"
@@ -73,9 +77,10 @@ print('native ops:', cuda_ext.load_ops() is not None, '| CUDA kernels:', cuda_ex
 
 # ---- 2. the GPU tests --------------------------------------------------------------------------------------
 say "GPU tests"
-timeout 150 $PY -m pytest -q --maxfail=5 -p no:cacheprovider -rs tests/test_gpu_serving.py tests/test_gpu_sampling.py \
-  tests/test_native_ops.py tests/test_native_typed.py -k "gpu or cuda" 2>&1 | tail -40
-say "GPU tests done (exit ${PIPESTATUS[0]})"
+timeout 150 $PY -m pytest -q --maxfail=5 -p no:cacheprovider --tb=short -rfEs tests/test_gpu_serving.py \
+  tests/test_gpu_sampling.py tests/test_native_ops.py tests/test_native_typed.py -k "gpu or cuda" >"$OUT/pytest.txt" 2>&1
+grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$OUT/pytest.txt" | tail -30
+say "GPU tests done"
 
 # ---- 3. the benches on medium / 2 parts --------------------------------------------------------------------
 say "waiting for the medium graph (method $METHOD)"

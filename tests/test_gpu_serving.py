@@ -242,8 +242,7 @@ def _remote_batches(addresses, n: int = 3, **kwargs) -> list:
 def _local_batches(root, n: int = 3) -> list:
     from graphfeed.server.loader.local import LocalNeighborLoader
 
-    loader = LocalNeighborLoader(open_parts(root)[1], [10, 5], input_nodes="train", batch_size=512, shuffle=True,
-                                 seed=4)
+    loader = LocalNeighborLoader(root, [10, 5], input_nodes="train", batch_size=512, shuffle=True, seed=4)
     return [b for _, b in zip(range(n), loader)]
 
 
