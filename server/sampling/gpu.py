@@ -243,6 +243,23 @@ class GpuSource(LocalSource):
         rows = (x, None if y is None else y.index_select(0, local), self._orig[ntype].index_select(0, local))
         return tuple(None if t is None else t.to(gids.device) for t in rows)  # type: ignore[return-value]
 
+    # membership, edge features and id lookups read the host arrays (link loaders' negatives, edge features:
+    # not the sampling path); asked with device ids, they answer on that device
+
+    def has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> torch.Tensor:
+        pairs = torch.as_tensor(pairs)
+        return super().has_edges(pairs.cpu(), kind, etype).to(pairs.device)
+
+    def edge_attr(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
+        pairs = torch.as_tensor(pairs)
+        return super().edge_attr(pairs.cpu(), kind).to(pairs.device)
+
+    def start_to_global(self, orig_ids: torch.Tensor,
+                        ntype: str | None = None) -> Ready[tuple[torch.Tensor, torch.Tensor]]:
+        orig_ids = torch.as_tensor(orig_ids)
+        mask, gids = super().start_to_global(orig_ids.cpu(), ntype).wait()
+        return Ready((mask.to(orig_ids.device), gids.to(orig_ids.device)))
+
     def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
         return Ready(self.gather(ntype, gids))
 

@@ -249,7 +249,7 @@ class PartitionedGraph:
         split = self.books[owner_type].split((pairs[:, 0] if kind == "csr" else pairs[:, 1]).contiguous())
         out = torch.zeros(pairs.size(0), dtype=torch.bool)
         for pos, found in self._pieces(pairs, split, lambda source, ids: source.start_has_edges(ids, kind, etype)):
-            out[pos] = found
+            out[pos] = found.cpu()
         return out
 
     @property
@@ -273,7 +273,7 @@ class PartitionedGraph:
         with self.telemetry.stage("feature_gather"):
             for pos, rows in self._pieces(pairs, self.book.split(center),
                                           lambda source, ids: source.start_edge_attr(ids, kind)):
-                out.index_copy_(0, pos, rows)
+                out.index_copy_(0, pos, rows.cpu())
         return out
 
     def num_nodes_of(self, ntype: str | None) -> int:
@@ -288,7 +288,7 @@ class PartitionedGraph:
         every = [(p, torch.arange(orig_ids.numel())) for p in range(self.book.num_parts)]
         for _, (mask, gids) in self._pieces(orig_ids, every,
                                             lambda source, ids: source.start_to_global(ids, ntype)):
-            out[mask] = gids
+            out[mask.cpu()] = gids.cpu()
         return out
 
     # ---- the multi-part driver ------------------------------------------------------------------
