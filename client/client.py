@@ -207,7 +207,7 @@ class Client:
                     pin_memory: bool = False, device=None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
         in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off),
-        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.client.delivery.Delivery`)."""
+        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.core.delivery.Delivery`)."""
         self._check_usable()
         loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
                                       pin_memory=pin_memory, device=device)

@@ -14,12 +14,12 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
-from graphfeed.client.delivery import Delivery
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
+from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec
@@ -54,7 +54,7 @@ class RemoteNeighborLoader:
     ``HeteroData``.
     ``prefetch``: pulls in flight per server.  ``pin_memory`` / ``device`` (PyG's): batches in pinned memory /
     moved to that device one batch ahead, so the copy overlaps the training step
-    (:class:`~graphfeed.client.delivery.Delivery`).  ``feature_cache_mb`` (None/0 = off): this loader keeps the
+    (:class:`~graphfeed.core.delivery.Delivery`).  ``feature_cache_mb`` (None/0 = off): this loader keeps the
     feature rows of the label type's highest in-degree nodes within that many MiB
     (:mod:`graphfeed.client.feature_cache`); the servers leave those rows out of every batch and the
     loader fills them in, so batches are the same.  Each ``iter()`` is one epoch (0, 1, ...;

@@ -23,8 +23,8 @@ import torch
 from helpers_cluster import hermetic_env
 from helpers_graphs import assert_same_batch, mag_tiny_parts
 
-from graphfeed.client.delivery import Delivery
 from graphfeed.core import batch as batch_codec
+from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import EpochPlan, input_positions
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, NodeInput, SamplingSpec
 from graphfeed.server.daemon.config import ConfigError, load_config
@@ -278,3 +278,37 @@ def test_pinned_and_device_batches_hold_the_same_values(tiny2, tmp_path):
         assert c.x.device.type == "cuda" and c.edge_index.device.type == "cuda"
         assert_same_batch(a, b)
         assert_same_batch(a, c.to("cpu"))
+
+
+def test_gpu_cache_counts_add_up_across_workers():
+    from graphfeed.server.daemon.metrics import METRICS, empty_figures, merge_figures
+
+    total = merge_figures(empty_figures(), {"gpu_cache": {"hit": 30, "miss": 10}})
+    merge_figures(total, {"gpu_cache": {"hit": 5, "miss": 5}})
+    merge_figures(total, {"errors": {"produce": 1}})           # a CPU worker's snapshot has no gpu_cache
+    assert total["gpu_cache"] == {"hit": 35, "miss": 15}
+    assert METRICS["graphfeed_gpu_feature_cache_rows_total"].labels == ("result",)
+
+
+def test_the_local_loader_takes_the_trainer_keywords(tiny2):
+    from graphfeed.server.loader.local import LocalNeighborLoader
+
+    def first(**kwargs):
+        loader = LocalNeighborLoader(tiny2, [5, 3], input_nodes="train", batch_size=128, shuffle=True, seed=9, **kwargs)
+        return list(loader), loader.state_dict()
+
+    plain, state = first()
+    moved, moved_state = first(device="cpu")   # the one-batch-ahead path, on the host
+    assert len(plain) == len(moved) > 2 and state == moved_state
+    loader = LocalNeighborLoader(tiny2, [5, 3], input_nodes="train", batch_size=128, device="cpu")
+    it = iter(loader)
+    next(it), next(it)
+    assert loader.state_dict()["cursor"] == 2     # the batch prepared ahead is not counted as received
+    it.close()
+    for a, b in zip(plain, moved):
+        assert_same_batch(a, b)
+    if NO_GPU is None:
+        on_gpu, _ = first(pin_memory=True, device="cuda")
+        assert all(b.x.device.type == "cuda" for b in on_gpu)
+        for a, b in zip(plain, on_gpu):
+            assert_same_batch(a, b.to("cpu"))

@@ -74,6 +74,10 @@ METRICS: dict[str, MetricSpec] = {
                                                      ("peer", "call")),
     "graphfeed_remote_call_seconds": MetricSpec("histogram", "Latency of calls to peer session workers.",
                                                 ("peer", "call")),
+    "graphfeed_gpu_feature_cache_rows_total": MetricSpec("counter", "Feature rows a GPU worker (device: cuda) read "
+                                                         "from its GPU feature cache (result=\"hit\") or from pinned "
+                                                         "host memory (\"miss\"); hit rate = hit / (hit + miss).",
+                                                         ("result",)),
     # ---- errors and the scrape itself ------------------------------------------------------------
     "graphfeed_errors_total": MetricSpec("counter", "Errors by kind: refused requests by gRPC status name, "
                                          "worker-side failures (produce, remote, worker_gone, metrics_timeout).",
@@ -125,7 +129,7 @@ def _add_hist(into: dict, h: dict) -> None:
 
 
 def empty_figures() -> dict:
-    return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}}
+    return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}, "gpu_cache": {}}
 
 
 def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
@@ -137,7 +141,7 @@ def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
     for section in ("stages", "remote"):
         for key, h in (snap.get(section) or {}).items():
             _add_hist(total[section].setdefault(key, {}), h)
-    for section in ("remote_errors", "errors"):
+    for section in ("remote_errors", "errors", "gpu_cache"):
         for key, n in (snap.get(section) or {}).items():
             total[section][key] = total[section].get(key, 0) + int(n)
     return total
@@ -362,6 +366,10 @@ class ServerCollector:
         control = getattr(self.daemon, "control", None)
         for kind, n in _copy(getattr(control, "errors", {})).items():
             counts[kind] = counts.get(kind, 0) + n
+        cache = _family("graphfeed_gpu_feature_cache_rows_total")
+        for result, n in sorted(figures.get("gpu_cache", {}).items()):
+            cache.add_metric([result], n)
+        yield cache
         f = _family("graphfeed_errors_total")
         for kind, n in sorted(counts.items()):
             f.add_metric([kind], n)

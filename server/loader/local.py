@@ -12,6 +12,7 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
+from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
@@ -45,6 +46,8 @@ class LocalNeighborLoader:
     span partitions (:mod:`graphfeed.core.epoch`).
     ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
     floating-point features as the servers do for a remote loader with the same argument.
+    ``pin_memory`` / ``device`` (PyG's): batches in pinned memory / moved to that device one batch
+    ahead (:class:`~graphfeed.core.delivery.Delivery`).
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
@@ -58,7 +61,8 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
                  time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
-                 disjoint: bool = False, ordered: bool = False):
+                 disjoint: bool = False, ordered: bool = False, pin_memory: bool = False, device=None):
+        delivery = Delivery(pin_memory, device)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
@@ -66,6 +70,7 @@ class LocalNeighborLoader:
                              time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint,
                              input_time=input_time, ordered=ordered)
         self._setup(graph, spec)
+        self.delivery = delivery
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
@@ -77,6 +82,7 @@ class LocalNeighborLoader:
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
+        self.delivery = Delivery()   # as produced (the node loader's pin_memory / device replace it)
         check_ranks_agree(self.spec, self.counts)
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
                           for p, part in enumerate(self.graph.parts)]
@@ -111,10 +117,13 @@ class LocalNeighborLoader:
     def _batches(self, plan: EpochPlan, start: int) -> Iterator:
         progress = self._progress
         with progress.running():
-            for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
-                data = batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
+            for data in self.delivery(self._produced(plan, start)):
                 progress.delivered += 1
                 yield data
+
+    def _produced(self, plan: EpochPlan, start: int) -> Iterator:
+        for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
+            yield batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:

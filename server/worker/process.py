@@ -82,7 +82,8 @@ class SessionWorker:
     def __init__(self, spec: GroupSpec, part: Partition):
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
-        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, own_source(spec, part))
+        self.gpu_sources: list[GpuSource] = []   # device: cuda -- their feature cache counts go to the metrics
+        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part))
         self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
@@ -108,12 +109,19 @@ class SessionWorker:
             os._exit(EXIT_JOIN_FAILED)
         if s.colocated_reads and self.part.meta.num_parts > 1:
             local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT),
-                             None if s.device == "cpu" else lambda peer: own_source(s, peer))
+                             None if s.device == "cpu" else self._source)
             if local:
                 print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
                       f"{', '.join(map(str, local))} from their files on this host, not over RPC "
                       f"(colocated_reads: false turns this off)", file=sys.stderr, flush=True)
         self.joined.set()
+
+    def _source(self, part: Partition) -> GpuSource | None:
+        """:func:`own_source` of ``part`` (None on the CPU), kept for the metrics."""
+        source = own_source(self.spec, part)
+        if source is not None:
+            self.gpu_sources.append(source)
+        return source
 
     def wait_joined(self) -> None:
         if not self.joined.wait(self.spec.join_timeout):
@@ -187,7 +195,9 @@ class SessionWorker:
             k = kinds.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS + GAUGE_FIELDS, 0))
             for key in CUMULATIVE_FIELDS + GAUGE_FIELDS:
                 k[key] += row[key]
-        return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds))
+        hits = sum(g.hits for g in self.gpu_sources)
+        return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds,
+                                    gpu_cache={"hit": hits, "miss": sum(g.reads for g in self.gpu_sources) - hits}))
 
     def stop(self, cmd: Stop) -> Stopped:
         """Close every session and leave the group (the command loop ends after answering)."""
