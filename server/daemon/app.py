@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.daemon import logs, sdnotify, security
-from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.config import ServerConfig, token_file_exposure
 from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer, WorkerFactory
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 from graphfeed.server.daemon.metrics import MetricsEndpoint, WorkerFigures
@@ -234,6 +234,9 @@ class Daemon:
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")
+        exposed = token_file_exposure(c.token_file)
+        if exposed:
+            self.log.warning("token_file_readable", cause=exposed)
         try:
             if credentials is None:
                 return server.add_insecure_port(_bind_address(c.host, c.port))
