@@ -31,6 +31,8 @@ from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
 from graphfeed.server.partition.store import check_link_types
+from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
+from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
     BadRequest,
     CloseSession,
@@ -210,7 +212,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                          data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
                          num_producers=c.num_producers, buffer_batches=c.buffer_batches,
                          buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
-                         colocated_reads=c.colocated_reads)
+                         colocated_reads=c.colocated_reads, budget=c.work_budget)
         return spec, float(lease)
 
     @rpc
@@ -268,7 +270,20 @@ class ControlServicer(pb_grpc.ControlServicer):
                            f"with `--topology both` or use direction "
                            f"{'in' if sampling.direction == 'out' else 'out'}")
         self._check_input(spec)
+        self._check_budget(spec)
         return spec
+
+    def _check_budget(self, spec: LoaderSpec) -> None:
+        """The loader's hops and its batches' estimated size (batch size x fanouts) within the work caps."""
+        budget, meta = self.config.work_budget, self.served.meta
+        try:
+            budget.check_hops(spec.sampling.num_hops)
+        except BudgetExceeded as exc:
+            raise _invalid(str(exc)) from None
+        try:
+            budget.check_estimate(estimate_batch(spec, meta))
+        except BudgetExceeded as exc:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
     def _check_input(self, spec: LoaderSpec) -> None:
         """The split exists in this partition; the ids are original node ids of the graph."""
@@ -403,6 +418,28 @@ class ControlServicer(pb_grpc.ControlServicer):
         return {key: sum(k[field] for k in kinds) for key, field in (
             ("batches_served_total", "batches_served"), ("bytes_served_total", "bytes_served"),
             ("buffered_batches", "buffered_batches"), ("buffered_bytes", "buffered_bytes"))}
+
+
+def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:
+    """Upper bounds of one batch of ``spec`` on the partition ``meta`` describes (:func:`budget.estimate`)."""
+    per_type = spec.sampling.fanouts_for(meta.edge_types).values()
+    hops = [-1 if any(f[h] < 0 for f in per_type) else max(f[h] for f in per_type)
+            for h in range(spec.sampling.num_hops)]
+    seeds = spec.batch_size
+    if isinstance(spec.input, LinkInput):   # both endpoints of each seed edge, and its negatives' endpoints
+        neg = spec.input.neg
+        seeds *= 2 + (0 if neg is None else math.ceil(neg.amount) * (2 if neg.mode == "binary" else 1))
+    row_bytes = max((_row_bytes(f) for f in meta.features.values()), default=0)
+    return budget_estimate(seeds, hops, disjoint=spec.sampling.disjoint,
+                           num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
+                           num_edges=int(sum(meta.num_edges.values())), row_bytes=row_bytes)
+
+
+def _row_bytes(features: dict) -> int:
+    """Bytes of one node's stored features (every feature of a node type: x, y, ...)."""
+    import numpy as np
+
+    return sum(int(np.prod(f["shape"], dtype=np.int64)) * np.dtype(f["dtype"]).itemsize for f in features.values())
 
 
 def _check_rendezvous(address: str) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from graphfeed.core.spec import LoaderSpec
+from graphfeed.server.sampling.budget import WorkBudget
 
 START_ID = "start"   # the message id of the worker's first answer: Started, to its GroupSpec
 
@@ -49,6 +50,7 @@ class GroupSpec:
     buffer_bytes: int = 256 << 20    # per session
     join_timeout: float = 60.0       # give up joining the RPC group after this
     colocated_reads: bool = True     # read peers' parts from their files when this host shares them
+    budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
 from graphfeed.core.spec import LoaderSpec
@@ -174,6 +175,7 @@ class Session:
                                               feature_dtype=self.spec.feature_torch_dtype,
                                               seed_time=node_seed_time(self.graph, self.spec.input, sampling,
                                                                        self.input_type, seeds, input_id))
+                self._check_bytes(batch)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
@@ -181,12 +183,21 @@ class Session:
                 return
             run.buffer.put(seq, drop_cached_rows(batch, self.spec.feature_cache))
 
+    def _check_bytes(self, batch: dict[str, torch.Tensor]) -> None:
+        """A batch over the worker's ``max_batch_bytes`` is not buffered (BudgetExceeded names the setting)."""
+        budget = getattr(self.graph, "budget", None)
+        if budget is not None:
+            budget.check_bytes(batch_codec.nbytes(batch))
+
     def sample(self, node_ids, seed: int) -> dict[str, torch.Tensor]:
         """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
-        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids."""
+        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids (and for a
+        sample over the worker's work caps)."""
         with self.telemetry.stage("batch"):
-            return sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
-                                feature_dtype=self.spec.feature_torch_dtype)
+            batch = sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
+                                 feature_dtype=self.spec.feature_torch_dtype)
+        self._check_bytes(batch)
+        return batch
 
     def pull(self, epoch: int, seq: int) -> Pending:
         run = self.run
