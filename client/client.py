@@ -1,9 +1,12 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
+import collections
+import gc
 import logging
 import threading
 import time
+import weakref
 from typing import NoReturn, Sequence
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
@@ -13,6 +16,7 @@ from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
+from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
@@ -94,7 +98,8 @@ class Client:
         self.num_classes = int(info.num_classes)
         self.features = {f.name: (tuple(f.shape), f.dtype) for f in info.features}
         self.split_sizes = dict(info.split_sizes)
-        self._loaders: list[RemoteNeighborLoader] = []
+        self._loaders: weakref.WeakSet[RemoteNeighborLoader] = weakref.WeakSet()   # a dropped loader is collected
+        self._orphans: collections.deque[tuple[int, str]] = collections.deque()   # (part, session) of dropped loaders
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
@@ -203,9 +208,33 @@ class Client:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
         in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off)."""
         self._check_usable()
-        loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
-        self._loaders.append(loader)
+        self._close_orphans()
+        try:
+            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
+        except ServerError as exc:
+            if "max_sessions_per_group" not in str(exc):
+                raise
+            gc.collect()   # loaders dropped in reference cycles (e.g. with a live iterator) are collected now
+            if not self._close_orphans():
+                raise
+            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb)
+        self._loaders.add(loader)
         return loader
+
+    def _close_orphans(self) -> int:
+        """Close the sessions of loaders that were dropped without close(); returns how many."""
+        closed = 0
+        while self._orphans:
+            try:
+                part, session_id = self._orphans.popleft()
+            except IndexError:
+                break
+            try:
+                self.servers[part].call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 -- closed already, or the group was re-formed: nothing left to free
+                pass
+            closed += 1
+        return closed
 
     # ---- state ----------------------------------------------------------------------------------
 
@@ -288,8 +317,7 @@ class Client:
                 time.sleep(RECONNECT_RETRY)
 
     def _forget(self, loader) -> None:
-        if loader in self._loaders:
-            self._loaders.remove(loader)
+        self._loaders.discard(loader)
 
     def close(self) -> None:
         """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
@@ -298,6 +326,7 @@ class Client:
         self._closed = True
         for loader in list(self._loaders):
             loader.close()
+        self._orphans.clear()   # the group's close frees them on every server
         try:
             self.group.close()
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
@@ -95,6 +96,9 @@ class RemoteNeighborLoader:
         except BaseException:
             self.close()
             raise
+        # dropped without close() (garbage-collected, or with an abandoned iterator): its sessions are handed
+        # to the client, which closes them (Client._close_orphans); the list is updated in place on a re-open
+        self._finalizer = weakref.finalize(self, client._orphans.extend, _orphaned(self.sessions))
         self._len_cache: tuple[int, int] | None = None
 
     def _session_request(self) -> pb.OpenSessionRequest:
@@ -295,7 +299,7 @@ class RemoteNeighborLoader:
             raise ServerError(", ".join(s.name for s in self.client.servers),
                               f"after the restart the servers report input counts {counts}, before {self.counts}: "
                               f"the partition changed; cannot resume")
-        self.sessions, self._secrets = sessions, secrets
+        self.sessions[:], self._secrets = sessions, secrets   # in place: the finalizer holds the list
 
     def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
         source = self.client.servers[part].name
@@ -309,6 +313,9 @@ class RemoteNeighborLoader:
         if self._closed:
             return
         self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
         for s, session_id in zip(self.client.servers, self.sessions):
             try:
                 s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
@@ -321,6 +328,16 @@ class RemoteNeighborLoader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _orphaned:
+    """The ``(part, session id)`` pairs of a loader's sessions, read when the loader is collected."""
+
+    def __init__(self, sessions: list[str]):
+        self.sessions = sessions
+
+    def __iter__(self):
+        return iter(list(enumerate(self.sessions)))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -5,10 +5,7 @@ graph in 2 parts; each test bounds its waits and checks the error text.
 """
 from __future__ import annotations
 
-import gc
-import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -95,3 +92,93 @@ def test_oversized_loaders_are_refused_naming_the_cap_and_the_worker_lives(parts
             gf.connect([s.address for s in servers], timeout=60) as client:
         batches = list(client.neighbor_loader("train", FANOUTS, batch_size=16, disjoint=True))
         assert batches and all(b.num_sampled_edges[0] <= b.batch_size * FANOUTS[0] for b in batches)
+
+
+# ---- one cluster for the control-plane cases (short idle expiry, small message limit) ------------------
+
+IDLE_SECONDS = 3.0
+MESSAGE_LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def servers(parts_dir, tmp_path_factory):
+    env = {"GRAPHFEED_SESSION_IDLE_SECONDS": str(IDLE_SECONDS), "GRAPHFEED_MAX_MESSAGE_BYTES": str(MESSAGE_LIMIT)}
+    with running_cluster(parts_dir, env=env, log_dir=tmp_path_factory.mktemp("logs")) as servers:
+        yield servers
+
+
+def _wait_for(predicate, what: str, timeout: float = WAIT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+# ---- 6. the daemon decides where it connects ---------------------------------------------------------
+
+def test_a_foreign_rendezvous_address_is_refused(servers):
+    with grpc.insecure_channel(servers[0].address) as channel:
+        stub = pb_grpc.ControlStub(channel)
+        req = pb.OpenGroupRequest(group_id="foreign", rendezvous="192.0.2.77:29500", world_size=3, rank=1)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.OpenGroup(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "rendezvous = '192.0.2.77:29500' is not the address this OpenGroup came from (127.0.0.1)" in \
+            err.value.details() and "advertise_host" in err.value.details()
+        assert stub.GetStats(pb.StatsRequest(), timeout=30).groups_open == 0, "no worker may have been started"
+
+
+# ---- 4. sessions cannot leak ------------------------------------------------------------------------
+
+def test_dropped_loaders_do_not_exhaust_the_session_limit(servers):
+    before = servers[0].logs().count("session_close")
+    with gf.connect([s.address for s in servers], timeout=60) as client:
+        for i in range(100):
+            loader = client.neighbor_loader("train", FANOUTS, batch_size=16)
+            if i % 2:   # an abandoned iterator: the loader and its generator form a cycle only gc frees
+                it = iter(loader)
+                next(it)
+                del it
+            del loader
+        assert len(list(client.neighbor_loader("train", FANOUTS, batch_size=16))) > 0
+        with grpc.insecure_channel(servers[0].address) as channel:
+            stats = pb_grpc.ControlStub(channel).GetStats(pb.StatsRequest(), timeout=30)
+        assert stats.sessions_open <= 16
+        # the client closed them (refcount: at once; in a cycle: when the limit was hit), not the idle expiry
+        assert servers[0].logs().count("session_close") - before >= 50
+
+
+def test_idle_sessions_expire_and_the_limit_error_says_who_holds_them(servers):
+    with gf.connect([s.address for s in servers], timeout=60) as client:
+        kept = [client.neighbor_loader("val", FANOUTS, batch_size=16) for _ in range(16)]
+        with pytest.raises(gf.ServerError, match=r"already has 16 of max_sessions_per_group=16 sessions open "
+                                                 r"\(loaders by kind: val x16\); close\(\) loaders"):
+            client.neighbor_loader("train", FANOUTS, batch_size=16)
+        with grpc.insecure_channel(servers[0].address) as channel:
+            stub = pb_grpc.ControlStub(channel)
+            _wait_for(lambda: stub.GetStats(pb.StatsRequest(), timeout=30).sessions_open == 0,
+                      "idle sessions to expire", timeout=IDLE_SECONDS + WAIT)
+        assert "session_expired" in servers[0].logs() and "idle_seconds" in servers[0].logs()
+        del kept
+
+
+# ---- 5. leases judged by the trainer's heartbeats ---------------------------------------------------
+
+def test_a_paused_daemon_keeps_the_group_whose_trainer_kept_heartbeating(servers):
+    lease = 2.0
+    with gf.connect([s.address for s in servers], timeout=60, lease_seconds=lease, reconnect_timeout=60) as client:
+        group_id = client.group.group_id
+        servers[0].signal(signal.SIGSTOP)
+        try:
+            time.sleep(3 * lease)   # the trainer's heartbeats go unanswered meanwhile
+        finally:
+            servers[0].signal(signal.SIGCONT)
+        time.sleep(lease)           # a reaper that judged by its own clock would have reaped by now
+        batches = list(client.neighbor_loader("train", FANOUTS, batch_size=16))
+        assert batches and client.reconnects == 0 and client.group.group_id == group_id
+    log = servers[0].logs()
+    assert "daemon_stalled" in log
+    assert not any("group_reap" in line and group_id in line for line in log.splitlines())

@@ -108,6 +108,7 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._reaper: asyncio.Task | None = None
+        self._idle: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -191,6 +192,7 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(registry.run_reaper())
+        self._idle = asyncio.get_running_loop().create_task(control.run_idle_expiry())
         self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
@@ -301,6 +303,8 @@ class Daemon:
     async def _close_server(self, grace: float | None = 1.0) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._idle is not None:
+            self._idle.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._server is not None:

@@ -80,7 +80,7 @@ class ServerConfig:
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
     max_batch_bytes: int = 0           # bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES   # largest control request accepted (refused unread)
-    session_idle_seconds: float = 600.0  # a session without StartEpoch/pull activity for this long is closed
+    session_idle_seconds: float = 600.0  # a session without StartEpoch/pull/sample this long is closed (0 = never)
     log_format: str = "logfmt"         # "logfmt" | "json"
     log_level: str = "info"            # "debug" | "info" | "warning" | "error"
     tls_cert: str | None = None        # PEM server certificate (chain): TLS on the control port
@@ -278,7 +278,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_batch_edges": _int(0),
     "max_batch_bytes": _bytes_or_auto,
     "max_message_bytes": _bytes,
-    "session_idle_seconds": _seconds(0.0, 7 * 86400.0),
+    "session_idle_seconds": _seconds(0.0, 7 * 86400.0, allow_zero=True),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),
     "tls_cert": _optional(_pem_file("certificate", b"CERTIFICATE-----")),

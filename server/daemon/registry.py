@@ -8,6 +8,7 @@ is alive; otherwise the reaper removes it, stops the worker in the background
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -18,6 +19,7 @@ from graphfeed.server.daemon.logs import EventLogger
 
 REAP_INTERVAL = 0.25      # seconds between reaper scans (a dict scan + waitpid per group)
 WORKER_STOP_GRACE = 5.0   # seconds a stopping worker gets before SIGKILL
+STALL_SECONDS = 1.0       # a reaper scan this much later than due means the daemon itself did not run
 
 
 class RequestError(Exception):
@@ -77,6 +79,7 @@ class Registry:
         self.sessions_opened_total = 0
         self.sessions_closed_total = 0
         self.sessions_reaped_total = 0
+        self.sessions_expired_total = 0
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -87,9 +90,12 @@ class Registry:
                                f"group {group_id!r} is already open on this server; use a new group_id "
                                f"or CloseGroup it first")
         if len(self.groups) + len(self._pending_groups) >= self.max_groups:
+            peers = collections.Counter(g.peer for g in self.groups.values())
+            held = ", ".join(f"{peer} x{n}" for peer, n in peers.most_common(5))
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"this server already runs max_groups={self.max_groups} trainer groups; "
-                               f"close one or raise max_groups in the server config")
+                               f"this server already runs {len(self.groups) + len(self._pending_groups)} of "
+                               f"max_groups={self.max_groups} trainer groups (held by {held or 'groups starting'}); "
+                               f"close clients you no longer use, or raise max_groups in the server config")
         self._pending_groups.add(group_id)
         self._empty.clear()
 
@@ -169,9 +175,13 @@ class Registry:
     def reserve_session(self, group: Group) -> None:
         pending = self._pending_sessions.get(group.group_id, 0)
         if len(group.sessions) + pending >= self.max_sessions_per_group:
+            kinds = collections.Counter(s.kind or "?" for s in group.sessions.values())
+            held = ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common(5))
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"group {group.group_id!r} already has max_sessions_per_group="
-                               f"{self.max_sessions_per_group} sessions; close one first")
+                               f"group {group.group_id!r} of {group.peer} already has {len(group.sessions) + pending} "
+                               f"of max_sessions_per_group={self.max_sessions_per_group} sessions open (loaders by "
+                               f"kind: {held or 'opening'}); close() loaders you no longer use (or use `with`), "
+                               f"or raise max_sessions_per_group in the server config")
         self._pending_sessions[group.group_id] = pending + 1
 
     def release_session(self, group: Group) -> None:
@@ -223,8 +233,23 @@ class Registry:
             self.remove_group(group_id, event="group_reap", cause=cause)
         return len(found)
 
+    def forgive_stall(self, stalled: float) -> None:
+        """The daemon did not run for ``stalled`` seconds (SIGSTOP, a frozen VM, a blocked loop): it could not
+        hear heartbeats meanwhile, so that time does not count against any lease -- a lease lapses only
+        after ``lease_seconds`` of the daemon running without hearing the trainer."""
+        for group in self.groups.values():
+            group.deadline += stalled
+        self.log.warning("daemon_stalled", seconds=round(stalled, 3), groups=len(self.groups),
+                         cause="the daemon was paused or blocked; leases extended by the pause")
+
     async def run_reaper(self, interval: float = REAP_INTERVAL) -> None:
+        last = self.clock()
         while True:
+            now = self.clock()
+            stalled = now - last - interval
+            if stalled > STALL_SECONDS:
+                self.forgive_stall(stalled)
+            last = now
             try:
                 self.reap_expired()
             except Exception as exc:  # noqa: BLE001 -- a broken handle must not stop the reaper

@@ -10,6 +10,7 @@ in order, with :func:`produce_batch`.  ``seq`` is the entry's position in the ra
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 import torch
@@ -71,6 +72,7 @@ class Session:
         self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
         self._link_seeds: LinkSeeds | None = None
         self._whole_input: torch.Tensor | None = None   # an ordered loader's input, global ids in order
+        self.last_used = time.monotonic()   # the last start_epoch / pull / sample (idle sessions expire)
 
     def _resolve_link_seeds(self) -> None:
         """A link loader's seed edges in global ids (their destinations may be any part's: asked of every
@@ -108,6 +110,7 @@ class Session:
         leave no valid plan for them (e.g. fewer input nodes than ranks), or ``start`` is not
         in ``0..len(plan)``.
         """
+        self.last_used = time.monotonic()
         counts = self._check_counts(counts)
         self._resolve_link_seeds()
         self._resolve_whole_input()
@@ -193,6 +196,7 @@ class Session:
         """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
         and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids (and for a
         sample over the worker's work caps)."""
+        self.last_used = time.monotonic()
         with self.telemetry.stage("batch"):
             batch = sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
                                  feature_dtype=self.spec.feature_torch_dtype)
@@ -200,6 +204,7 @@ class Session:
         return batch
 
     def pull(self, epoch: int, seq: int) -> Pending:
+        self.last_used = time.monotonic()
         run = self.run
         if run is None or epoch != run.epoch:
             now = "no epoch started" if run is None else f"the current epoch is {run.epoch}"
@@ -234,5 +239,6 @@ class Session:
             "bytes_served": self.totals["bytes_served"] + (s.bytes_served if s else 0),
             "buffered_batches": s.buffered_batches if s else 0,
             "buffered_bytes": s.buffered_bytes if s else 0,
+            "idle_seconds": time.monotonic() - self.last_used,
         }
 
