@@ -5,6 +5,7 @@ graph in 2 parts; each test bounds its waits and checks the error text.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -182,3 +183,27 @@ def test_a_paused_daemon_keeps_the_group_whose_trainer_kept_heartbeating(servers
     log = servers[0].logs()
     assert "daemon_stalled" in log
     assert not any("group_reap" in line and group_id in line for line in log.splitlines())
+
+
+# ---- 3. refused requests cost nothing ---------------------------------------------------------------
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmRSS:"))
+
+
+def test_refused_large_requests_leave_the_daemon_memory_as_it_was(servers):
+    server, payload = servers[0], os.urandom(16 << 20)   # 16x the 1 MiB limit
+    with grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", -1)]) as channel:
+        open_session = channel.unary_unary("/graphfeed.control.v1.Control/OpenSession",
+                                           request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError):   # warm-up: gRPC's own buffers and threads
+            open_session(payload, timeout=60)
+        before = _rss(server.pid)
+        for _ in range(10):
+            with pytest.raises(grpc.RpcError) as err:
+                open_session(payload, timeout=60)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        time.sleep(3.0)   # the daemon trims freed heap pages every 2 s
+        grown = _rss(server.pid) - before
+    assert grown < 16 << 20, f"the daemon kept {grown >> 20} MiB after 10 refused 16 MiB requests"

@@ -46,9 +46,22 @@ from graphfeed.server.worker.commands import GroupSpec
 from graphfeed.server.worker.handle import SessionWorkerHandle
 
 READY_PREFIX = "graphfeed-serve listening"
-MAX_MESSAGE_BYTES = 256 << 20   # OpenSession may carry millions of node ids
+MAX_REPLY_BYTES = 256 << 20   # replies (GetStats of many sessions); requests are capped by max_message_bytes
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+TRIM_INTERVAL = 2.0   # seconds between malloc_trim calls (microseconds each on the daemon's small heap)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None where the C library has none, e.g. musl or macOS)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _bind_address(host: str, port: int) -> str:
@@ -109,6 +122,7 @@ class Daemon:
         self._health: health.aio.HealthServicer | None = None
         self._reaper: asyncio.Task | None = None
         self._idle: asyncio.Task | None = None
+        self._trim: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -169,8 +183,9 @@ class Daemon:
         check_bindable(c.host, c.port)
         server = grpc.aio.server(interceptors=security.server_interceptors(c, self.log),
                                  options=[("grpc.so_reuseport", 0),
-                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+                                          # a larger request is refused from its length prefix, unread
+                                          ("grpc.max_receive_message_length", c.max_message_bytes),
+                                          ("grpc.max_send_message_length", MAX_REPLY_BYTES)])
         self.figures = figures = WorkerFigures(registry, c.call_timeout)
         registry.before_stop = figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, served, registry, self.log, self.worker_factory,
@@ -193,6 +208,7 @@ class Daemon:
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(registry.run_reaper())
         self._idle = asyncio.get_running_loop().create_task(control.run_idle_expiry())
+        self._trim = asyncio.get_running_loop().create_task(self._trim_memory())
         self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
@@ -215,6 +231,17 @@ class Daemon:
         while True:
             self._notify("WATCHDOG=1")
             await asyncio.sleep(interval)
+
+    async def _trim_memory(self) -> None:
+        """Give freed heap pages back to the OS every TRIM_INTERVAL s.  gRPC reads a refused oversized request
+        (and the buffers of any large one) into many small heap blocks; once freed they stay in glibc's arenas
+        -- hundreds of MB after a few refused requests -- until trimmed."""
+        trim = _malloc_trim()
+        if trim is None:
+            return
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL)
+            trim(0)
 
     def _check_sampler(self) -> str:
         """Decide the sampling implementation once, before any worker starts (a first-use native build
@@ -305,6 +332,8 @@ class Daemon:
             self._reaper.cancel()
         if self._idle is not None:
             self._idle.cancel()
+        if self._trim is not None:
+            self._trim.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._server is not None:
