@@ -22,6 +22,20 @@ from graphfeed.proto.convert import graph_schema
 log = logging.getLogger("graphfeed.client")
 DEFAULT_RECONNECT_TIMEOUT = 180.0   # seconds a running epoch waits for a restarted server
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
+WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
+# what a pull's error says when the peer process went away (TensorPipe / torch RPC wording)
+LOST_CONNECTION = ("eof", "end of file", "connection reset", "econnreset", "broken pipe", "epipe", "pipe closed",
+                   "connection refused", "connection closed", "peer closed")
+
+
+def _lost_connection(exc: BaseException | None) -> bool:
+    """Whether a failed pull lost its peer (rather than being refused with an error of the request)."""
+    while exc is not None:
+        text = str(exc).lower()
+        if any(word in text for word in LOST_CONNECTION) and "max_batch" not in text:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -265,7 +279,7 @@ class Client:
             self._check_usable()
             if self.reconnect_timeout <= 0:
                 self._fail(where, cause)
-            dead = self.group.probe()
+            dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
             log.warning("graphfeed: %s; waiting up to %g s for %s to come back", where[1], self.reconnect_timeout,
@@ -282,6 +296,19 @@ class Client:
             log.warning("graphfeed: data-path group re-formed (reconnect %d): continuing the running epochs",
                         self.reconnects)
             return self.generation
+
+    def _probe_dead(self, cause: BaseException | None) -> dict[str, str]:
+        """The servers that lost this trainer's group.  After a lost data-path connection (a session worker
+        died while its server lives: a signal, the OOM killer) the server may not have noticed yet: probe
+        again for up to WORKER_DEATH_WAIT s, so the case resumes like a server restart instead of failing."""
+        dead = self.group.probe()
+        if dead or not _lost_connection(cause):
+            return dead
+        deadline = time.monotonic() + min(WORKER_DEATH_WAIT, self.reconnect_timeout)
+        while not dead and time.monotonic() < deadline:
+            time.sleep(RECONNECT_RETRY / 4)
+            dead = self.group.probe()
+        return dead
 
     def _reform(self, dead: dict[str, str], deadline: float) -> None:
         """Leave the old group, wait for the ``dead`` servers, form a new group, re-open the loaders' sessions.

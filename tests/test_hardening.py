@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_oversized_loaders_are_refused_naming_the_cap_and_the_worker_lives(parts
         assert batches and all(b.num_sampled_edges[0] <= b.batch_size * FANOUTS[0] for b in batches)
 
 
-# ---- one cluster for the control-plane cases (short idle expiry, small message limit) ------------------
+# ---- one cluster for the other cases (a small message limit) ----------------------------------------
 
 IDLE_SECONDS = 3.0
 MESSAGE_LIMIT = 1 << 20
@@ -103,7 +104,7 @@ MESSAGE_LIMIT = 1 << 20
 
 @pytest.fixture(scope="module")
 def servers(parts_dir, tmp_path_factory):
-    env = {"GRAPHFEED_SESSION_IDLE_SECONDS": str(IDLE_SECONDS), "GRAPHFEED_MAX_MESSAGE_BYTES": str(MESSAGE_LIMIT)}
+    env = {"GRAPHFEED_MAX_MESSAGE_BYTES": str(MESSAGE_LIMIT)}
     with running_cluster(parts_dir, env=env, log_dir=tmp_path_factory.mktemp("logs")) as servers:
         yield servers
 
@@ -152,17 +153,25 @@ def test_dropped_loaders_do_not_exhaust_the_session_limit(servers):
         assert servers[0].logs().count("session_close") - before >= 50
 
 
-def test_idle_sessions_expire_and_the_limit_error_says_who_holds_them(servers):
+def test_the_session_limit_error_says_how_many_are_open_and_by_whom(servers):
     with gf.connect([s.address for s in servers], timeout=60) as client:
         kept = [client.neighbor_loader("val", FANOUTS, batch_size=16) for _ in range(16)]
-        with pytest.raises(gf.ServerError, match=r"already has 16 of max_sessions_per_group=16 sessions open "
-                                                 r"\(loaders by kind: val x16\); close\(\) loaders"):
+        with pytest.raises(gf.ServerError, match=r"of ipv4:127.0.0.1:\d+ already has 16 of max_sessions_per_group=16 "
+                                                 r"sessions open \(loaders by kind: val x16\); close\(\) loaders"):
             client.neighbor_loader("train", FANOUTS, batch_size=16)
+        del kept
+
+
+def test_idle_sessions_expire(parts_dir, tmp_path):
+    env = {"GRAPHFEED_SESSION_IDLE_SECONDS": str(IDLE_SECONDS)}
+    with running_cluster(parts_dir, env=env, log_dir=tmp_path) as servers, \
+            gf.connect([s.address for s in servers], timeout=60) as client:
+        kept = [client.neighbor_loader("val", FANOUTS, batch_size=16) for _ in range(2)]
         with grpc.insecure_channel(servers[0].address) as channel:
             stub = pb_grpc.ControlStub(channel)
             _wait_for(lambda: stub.GetStats(pb.StatsRequest(), timeout=30).sessions_open == 0,
                       "idle sessions to expire", timeout=IDLE_SECONDS + WAIT)
-        assert "session_expired" in servers[0].logs() and "idle_seconds" in servers[0].logs()
+        assert "session_expired" in servers[0].logs() and "idle_seconds=" in servers[0].logs()
         del kept
 
 
@@ -204,6 +213,88 @@ def test_refused_large_requests_leave_the_daemon_memory_as_it_was(servers):
             with pytest.raises(grpc.RpcError) as err:
                 open_session(payload, timeout=60)
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        time.sleep(3.0)   # the daemon trims freed heap pages every 2 s
+        time.sleep(3.0)   # the daemon trims freed heap pages every second
         grown = _rss(server.pid) - before
     assert grown < 16 << 20, f"the daemon kept {grown >> 20} MiB after 10 refused 16 MiB requests"
+
+
+# ---- 2. a worker that dies while its daemon lives ---------------------------------------------------
+
+def _listening_ports(pid: int) -> list[int]:
+    """TCP ports process ``pid`` listens on (its socket inodes matched against /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as fh:
+            for line in list(fh)[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:   # LISTEN
+                    ports.append(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _send(port: int, data: bytes) -> None:
+    """``data`` to ``port`` (nothing when the port is gone: the worker may already have died of the last one)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(data)
+            s.settimeout(2)
+            s.recv(1024)
+    except OSError:
+        pass
+
+
+def test_garbage_on_a_worker_port_and_a_killed_worker_resume_the_epoch_exactly_once(servers, graph):
+    num_nodes = graph[1].shape[0]
+    with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=60) as client:
+        loader = client.neighbor_loader(None, FANOUTS, batch_size=64, prefetch=1, shuffle=True, seed=5)
+        it = iter(loader)
+        got = [next(it) for _ in range(3)]
+        victim = _worker_pids(client)[1]
+        ports = _listening_ports(victim)
+        assert ports, "the worker listens on its data path"
+        for port in ports:   # what the issue found aborts a worker with std::bad_alloc
+            _send(port, b"GET / HTTP/1.0\r\n\r\n")
+            _send(port, os.urandom(64 << 10))
+        got += [next(it) for _ in range(2)]
+        garbage_killed = not _alive(victim)
+        os.kill(_worker_pids(client)[1], signal.SIGKILL)   # the OOM killer's way: the daemon lives on
+        got += list(it)
+        seeds = sorted(int(s) for b in got for s in b.n_id[:b.batch_size])
+        assert seeds == list(range(num_nodes)), "every seed exactly once"
+        assert client.reconnects == 1 + garbage_killed and loader.stats()["resumes"] == 1 + garbage_killed
+    log = servers[1].logs()
+    assert "was killed by SIGKILL (the server itself is alive)" in log
+    assert servers[1].proc.poll() is None
+
+
+def test_a_truncated_part_file_turns_health_not_serving_with_a_clear_error(parts_dir, tmp_path):
+    import shutil
+
+    from graphfeed.testing.cluster import CONTROL_SERVICE, NOT_SERVING, SERVING, wait_for_health
+
+    copy = tmp_path / "parts"
+    shutil.copytree(parts_dir, copy)
+    victim = copy / "part_0" / "nodes" / "_N" / "x.npy"
+    intact = victim.read_bytes()
+    with running_cluster(copy, parts=[0], log_dir=tmp_path / "logs") as [server]:
+        with open(victim, "r+b") as fh:
+            fh.truncate(len(intact) // 2)
+        wait_for_health(server.address, NOT_SERVING, CONTROL_SERVICE, timeout=WAIT)
+        assert "partition_unreadable" in server.logs() and "truncated or replaced" in server.logs()
+        with grpc.insecure_channel(server.address) as channel:
+            req = pb.OpenGroupRequest(group_id="after", rendezvous="127.0.0.1:29500", world_size=3, rank=1)
+            with pytest.raises(grpc.RpcError) as err:
+                pb_grpc.ControlStub(channel).OpenGroup(req, timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"this server's part cannot be read ({victim} is" in err.value.details()
+        assert "restore the partition files" in err.value.details()
+        victim.write_bytes(intact)   # restored: serving again
+        wait_for_health(server.address, SERVING, CONTROL_SERVICE, timeout=WAIT)

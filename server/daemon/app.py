@@ -51,7 +51,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-TRIM_INTERVAL = 2.0   # seconds between malloc_trim calls (microseconds each on the daemon's small heap)
+HOUSEKEEPING_INTERVAL = 1.0   # seconds between part-file checks and malloc_trim calls (each well under 1 ms)
 
 
 def _malloc_trim():
@@ -208,7 +208,7 @@ class Daemon:
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(registry.run_reaper())
         self._idle = asyncio.get_running_loop().create_task(control.run_idle_expiry())
-        self._trim = asyncio.get_running_loop().create_task(self._trim_memory())
+        self._trim = asyncio.get_running_loop().create_task(self._housekeeping())
         self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
@@ -232,16 +232,36 @@ class Daemon:
             self._notify("WATCHDOG=1")
             await asyncio.sleep(interval)
 
-    async def _trim_memory(self) -> None:
-        """Give freed heap pages back to the OS every TRIM_INTERVAL s.  gRPC reads a refused oversized request
-        (and the buffers of any large one) into many small heap blocks; once freed they stay in glibc's arenas
-        -- hundreds of MB after a few refused requests -- until trimmed."""
+    async def _housekeeping(self) -> None:
+        """Every HOUSEKEEPING_INTERVAL s: check the part's files and give freed heap pages back to the OS.
+
+        A part file truncated, removed or replaced under the running server turns health NOT_SERVING (and new
+        groups are refused) until it is back as it was.  gRPC reads a refused oversized request (and the buffers
+        of any large one) into many small heap blocks; freed, they would stay in glibc's arenas -- hundreds of
+        MB after a few refused requests -- until ``malloc_trim``.
+        """
         trim = _malloc_trim()
-        if trim is None:
-            return
         while True:
-            await asyncio.sleep(TRIM_INTERVAL)
-            trim(0)
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            await self._check_files()
+            if trim is not None:
+                trim(0)
+
+    async def _check_files(self) -> None:
+        if self.served is None or self.control is None or self._health is None:
+            return
+        problem = self.served.unreadable()
+        if problem == self.control.unreadable:
+            return
+        self.control.unreadable = problem
+        if problem is not None:
+            self.log.error("partition_unreadable", part=self.config.part, cause=problem)
+            status = NOT_SERVING
+        else:
+            self.log.info("partition_readable", part=self.config.part)
+            status = NOT_SERVING if self.draining else SERVING
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
 
     def _check_sampler(self) -> str:
         """Decide the sampling implementation once, before any worker starts (a first-use native build

@@ -132,10 +132,15 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.figures = figures          # the workers' cumulative figures (GetStats totals)
         self.metrics_port = 0           # set by the daemon when its metrics endpoint runs
         self.sampler = ""               # set by the daemon: "native" or "reference"
+        self.unreadable: str | None = None   # set by the daemon while the part's files cannot be read
 
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _refuse_if_draining(self) -> None:
+        if self.unreadable is not None:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               f"this server's part cannot be read ({self.unreadable}); restore the partition "
+                               f"files (or restart the server on an intact copy), or use another server")
         if self.is_draining():
             raise RequestError(grpc.StatusCode.UNAVAILABLE,
                                "server is draining (shutting down): no new groups or sessions; "

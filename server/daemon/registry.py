@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -19,7 +20,21 @@ from graphfeed.server.daemon.logs import EventLogger
 
 REAP_INTERVAL = 0.25      # seconds between reaper scans (a dict scan + waitpid per group)
 WORKER_STOP_GRACE = 5.0   # seconds a stopping worker gets before SIGKILL
+GONE_KEPT = 1024          # reaped groups whose cause a late call is still told
 STALL_SECONDS = 1.0       # a reaper scan this much later than due means the daemon itself did not run
+
+
+def worker_exit_cause(handle) -> str:
+    """How a session worker ended, for the log and the trainer: its signal's name or its exit code."""
+    code = handle.exitcode()
+    pid = getattr(handle, "pid", None)
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"session worker pid {pid} was killed by {name} (the server itself is alive)"
+    return f"session worker pid {pid} exited with code {code} (the server itself is alive)"
 
 
 class RequestError(Exception):
@@ -80,6 +95,7 @@ class Registry:
         self.sessions_closed_total = 0
         self.sessions_reaped_total = 0
         self.sessions_expired_total = 0
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()   # reaped group -> why
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -110,11 +126,18 @@ class Registry:
         self._update_empty()
 
     def group(self, group_id: str) -> Group:
+        """The open group ``group_id``; NOT_FOUND (saying why, when this server closed it) otherwise.  A group
+        whose worker died is reaped here, at once, so its trainer learns of it on its next call."""
         group = self.groups.get(group_id)
+        if group is not None and not group.handle.alive():
+            self.remove_group(group_id, event="group_reap", cause=worker_exit_cause(group.handle))
+            group = None
         if group is None:
+            why = self.gone.get(group_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"group {group_id!r} is not open on this server (closed, or reaped after its "
-                               f"lease lapsed); open a new group")
+                               f"group {group_id!r} is not open on this server ("
+                               f"{f'reaped: {why}' if why else 'closed, or reaped after its lease lapsed'}); "
+                               f"open a new group")
         return group
 
     def remove_group(self, group_id: str, *, event: str, cause: str = "", grace: float | None = None) -> Group | None:
@@ -126,6 +149,9 @@ class Registry:
             self.sessions.pop(sid, None)
         reaped = event == "group_reap"
         if reaped:
+            self.gone[group_id] = cause
+            while len(self.gone) > GONE_KEPT:
+                self.gone.popitem(last=False)
             self.groups_reaped_total += 1
             self.sessions_reaped_total += len(group.sessions)
         else:
@@ -222,7 +248,7 @@ class Registry:
         out = []
         for group in self.groups.values():
             if not group.handle.alive():
-                out.append((group.group_id, f"session worker exited with code {group.handle.exitcode()}"))
+                out.append((group.group_id, worker_exit_cause(group.handle)))
             elif now > group.deadline:
                 out.append((group.group_id, f"lease expired: no Heartbeat for {group.lease_seconds:g} s"))
         return out
@@ -283,7 +309,6 @@ class Registry:
     def kill_all(self) -> None:
         """Forced exit: SIGKILL every worker now (open and stopping), synchronously."""
         import os
-        import signal
 
         for handle in [g.handle for g in self.groups.values()] + list(self._stopping_handles):
             pid = getattr(handle, "pid", None)
