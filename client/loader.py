@@ -139,11 +139,16 @@ class RemoteNeighborLoader:
     def _start_epoch(self, plan: EpochPlan, start: int, generation: int) -> int:
         """:meth:`_start_on_servers`, re-forming the client's group when a server is gone (see
         :meth:`Client._recover`); returns the client's generation it started under."""
+        reopened = False
         while True:
             try:
                 self._start_on_servers(plan, start)
                 return generation
             except (ServerError, NotFound) as exc:
+                if not reopened and _session_expired(exc):   # idle too long (session_idle_seconds): open again
+                    self._reopen_sessions(close_old=True)
+                    reopened = True
+                    continue
                 where = (getattr(exc, "server", "cluster"), f"StartEpoch of epoch {plan.epoch} failed: {exc}")
                 generation = self.client._recover(where, exc, generation)
 
@@ -177,7 +182,10 @@ class RemoteNeighborLoader:
                         yield data
                         del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
                 except PullFailed as failure:
-                    generation = self.client._recover(failure.where, failure.__cause__, generation)
+                    if _session_expired(failure.__cause__) and self.client.generation == generation:
+                        self._reopen_sessions(close_old=True)   # the servers expired an idle session
+                    else:
+                        generation = self.client._recover(failure.where, failure.__cause__, generation)
                     log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
                                 plan.epoch, progress.delivered, len(plan))
                     self._stats.resumed()
@@ -283,11 +291,18 @@ class RemoteNeighborLoader:
             dead = group.probe()
             raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead)) from exc
 
-    def _reopen_sessions(self) -> None:
+    def _reopen_sessions(self, close_old: bool = False) -> None:
         """Open this loader's sessions again on the client's (re-formed) group; the servers must report
-        the same input counts as before (same partition, same inputs)."""
+        the same input counts as before (same partition, same inputs).  ``close_old``: the group is the
+        same (a server expired one of the sessions): close the others first, so none is left behind."""
         if self._closed:
             return
+        if close_old:
+            for s, session_id in zip(self.client.servers, self.sessions):
+                try:
+                    s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+                except Exception:  # noqa: BLE001 -- the expired one is gone already
+                    pass
         req = self._session_request()
         sessions, secrets, counts = [], [], []
         for s in self.client.servers:
@@ -328,6 +343,16 @@ class RemoteNeighborLoader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _session_expired(exc: BaseException | None) -> bool:
+    """Whether a failed StartEpoch or pull means a server closed the session for being idle (the group lives)."""
+    while exc is not None:
+        text = str(exc)
+        if "unknown session" in text or "expired: no StartEpoch" in text:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 class _orphaned:

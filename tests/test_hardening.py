@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
@@ -172,7 +173,23 @@ def test_idle_sessions_expire(parts_dir, tmp_path):
             _wait_for(lambda: stub.GetStats(pb.StatsRequest(), timeout=30).sessions_open == 0,
                       "idle sessions to expire", timeout=IDLE_SECONDS + WAIT)
         assert "session_expired" in servers[0].logs() and "idle_seconds=" in servers[0].logs()
+        # the trainer's loader was only idle, not gone: it opens its sessions again and runs its epoch
+        batches = list(kept[0])
+        assert batches
+        assert sorted(int(s) for b in batches for s in b.n_id[:b.batch_size]) == \
+            sorted(int(s) for b in list(kept[1]) for s in b.n_id[:b.batch_size])
+        first = client.sample(torch.tensor([1, 2, 3]), FANOUTS)
+        _wait_for(lambda: stub_sessions(servers[0]) == 0, "the online session to expire",
+                  timeout=IDLE_SECONDS + WAIT)
+        again = client.sample(torch.tensor([1, 2, 3]), FANOUTS)   # re-opened transparently
+        assert torch.equal(first.n_id, again.n_id) and torch.equal(first.edge_index, again.edge_index)
+        assert client.reconnects == 0
         del kept
+
+
+def stub_sessions(server) -> int:
+    with grpc.insecure_channel(server.address) as channel:
+        return pb_grpc.ControlStub(channel).GetStats(pb.StatsRequest(), timeout=30).sessions_open
 
 
 # ---- 5. leases judged by the trainer's heartbeats ---------------------------------------------------
@@ -298,3 +315,54 @@ def test_a_truncated_part_file_turns_health_not_serving_with_a_clear_error(parts
         assert "restore the partition files" in err.value.details()
         victim.write_bytes(intact)   # restored: serving again
         wait_for_health(server.address, SERVING, CONTROL_SERVICE, timeout=WAIT)
+
+
+# ---- 7. tokens and exposure -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("token", ["aaaaaaaaaaaaaaaa", "password12345678", "abcdefghabcdefgh", "0123456789abcdef",
+                                   "qwertyuiopqwertyuiop", "Secret_2024_____"])
+def test_weak_tokens_are_refused_saying_the_rule(token):
+    from graphfeed.server.daemon.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"token = <redacted> is invalid: expected a random secret: a token needs "
+                                          r"at least 8 distinct characters and 50 bits of estimated entropy .*"
+                                          r"openssl rand -hex 32") as err:
+        load_config(environ={"GRAPHFEED_TOKEN": token}, flags={"partition": "p", "part": 0})
+    assert token not in str(err.value)
+
+
+def test_random_tokens_pass():
+    from graphfeed.server.daemon.config import load_config
+
+    for token in (os.urandom(8).hex(), os.urandom(32).hex(), "gf-test-token-0123456789abcdef"):
+        assert load_config(environ={"GRAPHFEED_TOKEN": token}, flags={"partition": "p", "part": 0}).token == token
+
+
+def test_a_token_file_others_can_read_is_warned_about(parts_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from graphfeed.server.daemon.config import token_file_exposure
+
+    path = tmp_path / "token"
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(0o644)
+    assert "has mode 0644: its group or other users can read the token; run `chmod 600" in \
+        token_file_exposure(str(path))
+    run = subprocess.run([sys.executable, "-m", "graphfeed.cli", "serve", "--partition", str(parts_dir), "--part",
+                          "0", "--token-file", str(path), "--check-config"], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("GRAPHFEED_")})
+    assert run.returncode == 0 and "warning: token_file" in run.stderr and "mode 0644" in run.stderr, run.stderr
+    path.chmod(0o600)
+    assert token_file_exposure(str(path)) is None
+
+
+def test_session_workers_get_no_credentials(monkeypatch):
+    from graphfeed.server.worker.handle import worker_environment
+
+    for name in ("GRAPHFEED_TOKEN", "GRAPHFEED_TLS_KEY", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "DB_PASSWORD"):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("GRAPHFEED_CACHE_DIR", "/tmp/cache")
+    env = worker_environment()
+    assert not {"GRAPHFEED_TOKEN", "GRAPHFEED_TLS_KEY", "AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "DB_PASSWORD"} & set(env)
+    assert env["GRAPHFEED_CACHE_DIR"] == "/tmp/cache" and "PATH" in env

@@ -407,11 +407,10 @@ class ControlServicer(pb_grpc.ControlServicer):
             for row in reply.rows:
                 sid, idle = row.get("session_id"), float(row.get("idle_seconds", 0.0))
                 if idle > limit and sid in group.sessions:
-                    self.registry.remove_session(sid)
-                    self.registry.sessions_expired_total += 1
+                    cause = f"expired: no StartEpoch, pull or sample for session_idle_seconds={limit:g} s"
+                    self.registry.expire_session(sid, cause)
                     self.log.warning("session_expired", session=sid, group=group.group_id, peer=group.peer,
-                                     kind=row.get("kind", ""), idle_seconds=round(idle, 1),
-                                     cause=f"no StartEpoch or pull for session_idle_seconds={limit:g} s")
+                                     kind=row.get("kind", ""), idle_seconds=round(idle, 1), cause=cause)
                     try:
                         await self._call(group, CloseSession(sid), reap=False)
                     except RequestError:
@@ -515,7 +514,7 @@ def _addresses(host: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
         return set()
     out = set()
     for *_, addr in infos:
-        ip = ipaddress.ip_address(addr[0].split("%")[0])
+        ip = ipaddress.ip_address(str(addr[0]).split("%")[0])
         mapped = getattr(ip, "ipv4_mapped", None)
         out.add(mapped if mapped is not None else ip)
     return out

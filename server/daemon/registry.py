@@ -95,7 +95,8 @@ class Registry:
         self.sessions_closed_total = 0
         self.sessions_reaped_total = 0
         self.sessions_expired_total = 0
-        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()   # reaped group -> why
+        # reaped group / expired session -> why (a late call naming it is told)
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -149,9 +150,7 @@ class Registry:
             self.sessions.pop(sid, None)
         reaped = event == "group_reap"
         if reaped:
-            self.gone[group_id] = cause
-            while len(self.gone) > GONE_KEPT:
-                self.gone.popitem(last=False)
+            self._remember(group_id, cause)
             self.groups_reaped_total += 1
             self.sessions_reaped_total += len(group.sessions)
         else:
@@ -226,10 +225,23 @@ class Registry:
     def session(self, session_id: str) -> tuple[Session, Group]:
         session = self.sessions.get(session_id)
         if session is None:
+            why = self.gone.get(session_id) or "closed, or its group was reaped"
             raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"session {session_id!r} is not open on this server (closed, or its group was "
-                               f"reaped); open a new session")
+                               f"session {session_id!r} is not open on this server ({why}); open a new session")
         return session, self.group(session.group_id)
+
+    def expire_session(self, session_id: str, cause: str) -> Session | None:
+        """Forget an idle session; a later call naming it is told ``cause``."""
+        session = self.remove_session(session_id)
+        if session is not None:
+            self.sessions_expired_total += 1
+            self._remember(session_id, cause)
+        return session
+
+    def _remember(self, key: str, cause: str) -> None:
+        self.gone[key] = cause
+        while len(self.gone) > GONE_KEPT:
+            self.gone.popitem(last=False)
 
     def remove_session(self, session_id: str) -> Session | None:
         session = self.sessions.pop(session_id, None)
