@@ -282,8 +282,8 @@ class Client:
             dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
-            log.warning("graphfeed: %s; waiting up to %g s for %s to come back", where[1], self.reconnect_timeout,
-                        ", ".join(dead))
+            log.warning("graphfeed: %s; waiting up to %g s for %s to come back (%s)", where[1],
+                        self.reconnect_timeout, ", ".join(dead), "; ".join(f"{k}: {v}" for k, v in dead.items()))
             try:
                 self._reform(dead, time.monotonic() + self.reconnect_timeout)
             except ServerError as exc:
