@@ -5,6 +5,7 @@ graph in 2 parts; each test bounds its waits and checks the error text.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -268,7 +269,8 @@ def _send(port: int, data: bytes) -> None:
         pass
 
 
-def test_garbage_on_a_worker_port_and_a_killed_worker_resume_the_epoch_exactly_once(servers, graph):
+def test_garbage_on_a_worker_port_and_a_killed_worker_resume_the_epoch_exactly_once(servers, graph, caplog):
+    caplog.set_level(logging.WARNING, logger="graphfeed.client")
     num_nodes = graph[1].shape[0]
     with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=60) as client:
         loader = client.neighbor_loader(None, FANOUTS, batch_size=64, prefetch=1, shuffle=True, seed=5)
@@ -289,6 +291,7 @@ def test_garbage_on_a_worker_port_and_a_killed_worker_resume_the_epoch_exactly_o
         assert client.reconnects == 1 + garbage_killed and loader.stats()["resumes"] == 1 + garbage_killed
     log = servers[1].logs()
     assert "was killed by SIGKILL (the server itself is alive)" in log
+    assert "was killed by SIGKILL" in caplog.text, "the trainer is told how its worker died"
     assert servers[1].proc.poll() is None
 
 
