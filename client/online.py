@@ -101,15 +101,13 @@ class OnlineSampler:
                                   args=(sessions.ids[part], sessions.secrets[part], ids, int(seed))).wait()
         except ValueError as exc:      # the worker refused the ids: the server's INVALID_ARGUMENT
             raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
-        except LookupError:            # the server expired the idle session (session_idle_seconds): once more
-            if not reopen:
-                raise
-            with self._lock:
-                if self._sessions.get((spec.sampling, spec.feature_dtype)) is sessions:
-                    del self._sessions[(spec.sampling, spec.feature_dtype)]
-            return self._call(ids, spec, seed, reopen=False)
         except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample
             message = f"sample of {ids.numel()} node(s) failed: {_remote_message(exc)}"
+            if reopen and "unknown session" in message:   # expired (the server's session_idle_seconds): once more
+                with self._lock:
+                    if self._sessions.get((spec.sampling, spec.feature_dtype)) is sessions:
+                        del self._sessions[(spec.sampling, spec.feature_dtype)]
+                return self._call(ids, spec, seed, reopen=False)
             if client.generation != generation or client.group.probe():
                 raise _ServerLost((server, message)) from exc
             raise ServerError(server, message) from exc
