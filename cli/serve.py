@@ -61,7 +61,7 @@ def _fail(code: int, message: str) -> int:
 
 
 def run(args) -> int:
-    from graphfeed.server.daemon.config import ConfigError, load_config
+    from graphfeed.server.daemon.config import ConfigError, load_config, token_file_exposure
     from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 
     flags = {k: getattr(args, k, None) for k in FLAG_KEYS}
@@ -78,6 +78,9 @@ def run(args) -> int:
             from graphfeed.server.daemon.served import load_partition
 
             served = load_partition(config)
+            exposed = token_file_exposure(config.token_file)
+            if exposed:
+                print(f"warning: {exposed}", file=sys.stderr, flush=True)
             print(f"config ok: {config.summary()} num_parts={served.meta.num_parts} "
                   f"local_nodes={served.num_local_nodes}", flush=True)
             return ExitCode.OK

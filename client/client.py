@@ -1,9 +1,12 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
+import collections
+import gc
 import logging
 import threading
 import time
+import weakref
 from typing import NoReturn, Sequence
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
@@ -13,11 +16,26 @@ from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
+from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
 
 log = logging.getLogger("graphfeed.client")
 DEFAULT_RECONNECT_TIMEOUT = 180.0   # seconds a running epoch waits for a restarted server
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
+WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
+# what a pull's error says when the peer process went away (TensorPipe / torch RPC wording)
+LOST_CONNECTION = ("eof", "end of file", "connection reset", "econnreset", "broken pipe", "epipe", "pipe closed",
+                   "connection refused", "connection closed", "peer closed")
+
+
+def _lost_connection(exc: BaseException | None) -> bool:
+    """Whether a failed pull lost its peer (rather than being refused with an error of the request)."""
+    while exc is not None:
+        text = str(exc).lower()
+        if any(word in text for word in LOST_CONNECTION) and "max_batch" not in text:
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -94,7 +112,8 @@ class Client:
         self.num_classes = int(info.num_classes)
         self.features = {f.name: (tuple(f.shape), f.dtype) for f in info.features}
         self.split_sizes = dict(info.split_sizes)
-        self._loaders: list[RemoteNeighborLoader] = []
+        self._loaders: weakref.WeakSet[RemoteNeighborLoader] = weakref.WeakSet()   # a dropped loader is collected
+        self._orphans: collections.deque[tuple[int, str]] = collections.deque()   # (part, session) of dropped loaders
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
@@ -209,10 +228,35 @@ class Client:
         in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off),
         ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.core.delivery.Delivery`)."""
         self._check_usable()
-        loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
-                                      pin_memory=pin_memory, device=device)
-        self._loaders.append(loader)
+        self._close_orphans()
+        try:
+            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
+                                          pin_memory=pin_memory, device=device)
+        except ServerError as exc:
+            if "max_sessions_per_group" not in str(exc):
+                raise
+            gc.collect()   # loaders dropped in reference cycles (e.g. with a live iterator) are collected now
+            if not self._close_orphans():
+                raise
+            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
+                                          pin_memory=pin_memory, device=device)
+        self._loaders.add(loader)
         return loader
+
+    def _close_orphans(self) -> int:
+        """Close the sessions of loaders that were dropped without close(); returns how many."""
+        closed = 0
+        while self._orphans:
+            try:
+                part, session_id = self._orphans.popleft()
+            except IndexError:
+                break
+            try:
+                self.servers[part].call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 -- closed already, or the group was re-formed: nothing left to free
+                pass
+            closed += 1
+        return closed
 
     # ---- state ----------------------------------------------------------------------------------
 
@@ -243,11 +287,11 @@ class Client:
             self._check_usable()
             if self.reconnect_timeout <= 0:
                 self._fail(where, cause)
-            dead = self.group.probe()
+            dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
-            log.warning("graphfeed: %s; waiting up to %g s for %s to come back", where[1], self.reconnect_timeout,
-                        ", ".join(dead))
+            log.warning("graphfeed: %s; waiting up to %g s for %s to come back (%s)", where[1],
+                        self.reconnect_timeout, ", ".join(dead), "; ".join(f"{k}: {v}" for k, v in dead.items()))
             try:
                 self._reform(dead, time.monotonic() + self.reconnect_timeout)
             except ServerError as exc:
@@ -260,6 +304,19 @@ class Client:
             log.warning("graphfeed: data-path group re-formed (reconnect %d): continuing the running epochs",
                         self.reconnects)
             return self.generation
+
+    def _probe_dead(self, cause: BaseException | None) -> dict[str, str]:
+        """The servers that lost this trainer's group.  After a lost data-path connection (a session worker
+        died while its server lives: a signal, the OOM killer) the server may not have noticed yet: probe
+        again for up to WORKER_DEATH_WAIT s, so the case resumes like a server restart instead of failing."""
+        dead = self.group.probe()
+        if dead or not _lost_connection(cause):
+            return dead
+        deadline = time.monotonic() + min(WORKER_DEATH_WAIT, self.reconnect_timeout)
+        while not dead and time.monotonic() < deadline:
+            time.sleep(RECONNECT_RETRY / 4)
+            dead = self.group.probe()
+        return dead
 
     def _reform(self, dead: dict[str, str], deadline: float) -> None:
         """Leave the old group, wait for the ``dead`` servers, form a new group, re-open the loaders' sessions.
@@ -295,8 +352,7 @@ class Client:
                 time.sleep(RECONNECT_RETRY)
 
     def _forget(self, loader) -> None:
-        if loader in self._loaders:
-            self._loaders.remove(loader)
+        self._loaders.discard(loader)
 
     def close(self) -> None:
         """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
@@ -305,6 +361,7 @@ class Client:
         self._closed = True
         for loader in list(self._loaders):
             loader.close()
+        self._orphans.clear()   # the group's close frees them on every server
         try:
             self.group.close()
         finally:

@@ -198,8 +198,8 @@ class DataGroup:
             try:
                 s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
                 return None
-            except NotFound:
-                return "the server no longer knows this trainer's group (reaped or restarted)"
+            except NotFound as exc:   # the server's message says why: a worker's signal, a lapsed lease
+                return f"the server no longer knows this trainer's group ({_first_line(exc)})"
             except Exception as exc:  # noqa: BLE001 -- any failure means the server is not answering
                 return f"its control port does not answer ({_first_line(exc)})"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
@@ -100,6 +101,9 @@ class RemoteNeighborLoader:
         except BaseException:
             self.close()
             raise
+        # dropped without close() (garbage-collected, or with an abandoned iterator): its sessions are handed
+        # to the client, which closes them (Client._close_orphans); the list is updated in place on a re-open
+        self._finalizer = weakref.finalize(self, client._orphans.extend, _orphaned(self.sessions))
         self._len_cache: tuple[int, int] | None = None
 
     def _session_request(self) -> pb.OpenSessionRequest:
@@ -140,11 +144,16 @@ class RemoteNeighborLoader:
     def _start_epoch(self, plan: EpochPlan, start: int, generation: int) -> int:
         """:meth:`_start_on_servers`, re-forming the client's group when a server is gone (see
         :meth:`Client._recover`); returns the client's generation it started under."""
+        reopened = False
         while True:
             try:
                 self._start_on_servers(plan, start)
                 return generation
             except (ServerError, NotFound) as exc:
+                if not reopened and _session_expired(exc):   # idle too long (session_idle_seconds): open again
+                    self._reopen_sessions(close_old=True)
+                    reopened = True
+                    continue
                 where = (getattr(exc, "server", "cluster"), f"StartEpoch of epoch {plan.epoch} failed: {exc}")
                 generation = self.client._recover(where, exc, generation)
 
@@ -179,7 +188,10 @@ class RemoteNeighborLoader:
                         yield data
                         del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
                 except PullFailed as failure:
-                    generation = self.client._recover(failure.where, failure.__cause__, generation)
+                    if _session_expired(failure.__cause__) and self.client.generation == generation:
+                        self._reopen_sessions(close_old=True)   # the servers expired an idle session
+                    else:
+                        generation = self.client._recover(failure.where, failure.__cause__, generation)
                     log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
                                 plan.epoch, progress.delivered, len(plan))
                     self._stats.resumed()
@@ -285,11 +297,18 @@ class RemoteNeighborLoader:
             dead = group.probe()
             raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead)) from exc
 
-    def _reopen_sessions(self) -> None:
+    def _reopen_sessions(self, close_old: bool = False) -> None:
         """Open this loader's sessions again on the client's (re-formed) group; the servers must report
-        the same input counts as before (same partition, same inputs)."""
+        the same input counts as before (same partition, same inputs).  ``close_old``: the group is the
+        same (a server expired one of the sessions): close the others first, so none is left behind."""
         if self._closed:
             return
+        if close_old:
+            for s, session_id in zip(self.client.servers, self.sessions):
+                try:
+                    s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
+                except Exception:  # noqa: BLE001 -- the expired one is gone already
+                    pass
         req = self._session_request()
         sessions, secrets, counts = [], [], []
         for s in self.client.servers:
@@ -301,7 +320,7 @@ class RemoteNeighborLoader:
             raise ServerError(", ".join(s.name for s in self.client.servers),
                               f"after the restart the servers report input counts {counts}, before {self.counts}: "
                               f"the partition changed; cannot resume")
-        self.sessions, self._secrets = sessions, secrets
+        self.sessions[:], self._secrets = sessions, secrets   # in place: the finalizer holds the list
 
     def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
         source = self.client.servers[part].name
@@ -315,6 +334,9 @@ class RemoteNeighborLoader:
         if self._closed:
             return
         self._closed = True
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
         for s, session_id in zip(self.client.servers, self.sessions):
             try:
                 s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
@@ -327,6 +349,26 @@ class RemoteNeighborLoader:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _session_expired(exc: BaseException | None) -> bool:
+    """Whether a failed StartEpoch or pull means a server closed the session for being idle (the group lives)."""
+    while exc is not None:
+        text = str(exc)
+        if "unknown session" in text or "expired: no StartEpoch" in text:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+class _orphaned:
+    """The ``(part, session id)`` pairs of a loader's sessions, read when the loader is collected."""
+
+    def __init__(self, sessions: list[str]):
+        self.sessions = sessions
+
+    def __iter__(self):
+        return iter(list(enumerate(self.sessions)))
 
 
 def _first_line(exc: BaseException) -> str:

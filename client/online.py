@@ -90,7 +90,7 @@ class OnlineSampler:
         except _ServerLost as again:
             raise ServerError(*again.where) from again.__cause__
 
-    def _call(self, ids: torch.Tensor, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
+    def _call(self, ids: torch.Tensor, spec: LoaderSpec, seed: int, reopen: bool = True) -> dict[str, torch.Tensor]:
         client = self.client
         generation = client.generation
         sessions = self._sessions_for(spec)
@@ -103,6 +103,11 @@ class OnlineSampler:
             raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
         except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample
             message = f"sample of {ids.numel()} node(s) failed: {_remote_message(exc)}"
+            if reopen and "unknown session" in message:   # expired (the server's session_idle_seconds): once more
+                with self._lock:
+                    if self._sessions.get((spec.sampling, spec.feature_dtype)) is sessions:
+                        del self._sessions[(spec.sampling, spec.feature_dtype)]
+                return self._call(ids, spec, seed, reopen=False)
             if client.generation != generation or client.group.probe():
                 raise _ServerLost((server, message)) from exc
             raise ServerError(server, message) from exc

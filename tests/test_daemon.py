@@ -510,7 +510,10 @@ def test_dead_worker_is_reaped(stub, fake_server):
     os.kill(reply.worker_pid, signal.SIGKILL)
     wait_until(lambda: _status_code(stub.Heartbeat, pb.HeartbeatRequest(group_id=gid)) == grpc.StatusCode.NOT_FOUND,
                10, f"group {gid} to be reaped after its worker died")
-    assert "session worker exited with code -9" in fake_server.logs()
+    assert f"session worker pid {reply.worker_pid} was killed by SIGKILL (the server itself is alive)" in \
+        fake_server.logs()
+    code, details = _status(stub.Heartbeat, pb.HeartbeatRequest(group_id=gid))   # the trainer is told why
+    assert code == grpc.StatusCode.NOT_FOUND and "reaped: session worker" in details and "SIGKILL" in details
     other, _ = open_group(stub)  # other groups unaffected; new ones open
     stub.CloseGroup(pb.CloseGroupRequest(group_id=other), timeout=RPC_TIMEOUT)
 

@@ -16,7 +16,7 @@ import yaml
 
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics
-from graphfeed.server.daemon.config import ServerConfig, load_config
+from graphfeed.server.daemon.config import ConfigError, ServerConfig, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
 
@@ -240,6 +240,31 @@ def test_k8s_statefulset_service_and_grpc_probes(metrics_port):
     grace = float(int(env["GRAPHFEED_DRAIN_GRACE_SECONDS"]["value"]))
     assert pod["terminationGracePeriodSeconds"] > grace + WORKER_STOP_GRACE + 5
     assert {p["containerPort"] for p in c["ports"]} == {CONTROL_PORT, metrics_port}
+    assert env["GRAPHFEED_DATA_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def test_k8s_network_policy_admits_trainers_by_namespace_and_label():
+    [policy] = [d for d in yaml.safe_load_all(K8S.read_text()) if d["kind"] == "NetworkPolicy"]
+    peers = [peer for rule in policy["spec"]["ingress"] for peer in rule["from"]]
+    trainers = [p for p in peers if "graphfeed.io/trainer" in p.get("podSelector", {}).get("matchLabels", {})]
+    assert trainers, "the policy admits no trainer pods"
+    for peer in trainers:   # a label anyone can put on a pod is not enough: the namespace must match too
+        assert peer.get("namespaceSelector", {}).get("matchLabels"), peer
+    readme = (DEPLOY.parent / "README.md").read_text()
+    assert "label alone" in readme
+
+
+def test_wildcard_host_needs_a_data_address_in_every_example(example):
+    assert example["host"] == "0.0.0.0" and example["data_address"]
+    with pytest.raises(ConfigError, match=r"host = '0.0.0.0' listens on every interface.*set data_address"):
+        load_config(environ={}, flags={"partition": "p", "part": 0, "host": "0.0.0.0"})
+    assert load_config(environ={}, flags={"partition": "p", "part": 0, "host": "::",
+                                          "data_address": "10.0.0.5"}).effective_data_address == "10.0.0.5"
+    servers = {n: s for n, s in yaml.safe_load(COMPOSE.read_text())["services"].items() if n.startswith("server-")}
+    for name, s in servers.items():
+        assert s["environment"]["GRAPHFEED_HOST"] == "0.0.0.0" and s["environment"]["GRAPHFEED_DATA_ADDRESS"], name
+    env = _env(_runtime_stage())
+    assert env["GRAPHFEED_HOST"] == "0.0.0.0" and "GRAPHFEED_DATA_ADDRESS" in CONTAINERFILE.read_text()
 
 
 # ---- Grafana ----------------------------------------------------------------------------------------

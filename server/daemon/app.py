@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.daemon import logs, sdnotify, security
-from graphfeed.server.daemon.config import ServerConfig
+from graphfeed.server.daemon.config import ServerConfig, token_file_exposure
 from graphfeed.server.daemon.control import SERVICE_NAME, ControlServicer, WorkerFactory
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 from graphfeed.server.daemon.metrics import MetricsEndpoint, WorkerFigures
@@ -46,9 +46,22 @@ from graphfeed.server.worker.commands import GroupSpec
 from graphfeed.server.worker.handle import SessionWorkerHandle
 
 READY_PREFIX = "graphfeed-serve listening"
-MAX_MESSAGE_BYTES = 256 << 20   # OpenSession may carry millions of node ids
+MAX_REPLY_BYTES = 256 << 20   # replies (GetStats of many sessions); requests are capped by max_message_bytes
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+HOUSEKEEPING_INTERVAL = 1.0   # seconds between part-file checks and malloc_trim calls (each well under 1 ms)
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None where the C library has none, e.g. musl or macOS)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _bind_address(host: str, port: int) -> str:
@@ -108,6 +121,8 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._reaper: asyncio.Task | None = None
+        self._idle: asyncio.Task | None = None
+        self._trim: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -169,8 +184,9 @@ class Daemon:
         check_bindable(c.host, c.port)
         server = grpc.aio.server(interceptors=security.server_interceptors(c, self.log),
                                  options=[("grpc.so_reuseport", 0),
-                                          ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+                                          # a larger request is refused from its length prefix, unread
+                                          ("grpc.max_receive_message_length", c.max_message_bytes),
+                                          ("grpc.max_send_message_length", MAX_REPLY_BYTES)])
         self.figures = figures = WorkerFigures(registry, c.call_timeout)
         registry.before_stop = figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, served, registry, self.log, self.worker_factory,
@@ -193,6 +209,8 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
             max_workers=4 * c.max_groups + 8, thread_name_prefix="worker-call"))
         self._reaper = asyncio.get_running_loop().create_task(registry.run_reaper())
+        self._idle = asyncio.get_running_loop().create_task(control.run_idle_expiry())
+        self._trim = asyncio.get_running_loop().create_task(self._housekeeping())
         self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
@@ -215,6 +233,37 @@ class Daemon:
         while True:
             self._notify("WATCHDOG=1")
             await asyncio.sleep(interval)
+
+    async def _housekeeping(self) -> None:
+        """Every HOUSEKEEPING_INTERVAL s: check the part's files and give freed heap pages back to the OS.
+
+        A part file truncated, removed or replaced under the running server turns health NOT_SERVING (and new
+        groups are refused) until it is back as it was.  gRPC reads a refused oversized request (and the buffers
+        of any large one) into many small heap blocks; freed, they would stay in glibc's arenas -- hundreds of
+        MB after a few refused requests -- until ``malloc_trim``.
+        """
+        trim = _malloc_trim()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            await self._check_files()
+            if trim is not None:
+                trim(0)
+
+    async def _check_files(self) -> None:
+        if self.served is None or self.control is None or self._health is None:
+            return
+        problem = self.served.unreadable()
+        if problem == self.control.unreadable:
+            return
+        self.control.unreadable = problem
+        if problem is not None:
+            self.log.error("partition_unreadable", part=self.config.part, cause=problem)
+            status = NOT_SERVING
+        else:
+            self.log.info("partition_readable", part=self.config.part)
+            status = NOT_SERVING if self.draining else SERVING
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
 
     def _check_sampler(self) -> str:
         """Decide the sampling implementation once, before any worker starts (a first-use native build
@@ -259,6 +308,9 @@ class Daemon:
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")
+        exposed = token_file_exposure(c.token_file)
+        if exposed:
+            self.log.warning("token_file_readable", cause=exposed)
         try:
             if credentials is None:
                 return server.add_insecure_port(_bind_address(c.host, c.port))
@@ -323,6 +375,10 @@ class Daemon:
     async def _close_server(self, grace: float | None = 1.0) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._idle is not None:
+            self._idle.cancel()
+        if self._trim is not None:
+            self._trim.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
         if self._server is not None:

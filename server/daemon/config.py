@@ -19,17 +19,21 @@ Example file (every key optional except ``partition`` and ``part``)::
     tls_key: /etc/graphfeed/tls/server.key
     tls_client_ca: /etc/graphfeed/tls/ca.crt    # optional: require client certificates (mTLS)
     token_file: /etc/graphfeed/token            # bearer token every control call must carry
+    max_batch_bytes: 512MiB                     # work caps of one batch (0 = derived from memory)
 
 Unknown keys are errors naming the key; a wrong type or range names the key, the
 source it came from and what is expected.  Raises :class:`ConfigError`.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from graphfeed.server.sampling.budget import WorkBudget
 
 ENV_PREFIX = "GRAPHFEED_"
 CONFIG_ENV = "GRAPHFEED_CONFIG"
@@ -37,6 +41,11 @@ LOG_FORMATS = ("logfmt", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PORT = 65535
 MIN_TOKEN_LENGTH = 16
+MIN_TOKEN_DISTINCT = 8     # distinct characters a token needs (refuses aaaa..., 1212...)
+MIN_TOKEN_BITS = 50.0      # estimated entropy a token needs: length x log2(distinct characters)
+DEFAULT_MAX_HOPS = 10
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20   # ~8M explicit node ids; splits and link splits are named, not sent
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 # Words of example tokens in documentation and manifests: such a token is refused, never served with.
 PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "change-me", "placeholder", "example",
                      "your-token", "xxxxxxxx")
@@ -71,6 +80,12 @@ class ServerConfig:
     gpu_cache_bytes: int = 1 << 30     # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"         # device: cuda -- topology in "gpu" memory, pinned host memory ("uva"), "auto"
     call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
+    max_hops: int = DEFAULT_MAX_HOPS   # a loader's hops at most
+    max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
+    max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
+    max_batch_bytes: int = 0           # bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES   # largest control request accepted (refused unread)
+    session_idle_seconds: float = 600.0  # a session without StartEpoch/pull/sample this long is closed (0 = never)
     log_format: str = "logfmt"         # "logfmt" | "json"
     log_level: str = "info"            # "debug" | "info" | "warning" | "error"
     tls_cert: str | None = None        # PEM server certificate (chain): TLS on the control port
@@ -86,6 +101,12 @@ class ServerConfig:
     @property
     def effective_data_address(self) -> str:
         return self.data_address or self.host
+
+    @property
+    def work_budget(self) -> WorkBudget:
+        """The caps of one batch (``max_batch_*`` are resolved at load: never 0 here)."""
+        return WorkBudget(max_hops=self.max_hops, max_nodes=self.max_batch_nodes, max_edges=self.max_batch_edges,
+                          max_bytes=self.max_batch_bytes)
 
     def summary(self) -> str:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
@@ -132,17 +153,22 @@ def _seconds(lo: float, hi: float, allow_zero: bool = False) -> Callable[[Any], 
     return parse
 
 
-def _bytes(v) -> int:
+def _bytes(v, lo: int = 1) -> int:
     """An integer byte count or a size string like ``256MiB``."""
-    expect = "a byte count >= 1: an integer or a size like 256MiB / 1GiB"
+    expect = f"a byte count >= {lo}: an integer or a size like 256MiB / 1GiB"
     if isinstance(v, str):
         m = _SIZE.match(v)
         if not m:
             raise ValueError(f"expected {expect}")
         v = int(m.group(1)) * _UNITS[(m.group(2) or "")[:1].lower()]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         raise ValueError(f"expected {expect}")
     return v
+
+
+def _bytes_or_auto(v) -> int:
+    """A byte count, or 0: derived from the memory limit at load."""
+    return _bytes(v, lo=0)
 
 
 def _string(allow_empty: bool = False) -> Callable[[Any], str]:
@@ -208,7 +234,24 @@ def _token(v) -> str:
     if any(word in v.lower() for word in PLACEHOLDER_WORDS):
         raise ValueError("expected a real secret, got the placeholder of an example: generate one with "
                          "`openssl rand -hex 32`")
+    distinct = len(set(v))
+    if distinct < MIN_TOKEN_DISTINCT or len(v) * math.log2(distinct) < MIN_TOKEN_BITS or _guessable(v):
+        raise ValueError(f"expected a random secret: a token needs at least {MIN_TOKEN_DISTINCT} distinct characters "
+                         f"and {MIN_TOKEN_BITS:g} bits of estimated entropy (length x log2(distinct characters)), "
+                         f"and must not be a common word followed by digits; generate one with "
+                         f"`openssl rand -hex 32`")
     return v
+
+
+_GUESSABLE = re.compile(r"^(password|passwd|secret|token|admin|letmein|qwerty|graphfeed|abc|test)[\W_]*\d*[\W_]*$",
+                        re.IGNORECASE)
+
+
+def _guessable(token: str) -> bool:
+    """A dictionary word plus digits (``password12345678``), or a run of one keyboard row / alphabet."""
+    runs = ("abcdefghijklmnopqrstuvwxyz", "0123456789abcdef", "qwertyuiop", "asdfghjkl", "zxcvbnm")
+    low = token.lower()
+    return bool(_GUESSABLE.match(token)) or any(low in r * 4 for r in runs)
 
 
 def _token_file(v) -> str:
@@ -245,6 +288,12 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gpu_cache_bytes": _bytes,
     "gpu_topology": _choice(("auto", "gpu", "uva")),
     "call_timeout": _seconds(0.0, 86400.0),
+    "max_hops": _int(1, 1000),
+    "max_batch_nodes": _int(0),
+    "max_batch_edges": _int(0),
+    "max_batch_bytes": _bytes_or_auto,
+    "max_message_bytes": _bytes,
+    "session_idle_seconds": _seconds(0.0, 7 * 86400.0, allow_zero=True),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),
     "tls_cert": _optional(_pem_file("certificate", b"CERTIFICATE-----")),
@@ -308,7 +357,48 @@ def _validate(raw: dict[str, Any], origin: dict[str, str]) -> ServerConfig:
         k = missing[0]
         raise ConfigError(f"missing required setting {k!r}: set it in the config file, "
                           f"with {env_name(k)} or with --{k.replace('_', '-')}")
+    _check_exposure(values, origin)
+    _resolve_budget(values)
     return ServerConfig(**values)
+
+
+def _check_exposure(values: dict[str, Any], origin: dict[str, str]) -> None:
+    """A wildcard control host needs an explicit data address: the data path must not bind to whatever the
+    host name happens to resolve to."""
+    host = values.get("host", ServerConfig.host)
+    if host.strip() in WILDCARD_HOSTS and not values.get("data_address", "").strip():
+        raise ConfigError(f"{origin.get('host', 'host')}: host = {host!r} listens on every interface, so "
+                          f"data_address must say which one the data path binds to and advertises: set "
+                          f"data_address to this host's address on the trainers' network (e.g. 10.0.0.5)")
+
+
+def memory_limit() -> int:
+    """Bytes this process may use: its cgroup's limit (v2, then v1) when set, else the host's memory."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):
+            return int(text)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 << 30
+
+
+BATCH_BYTES_MIN, BATCH_BYTES_MAX = 256 << 20, 4 << 30
+
+
+def _resolve_budget(values: dict[str, Any]) -> None:
+    """Fill the work caps left at 0 (auto): a batch at most 1/8 of the memory limit (256 MiB..4 GiB),
+    1 node per 64 and 1 edge per 32 of its bytes (the sampler's working set per node / edge)."""
+    if not values.get("max_batch_bytes"):
+        values["max_batch_bytes"] = min(BATCH_BYTES_MAX, max(BATCH_BYTES_MIN, memory_limit() // 8))
+    if not values.get("max_batch_nodes"):
+        values["max_batch_nodes"] = values["max_batch_bytes"] // 64
+    if not values.get("max_batch_edges"):
+        values["max_batch_edges"] = values["max_batch_bytes"] // 32
 
 
 def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
@@ -329,6 +419,20 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
             values["token"] = _token(Path(path).read_text(errors="replace"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
+
+
+def token_file_exposure(path: str | None) -> str | None:
+    """A warning when the token file may be read by its group or by others (mode 0640, 0644, ...)."""
+    if path is None:
+        return None
+    try:
+        mode = Path(path).stat().st_mode & 0o777
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (f"token_file {path} has mode {mode:04o}: its group or other users can read the token; "
+            f"run `chmod 600 {path}` (owned by the user the server runs as)")
 
 
 def load_config(file: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None,

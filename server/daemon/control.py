@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import ipaddress
 import math
 import secrets
 import time
@@ -31,6 +32,8 @@ from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
 from graphfeed.server.partition.store import check_link_types
+from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
+from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
     BadRequest,
     CloseSession,
@@ -52,6 +55,7 @@ MAX_ID_LENGTH = 256
 SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry (see rpc_api.pull)
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
 CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
+IDLE_SCAN_MIN, IDLE_SCAN_MAX = 0.5, 60.0   # seconds between idle-session scans (a quarter of the limit)
 
 # The worker's error classes -> status code; any other WorkerError is an internal failure (INTERNAL).
 WORKER_ERROR_CODES: tuple[tuple[type[WorkerError], grpc.StatusCode], ...] = (
@@ -129,10 +133,15 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.metrics_port = 0           # set by the daemon when its metrics endpoint runs
         self.sampler = ""               # set by the daemon: "native" or "reference"
         self.gpu_topology = "auto"      # set by the daemon when it samples on a GPU: "gpu" or "uva"
+        self.unreadable: str | None = None   # set by the daemon while the part's files cannot be read
 
     # ---- helpers ---------------------------------------------------------------------------------
 
     def _refuse_if_draining(self) -> None:
+        if self.unreadable is not None:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               f"this server's part cannot be read ({self.unreadable}); restore the partition "
+                               f"files (or restart the server on an intact copy), or use another server")
         if self.is_draining():
             raise RequestError(grpc.StatusCode.UNAVAILABLE,
                                "server is draining (shutting down): no new groups or sessions; "
@@ -212,7 +221,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                          num_producers=c.num_producers, buffer_batches=c.buffer_batches,
                          buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
                          colocated_reads=c.colocated_reads, device=c.device, gpu_cache_bytes=c.gpu_cache_bytes,
-                         gpu_topology=self.gpu_topology)
+                         gpu_topology=self.gpu_topology, budget=c.work_budget)
         return spec, float(lease)
 
     @rpc
@@ -220,6 +229,12 @@ class ControlServicer(pb_grpc.ControlServicer):
         self._refuse_if_draining()
         spec, lease = self._group_spec(request)
         self.registry.reserve_group(spec.group_id)
+        try:
+            await asyncio.to_thread(check_dial_back, spec.rendezvous, context.peer(),
+                                    self.config.effective_data_address)
+        except BaseException:
+            self.registry.release_group(spec.group_id)
+            raise
         try:
             handle = await asyncio.to_thread(self.worker_factory, spec)
         except (WorkerError, OSError) as exc:
@@ -270,7 +285,20 @@ class ControlServicer(pb_grpc.ControlServicer):
                            f"with `--topology both` or use direction "
                            f"{'in' if sampling.direction == 'out' else 'out'}")
         self._check_input(spec)
+        self._check_budget(spec)
         return spec
+
+    def _check_budget(self, spec: LoaderSpec) -> None:
+        """The loader's hops and its batches' estimated size (batch size x fanouts) within the work caps."""
+        budget, meta = self.config.work_budget, self.served.meta
+        try:
+            budget.check_hops(spec.sampling.num_hops)
+        except BudgetExceeded as exc:
+            raise _invalid(str(exc)) from None
+        try:
+            budget.check_estimate(estimate_batch(spec, meta))
+        except BudgetExceeded as exc:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
     def _check_input(self, spec: LoaderSpec) -> None:
         """The split exists in this partition; the ids are original node ids of the graph."""
@@ -366,6 +394,44 @@ class ControlServicer(pb_grpc.ControlServicer):
             self.log.info("session_close", session=session.session_id, group=group.group_id, peer=context.peer())
         return pb.CloseSessionReply()
 
+    # ---- idle sessions ---------------------------------------------------------------------------
+
+    async def expire_idle_sessions(self) -> int:
+        """Close every session whose worker saw no StartEpoch, pull or sample for ``session_idle_seconds``
+        (a loader its trainer dropped without close()); returns how many were closed."""
+        limit, closed = self.config.session_idle_seconds, 0
+        for group in list(self.registry.groups.values()):
+            try:
+                reply = await self._call(group, Stats(), timeout=min(STATS_TIMEOUT, self.config.call_timeout),
+                                         reap=False)
+            except RequestError:
+                continue   # a busy or dead worker: the next scan (or the reaper) sees it
+            for row in reply.rows:
+                sid, idle = row.get("session_id"), float(row.get("idle_seconds", 0.0))
+                if idle > limit and sid in group.sessions:
+                    cause = f"expired: no StartEpoch, pull or sample for session_idle_seconds={limit:g} s"
+                    self.registry.expire_session(sid, cause)
+                    self.log.warning("session_expired", session=sid, group=group.group_id, peer=group.peer,
+                                     kind=row.get("kind", ""), idle_seconds=round(idle, 1), cause=cause)
+                    try:
+                        await self._call(group, CloseSession(sid), reap=False)
+                    except RequestError:
+                        pass   # already gone in the worker
+                    closed += 1
+        return closed
+
+    async def run_idle_expiry(self) -> None:
+        limit = self.config.session_idle_seconds
+        if limit <= 0:
+            return
+        interval = min(IDLE_SCAN_MAX, max(IDLE_SCAN_MIN, limit / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire_idle_sessions()
+            except Exception as exc:  # noqa: BLE001 -- the scan must go on
+                self.log.error("idle_expiry_error", cause=repr(exc))
+
     # ---- stats -----------------------------------------------------------------------------------
 
     async def _group_stats(self, group: Group) -> list[pb.SessionStats]:
@@ -405,6 +471,72 @@ class ControlServicer(pb_grpc.ControlServicer):
         return {key: sum(k[field] for k in kinds) for key, field in (
             ("batches_served_total", "batches_served"), ("bytes_served_total", "bytes_served"),
             ("buffered_batches", "buffered_batches"), ("buffered_bytes", "buffered_bytes"))}
+
+
+def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:
+    """Upper bounds of one batch of ``spec`` on the partition ``meta`` describes (:func:`budget.estimate`)."""
+    per_type = spec.sampling.fanouts_for(meta.edge_types).values()
+    hops = [-1 if any(f[h] < 0 for f in per_type) else max(f[h] for f in per_type)
+            for h in range(spec.sampling.num_hops)]
+    seeds = spec.batch_size
+    if isinstance(spec.input, LinkInput):   # both endpoints of each seed edge, and its negatives' endpoints
+        neg = spec.input.neg
+        seeds *= 2 + (0 if neg is None else math.ceil(neg.amount) * (2 if neg.mode == "binary" else 1))
+    row_bytes = max((_row_bytes(f) for f in meta.features.values()), default=0)
+    return budget_estimate(seeds, hops, disjoint=spec.sampling.disjoint,
+                           num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
+                           num_edges=int(sum(meta.num_edges.values())), row_bytes=row_bytes)
+
+
+def _row_bytes(features: dict) -> int:
+    """Bytes of one node's stored features (every feature of a node type: x, y, ...)."""
+    import numpy as np
+
+    return sum(int(np.prod(f["shape"], dtype=np.int64)) * np.dtype(f["dtype"]).itemsize for f in features.values())
+
+
+def peer_host(peer: str) -> str:
+    """The IP address of a gRPC peer string (``ipv4:10.0.0.5:4242``, ``ipv6:[::1]:4242``, ``ipv6:%5B::1%5D:4242``)."""
+    from urllib.parse import unquote
+
+    kind, _, rest = unquote(peer).partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return ""
+    host = rest.rpartition(":")[0] if rest.count(":") and not rest.endswith("]") else rest
+    return host.strip("[]")
+
+
+def _addresses(host: str) -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The IP addresses ``host`` (an address or a name) stands for; empty when it does not resolve."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return set()
+    out = set()
+    for *_, addr in infos:
+        ip = ipaddress.ip_address(str(addr[0]).split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        out.add(mapped if mapped is not None else ip)
+    return out
+
+
+def check_dial_back(rendezvous: str, peer: str, data_address: str) -> None:
+    """The session worker dials the trainer's rendezvous: allowed only to the caller's own address (the
+    peer of this OpenGroup) or to this server's advertised data address (a trainer on the server's host).
+    PERMISSION_DENIED otherwise: a client cannot make the server connect to a third party."""
+    host = rendezvous.rpartition(":")[0]
+    wanted = _addresses(host)
+    caller = _addresses(peer_host(peer)) if peer_host(peer) else set()
+    allowed = caller | _addresses(data_address)
+    if wanted & allowed or (wanted and caller and all(ip.is_loopback for ip in wanted | caller)):
+        return
+    shown = peer_host(peer) or peer
+    raise RequestError(grpc.StatusCode.PERMISSION_DENIED,
+                       f"rendezvous = {rendezvous!r} is not the address this OpenGroup came from ({shown}) nor "
+                       f"this server's data address ({data_address}): the server dials back only its caller; "
+                       f"set advertise_host to the address this trainer reaches the server from, or leave it unset")
 
 
 def _check_rendezvous(address: str) -> None:

@@ -8,6 +8,8 @@ is alive; otherwise the reaper removes it, stops the worker in the background
 from __future__ import annotations
 
 import asyncio
+import collections
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -18,6 +20,21 @@ from graphfeed.server.daemon.logs import EventLogger
 
 REAP_INTERVAL = 0.25      # seconds between reaper scans (a dict scan + waitpid per group)
 WORKER_STOP_GRACE = 5.0   # seconds a stopping worker gets before SIGKILL
+GONE_KEPT = 1024          # reaped groups whose cause a late call is still told
+STALL_SECONDS = 1.0       # a reaper scan this much later than due means the daemon itself did not run
+
+
+def worker_exit_cause(handle) -> str:
+    """How a session worker ended, for the log and the trainer: its signal's name or its exit code."""
+    code = handle.exitcode()
+    pid = getattr(handle, "pid", None)
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"session worker pid {pid} was killed by {name} (the server itself is alive)"
+    return f"session worker pid {pid} exited with code {code} (the server itself is alive)"
 
 
 class RequestError(Exception):
@@ -77,6 +94,9 @@ class Registry:
         self.sessions_opened_total = 0
         self.sessions_closed_total = 0
         self.sessions_reaped_total = 0
+        self.sessions_expired_total = 0
+        # reaped group / expired session -> why (a late call naming it is told)
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -87,9 +107,12 @@ class Registry:
                                f"group {group_id!r} is already open on this server; use a new group_id "
                                f"or CloseGroup it first")
         if len(self.groups) + len(self._pending_groups) >= self.max_groups:
+            peers = collections.Counter(g.peer for g in self.groups.values())
+            held = ", ".join(f"{peer} x{n}" for peer, n in peers.most_common(5))
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"this server already runs max_groups={self.max_groups} trainer groups; "
-                               f"close one or raise max_groups in the server config")
+                               f"this server already runs {len(self.groups) + len(self._pending_groups)} of "
+                               f"max_groups={self.max_groups} trainer groups (held by {held or 'groups starting'}); "
+                               f"close clients you no longer use, or raise max_groups in the server config")
         self._pending_groups.add(group_id)
         self._empty.clear()
 
@@ -104,11 +127,18 @@ class Registry:
         self._update_empty()
 
     def group(self, group_id: str) -> Group:
+        """The open group ``group_id``; NOT_FOUND (saying why, when this server closed it) otherwise.  A group
+        whose worker died is reaped here, at once, so its trainer learns of it on its next call."""
         group = self.groups.get(group_id)
+        if group is not None and not group.handle.alive():
+            self.remove_group(group_id, event="group_reap", cause=worker_exit_cause(group.handle))
+            group = None
         if group is None:
+            why = self.gone.get(group_id)
             raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"group {group_id!r} is not open on this server (closed, or reaped after its "
-                               f"lease lapsed); open a new group")
+                               f"group {group_id!r} is not open on this server ("
+                               f"{f'reaped: {why}' if why else 'closed, or reaped after its lease lapsed'}); "
+                               f"open a new group")
         return group
 
     def remove_group(self, group_id: str, *, event: str, cause: str = "", grace: float | None = None) -> Group | None:
@@ -120,6 +150,7 @@ class Registry:
             self.sessions.pop(sid, None)
         reaped = event == "group_reap"
         if reaped:
+            self._remember(group_id, cause)
             self.groups_reaped_total += 1
             self.sessions_reaped_total += len(group.sessions)
         else:
@@ -169,9 +200,13 @@ class Registry:
     def reserve_session(self, group: Group) -> None:
         pending = self._pending_sessions.get(group.group_id, 0)
         if len(group.sessions) + pending >= self.max_sessions_per_group:
+            kinds = collections.Counter(s.kind or "?" for s in group.sessions.values())
+            held = ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common(5))
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"group {group.group_id!r} already has max_sessions_per_group="
-                               f"{self.max_sessions_per_group} sessions; close one first")
+                               f"group {group.group_id!r} of {group.peer} already has {len(group.sessions) + pending} "
+                               f"of max_sessions_per_group={self.max_sessions_per_group} sessions open (loaders by "
+                               f"kind: {held or 'opening'}); close() loaders you no longer use (or use `with`), "
+                               f"or raise max_sessions_per_group in the server config")
         self._pending_sessions[group.group_id] = pending + 1
 
     def release_session(self, group: Group) -> None:
@@ -190,10 +225,23 @@ class Registry:
     def session(self, session_id: str) -> tuple[Session, Group]:
         session = self.sessions.get(session_id)
         if session is None:
+            why = self.gone.get(session_id) or "closed, or its group was reaped"
             raise RequestError(grpc.StatusCode.NOT_FOUND,
-                               f"session {session_id!r} is not open on this server (closed, or its group was "
-                               f"reaped); open a new session")
+                               f"session {session_id!r} is not open on this server ({why}); open a new session")
         return session, self.group(session.group_id)
+
+    def expire_session(self, session_id: str, cause: str) -> Session | None:
+        """Forget an idle session; a later call naming it is told ``cause``."""
+        session = self.remove_session(session_id)
+        if session is not None:
+            self.sessions_expired_total += 1
+            self._remember(session_id, cause)
+        return session
+
+    def _remember(self, key: str, cause: str) -> None:
+        self.gone[key] = cause
+        while len(self.gone) > GONE_KEPT:
+            self.gone.popitem(last=False)
 
     def remove_session(self, session_id: str) -> Session | None:
         session = self.sessions.pop(session_id, None)
@@ -212,7 +260,7 @@ class Registry:
         out = []
         for group in self.groups.values():
             if not group.handle.alive():
-                out.append((group.group_id, f"session worker exited with code {group.handle.exitcode()}"))
+                out.append((group.group_id, worker_exit_cause(group.handle)))
             elif now > group.deadline:
                 out.append((group.group_id, f"lease expired: no Heartbeat for {group.lease_seconds:g} s"))
         return out
@@ -223,8 +271,23 @@ class Registry:
             self.remove_group(group_id, event="group_reap", cause=cause)
         return len(found)
 
+    def forgive_stall(self, stalled: float) -> None:
+        """The daemon did not run for ``stalled`` seconds (SIGSTOP, a frozen VM, a blocked loop): it could not
+        hear heartbeats meanwhile, so that time does not count against any lease -- a lease lapses only
+        after ``lease_seconds`` of the daemon running without hearing the trainer."""
+        for group in self.groups.values():
+            group.deadline += stalled
+        self.log.warning("daemon_stalled", seconds=round(stalled, 3), groups=len(self.groups),
+                         cause="the daemon was paused or blocked; leases extended by the pause")
+
     async def run_reaper(self, interval: float = REAP_INTERVAL) -> None:
+        last = self.clock()
         while True:
+            now = self.clock()
+            stalled = now - last - interval
+            if stalled > STALL_SECONDS:
+                self.forgive_stall(stalled)
+            last = now
             try:
                 self.reap_expired()
             except Exception as exc:  # noqa: BLE001 -- a broken handle must not stop the reaper
@@ -258,7 +321,6 @@ class Registry:
     def kill_all(self) -> None:
         """Forced exit: SIGKILL every worker now (open and stopping), synchronously."""
         import os
-        import signal
 
         for handle in [g.handle for g in self.groups.values()] + list(self._stopping_handles):
             pid = getattr(handle, "pid", None)

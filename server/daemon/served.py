@@ -5,12 +5,14 @@ schema for GetClusterInfo and the sizes it validates requests against.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
-from graphfeed.server.partition.format import PartitionFormatError, PartitionMeta, read_meta
+from graphfeed.server.partition.format import PartitionFormatError, PartitionMeta, PartitionPaths, read_meta
 from graphfeed.server.partition.store import Partition
 
 
@@ -21,6 +23,19 @@ class ServedPartition:
     meta: PartitionMeta
     local_split_sizes: dict[str, int]
     num_local_nodes: int
+    file_sizes: dict[str, int] = field(default_factory=dict)   # every array file of the part -> its bytes
+
+    def unreadable(self) -> str | None:
+        """Why the part's files cannot be read now (one missing, truncated or grown since startup), else None.
+        A few ``stat`` calls: cheap enough for every reaper pass."""
+        for path, size in self.file_sizes.items():
+            try:
+                now = os.stat(path).st_size
+            except OSError as exc:
+                return f"{path} cannot be read: {exc.strerror or exc}"
+            if now != size:
+                return f"{path} is {now:,} bytes, {size:,} when the server started (truncated or replaced)"
+        return None
 
     @property
     def num_nodes(self) -> int:
@@ -52,5 +67,7 @@ def load_partition(config: ServerConfig) -> ServedPartition:
         local = {name: int(part.split(name).numel()) for name in SPLITS if name in meta.split_sizes}
     except (PartitionFormatError, OSError) as exc:
         raise StartupError(ExitCode.PARTITION, f"partition cannot be loaded: {exc}") from None
+    sizes = {str(p): p.stat().st_size for p in sorted(Path(PartitionPaths(config.partition).part(config.part))
+                                                           .rglob("*.npy"))}
     return ServedPartition(root=str(config.partition), part_id=config.part, meta=meta,
-                           local_split_sizes=local, num_local_nodes=part.num_nodes)
+                           local_split_sizes=local, num_local_nodes=part.num_nodes, file_sizes=sizes)

@@ -25,6 +25,7 @@ from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.partition.book import RangePartitionBook
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
 from graphfeed.server.sampling.source import Handle, HeldPart, LocalSource, PartSource, Rows, center_type
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
@@ -100,6 +101,7 @@ class PartitionedGraph:
         self._like: HeldPart = local[0]                                        # feature rows' shape and type
         self._whole = local[0] if like.meta.num_parts == 1 else None           # one local part holds every node
         self.device: torch.device = local[0].device
+        self.budget: WorkBudget | None = None   # caps of one sample (a session worker's); None = none
 
     @classmethod
     def in_process(cls, parts: Sequence[Partition]) -> PartitionedGraph:
@@ -145,17 +147,24 @@ class PartitionedGraph:
         fanouts = spec.fanouts_for(self.edge_types)
         if spec.temporal and subgraph_time is None:
             raise ValueError("temporal sampling needs each subgraph's seed time")
+        if self.budget is not None:
+            self.budget.check_hops(spec.num_hops)
         if self.device.type != "cpu":    # the frontier lives where the graph samples
             seeds, subgraphs, subgraph_time = _to_device(self.device, seeds, subgraphs, subgraph_time)
         if self._whole is not None and not spec.disjoint:
-            return self._sample_one_part(seeds, spec, fanouts, seed, input_type)
+            sub = self._sample_one_part(seeds, spec, fanouts, seed, input_type)
+            if self.budget is not None:   # one native call: checked as a whole (bounded by the graph's size)
+                self.budget.check_sample(sum(int(n.numel()) for n in sub.nodes.values()),
+                                         sum(int(e.numel()) for e in sub.eids.values()), spec.num_hops - 1)
+            return sub
 
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int,
                     seed_time: torch.Tensor | None = None) -> OneHop:
             return self._one_hop(etype, gids, spec, fanout, seed, rng_hop, seed_time)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
-                            subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes)
+                            subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes,
+                            budget=self.budget)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""

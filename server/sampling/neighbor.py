@@ -18,6 +18,7 @@ import torch
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed
 from graphfeed.server.sampling.types import EdgeType, OneHop, SampledSubgraph, TypedSubgraph
 
@@ -45,7 +46,7 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
 def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
                  input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
                  subgraph_time: torch.Tensor | None = None,
-                 num_nodes: Mapping[str, int] | None = None) -> TypedSubgraph:
+                 num_nodes: Mapping[str, int] | None = None, budget: WorkBudget | None = None) -> TypedSubgraph:
     """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
 
     PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
@@ -73,6 +74,8 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     ``num_nodes`` (optional, ignored when disjoint; per node type, every global id is below it) lets
     each type keep one id map for all hops of the batch (:func:`dispatch.relabel_map`) instead of relabelling against
     every node seen so far at each hop; the sample is the same either way.
+    ``budget`` (a session worker's caps): checked after every edge type of every hop, so a sample
+    stops within one hop's work of ``budget.max_nodes`` / ``max_edges`` (:class:`BudgetExceeded`).
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
     plan = plan_typed(seeds, fanouts, direction, input_type)
@@ -91,6 +94,9 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
                 fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
                 _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn,
                                   subgraph_time)
+                if budget is not None:
+                    budget.check_sample(sum(n.total for n in nodes.values()),
+                                        sum(sum(e.counts) for e in edges.values()), hop)
             for typed in nodes.values():
                 typed.end_hop()
     finally:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from graphfeed.core.spec import LoaderSpec
+from graphfeed.server.sampling.budget import WorkBudget
 
 START_ID = "start"   # the message id of the worker's first answer: Started, to its GroupSpec
 
@@ -52,6 +53,7 @@ class GroupSpec:
     device: str = "cpu"              # where the worker samples: "cpu" or "cuda[:N]" (server/sampling/gpu.py)
     gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
+    budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -32,15 +32,28 @@ from graphfeed.server.worker.commands import START_ID, Command, GroupSpec, Start
 START_TIMEOUT = 120.0   # seconds for the worker to import torch and map its partition
 
 
+# Environment variables a session worker never needs: the daemon's own credentials (its bearer token,
+# TLS key) and anything named like a secret.  A worker reads partition files and talks torch RPC.
+CREDENTIAL_ENV = frozenset({"GRAPHFEED_TOKEN", "GRAPHFEED_TOKEN_FILE", "GRAPHFEED_TLS_KEY", "GRAPHFEED_TLS_CERT",
+                            "GRAPHFEED_TLS_CLIENT_CA"})
+CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY")
+
+
+def is_credential(name: str) -> bool:
+    upper = name.upper()
+    return upper in CREDENTIAL_ENV or any(word in upper for word in CREDENTIAL_WORDS)
+
+
 def worker_environment() -> dict[str, str]:
-    """The daemon's environment, with torch's huge-page allocations on unless set otherwise.
+    """The daemon's environment without credentials (:func:`is_credential`), with torch's huge-page
+    allocations on unless set otherwise.
 
     Batches are tens to hundreds of MB of fresh memory each; with 4 KiB pages the page
     faults cost more than the copies (medium graph, 1 server: worker + trainer CPU per
     epoch 10.3 s -> 7.5 s with ``THP_MEM_ALLOC_ENABLE=1``).  torch reads the variable once,
     at its first allocation, so it has to be in the environment the process starts with.
     """
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not is_credential(k)}
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # c10 warnings (TensorPipe's "pipe closed", ...) off
     env.setdefault("PYTHONUNBUFFERED", "1")          # lines reach the daemon's relay as they are written

@@ -84,6 +84,7 @@ class SessionWorker:
         self.telemetry = WorkerTelemetry()
         self.gpu_sources: list[GpuSource] = []   # device: cuda -- their feature cache counts go to the metrics
         self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part))
+        self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
         self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry

@@ -141,11 +141,19 @@ def _as_remote_errors(pending: Pending) -> torch.futures.Future:
             value = p.result()
         except Exception as exc:  # noqa: BLE001 -- forwarded to the caller
             where = rpc.get_worker_info().name if rpc.is_available() else "worker"
-            value = rpc_internal.RemoteException(f"On {where}: {type(exc).__name__}: {exc}", type(exc))
+            value = rpc_internal.RemoteException(f"On {where}: {type(exc).__name__}: {exc}", _portable(type(exc)))
         out.set_result(value)
 
     pending.add_done_callback(done)
     return out
+
+
+def _portable(kind: type) -> type:
+    """``kind``, or its nearest built-in base when the trainer could not unpickle it (a class of the worker's
+    ``__main__``, e.g. ``SessionNotFound``: the trainer would see an AttributeError instead of a LookupError)."""
+    if kind.__module__ != "__main__":
+        return kind
+    return next(c for c in kind.__mro__ if c.__module__ == "builtins")
 
 
 def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,

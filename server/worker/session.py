@@ -10,10 +10,12 @@ in order, with :func:`produce_batch`.  ``seq`` is the entry's position in the ra
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 import torch
 
+from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
 from graphfeed.core.spec import LoaderSpec
@@ -70,6 +72,7 @@ class Session:
         self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
         self._link_seeds: LinkSeeds | None = None
         self._whole_input: torch.Tensor | None = None   # an ordered loader's input, global ids in order
+        self.last_used = time.monotonic()   # the last start_epoch / pull / sample (idle sessions expire)
 
     def _resolve_link_seeds(self) -> None:
         """A link loader's seed edges in global ids (their destinations may be any part's: asked of every
@@ -107,6 +110,7 @@ class Session:
         leave no valid plan for them (e.g. fewer input nodes than ranks), or ``start`` is not
         in ``0..len(plan)``.
         """
+        self.last_used = time.monotonic()
         counts = self._check_counts(counts)
         self._resolve_link_seeds()
         self._resolve_whole_input()
@@ -174,6 +178,7 @@ class Session:
                                               feature_dtype=self.spec.feature_torch_dtype,
                                               seed_time=node_seed_time(self.graph, self.spec.input, sampling,
                                                                        self.input_type, seeds, input_id))
+                self._check_bytes(batch)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
                 run.buffer.close(RuntimeError(f"producing batch {seq} (epoch {run.epoch}) on part {self.part_id} "
@@ -181,14 +186,25 @@ class Session:
                 return
             run.buffer.put(seq, drop_cached_rows(batch, self.spec.feature_cache))
 
+    def _check_bytes(self, batch: dict[str, torch.Tensor]) -> None:
+        """A batch over the worker's ``max_batch_bytes`` is not buffered (BudgetExceeded names the setting)."""
+        budget = getattr(self.graph, "budget", None)
+        if budget is not None:
+            budget.check_bytes(batch_codec.nbytes(batch))
+
     def sample(self, node_ids, seed: int) -> dict[str, torch.Tensor]:
         """One online batch (wire form) for original ids ``node_ids`` with this session's sampling options
-        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids."""
+        and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids (and for a
+        sample over the worker's work caps)."""
+        self.last_used = time.monotonic()
         with self.telemetry.stage("batch"):
-            return sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
-                                feature_dtype=self.spec.feature_torch_dtype)
+            batch = sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
+                                 feature_dtype=self.spec.feature_torch_dtype)
+        self._check_bytes(batch)
+        return batch
 
     def pull(self, epoch: int, seq: int) -> Pending:
+        self.last_used = time.monotonic()
         run = self.run
         if run is None or epoch != run.epoch:
             now = "no epoch started" if run is None else f"the current epoch is {run.epoch}"
@@ -223,5 +239,6 @@ class Session:
             "bytes_served": self.totals["bytes_served"] + (s.bytes_served if s else 0),
             "buffered_batches": s.buffered_batches if s else 0,
             "buffered_bytes": s.buffered_bytes if s else 0,
+            "idle_seconds": time.monotonic() - self.last_used,
         }
 
