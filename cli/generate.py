@@ -17,6 +17,14 @@ the typed layout (:mod:`graphfeed.server.partition.typed_inputs`)::
     paper__cites__paper/edge_index.npy, author__writes__paper/, paper__has_topic__field/,
     paper__written_by__author/, field__topic_of__paper/
     meta.json       preset, per-type sizes, seed
+
+With ``--chunk-edges N`` (homogeneous presets) the graph is drawn chunk by chunk and written in the
+chunked layout ``graphfeed partition`` reads with bounded memory (see
+:mod:`graphfeed.server.partition.chunked`)::
+
+    edge_index_00000.npy, edge_index_00001.npy, ...   int64 [2, <= N] each
+    x_00000.npy, x_00001.npy, ...                      float32 row chunks of about 16 N bytes
+    y.npy, train_idx.npy, val_idx.npy, test_idx.npy, meta.json
 """
 from __future__ import annotations
 
@@ -37,6 +45,8 @@ from graphfeed.server.partition.synth import (
     MAG_NODE_TYPES,
     MAG_PRESETS,
     PRESETS,
+    chunk_name,
+    generate_chunked,
     generate_mag_preset,
     generate_preset,
 )
@@ -60,6 +70,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a folder that already holds a generated graph")
+    parser.add_argument("--chunk-edges", type=int, default=0, metavar="N",
+                        help="write edges and features in chunks of N edges (edge_index_00000.npy, x_00000.npy, "
+                             "...) without holding the graph whole; homogeneous presets (default: one file each)")
     parser.add_argument("--skip-existing", action="store_true",
                         help="leave a folder that already holds this preset and seed alone (exit 0)")
 
@@ -69,21 +82,31 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise ValueError(f"--out {out} is a file; give a folder path")
     if out.is_dir() and any(out.iterdir()):
         names = {p.name for p in out.iterdir()}
-        ours = names <= set(LAYOUT_FILES) or names <= set(TYPED_LAYOUT)
+        ours = names <= set(LAYOUT_FILES) or names <= set(TYPED_LAYOUT) or all(map(_is_chunk_file, names))
         if not ours:
             raise ValueError(f"--out {out} is not empty and does not hold a generated graph; choose a new folder")
         if not overwrite:
             raise FileExistsError(f"--out {out} already holds a graph; pass --overwrite to replace it")
 
 
-def write_graph(out: Path, preset: str, seed: int) -> dict:
-    """Generate ``preset`` and write it into ``out`` atomically (temporary sibling, then rename)."""
+def _is_chunk_file(name: str) -> bool:
+    stem = name[:-4] if name.endswith(".npy") else ""
+    field, _, index = stem.rpartition("_")
+    return name in LAYOUT_FILES or (field in ("edge_index", "x") and index.isdigit())
+
+
+def write_graph(out: Path, preset: str, seed: int, chunk_edges: int = 0, progress=None) -> dict:
+    """Generate ``preset`` and write it into ``out`` atomically (temporary sibling, then rename);
+    ``chunk_edges`` > 0: in the chunked layout, chunk by chunk (see :func:`generate_chunked`)."""
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         os.chmod(tmp, 0o755 & ~_umask())
-        meta = _write_typed(tmp, preset, seed) if preset in MAG_PRESETS else _write_homogeneous(tmp, preset, seed)
+        if chunk_edges > 0:
+            meta = _write_chunked(tmp, preset, seed, chunk_edges, progress)
+        else:
+            meta = _write_typed(tmp, preset, seed) if preset in MAG_PRESETS else _write_homogeneous(tmp, preset, seed)
         meta["seconds"] = round(time.perf_counter() - t0, 1)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         if out.exists():
@@ -108,6 +131,13 @@ def _write_homogeneous(tmp: Path, preset: str, seed: int) -> dict:
                 edge_index_sha256=hashlib.sha256(edge_index.tobytes()).hexdigest())
 
 
+def _write_chunked(tmp: Path, preset: str, seed: int, chunk_edges: int, progress) -> dict:
+    if preset in MAG_PRESETS:
+        raise ValueError(f"--chunk-edges is for homogeneous presets ({', '.join(PRESETS)}), not {preset!r}")
+    counts = generate_chunked(tmp, preset, seed=seed, chunk_edges=chunk_edges, progress=progress)
+    return dict(name=f"synth-{preset}", preset=preset, seed=seed, chunk_edges=chunk_edges, **counts)
+
+
 def _write_typed(tmp: Path, preset: str, seed: int) -> dict:
     graph = generate_mag_preset(preset, seed=seed)
     write_typed_folder(tmp, graph)
@@ -129,7 +159,9 @@ def _holds(out: Path, preset: str, seed: int) -> bool:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
         return False
-    if preset in MAG_PRESETS:
+    if meta.get("chunk_edges"):
+        complete = (out / chunk_name("edge_index", 0)).is_file() and (out / "y.npy").is_file()
+    elif preset in MAG_PRESETS:
         complete = all((out / f).exists() for f in TYPED_LAYOUT)
     else:
         complete = all((out / f).is_file() for f in LAYOUT_FILES)
@@ -143,7 +175,7 @@ def run(args) -> int:
         return 0
     _check_out(out, args.overwrite)
     print(f"generating preset {args.preset!r} (seed {args.seed}) ...", file=sys.stderr)
-    meta = write_graph(out, args.preset, args.seed)
+    meta = write_graph(out, args.preset, args.seed, args.chunk_edges, _progress)
     if "node_types" in meta:
         print(f"wrote {out}: {meta['nodes']:,} nodes ({_counts(meta['node_types'])}), {meta['directed_edges']:,} "
               f"directed edges ({_counts(meta['edge_types'])}), {meta['label_type']} features "
@@ -156,3 +188,8 @@ def run(args) -> int:
 
 def _counts(table: dict) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in table.items())
+
+
+def _progress(iterable, desc: str):
+    from tqdm import tqdm
+    return tqdm(iterable, desc=desc, file=sys.stderr, leave=False, mininterval=0.5)

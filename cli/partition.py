@@ -4,6 +4,12 @@ Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (see
 :mod:`graphfeed.server.partition.inputs` and :mod:`graphfeed.server.partition.typed_inputs`),
 assigns nodes to parts (random, METIS, or METIS balancing pre-sampled access counts: hotness),
 writes the folder atomically and prints a summary.
+
+Chunked inputs (``edge_index_*.npy``/``x_*.npy`` chunks, a ``chunks.json`` manifest, Parquet; see
+:mod:`graphfeed.server.partition.chunked`), ``--memory-limit``, ``--scheduler`` or ``--workers``
+take the bounded-memory path (:mod:`graphfeed.server.partition.bounded`): chunk tasks through disk,
+here or on a Dask cluster, resumable after a kill, with ``--method random``, ``fennel`` (streaming) or
+``metis`` (when the graph fits).
 An output folder that already holds the same partitioning (same input fingerprint and
 parameters) is left alone and reported up to date.
 """
@@ -24,10 +30,25 @@ def add_arguments(parser) -> None:
                                       "typed: one sub-folder per node type and per edge type src__rel__dst) "
                                       "or a PyG Data / HeteroData saved with torch.save")
     parser.add_argument("--num-parts", "-p", type=int, required=True, help="number of partitions (1..nodes)")
-    parser.add_argument("--method", choices=("random", "metis", "hotness"), default="metis",
-                        help="random assignment, METIS (fewer cut edges; balances nodes and training nodes) or "
+    parser.add_argument("--method", choices=("random", "metis", "hotness", "fennel"), default=None,
+                        help="random assignment, METIS (fewer cut edges; balances nodes and training nodes), "
                              "hotness (METIS balancing each part's access count, found by pre-sampling the training "
-                             "nodes' neighbourhoods, instead of its nodes; homogeneous graphs)")
+                             "nodes' neighbourhoods, instead of its nodes; homogeneous graphs) or fennel (streaming, "
+                             "few cut edges in bounded memory; bounded path only). Default: metis in memory, "
+                             "fennel on the bounded path")
+    parser.add_argument("--memory-limit", default=None, metavar="SIZE",
+                        help="partition in chunks through disk, holding at most SIZE per process (e.g. 2GB); "
+                             "default for chunked inputs: half the memory available")
+    parser.add_argument("--scheduler", default=None, metavar="tcp://HOST:8786",
+                        help="run the chunk tasks on this dask.distributed cluster (input, --output and --scratch "
+                             "must be on storage every worker shares)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="run the chunk tasks on a local Dask cluster of this many worker processes")
+    parser.add_argument("--scratch", default=None, metavar="DIR",
+                        help="bounded path: folder for intermediate files and resume markers (default "
+                             ".OUTPUT.work next to --output; kept after a failure so a re-run continues)")
+    parser.add_argument("--fennel-passes", type=int, default=3,
+                        help="fennel: passes over the graph (first placement + restreams; default 3)")
     parser.add_argument("--hotness-epochs", type=int, default=1,
                         help="hotness: epochs of pre-sampling to count accesses (default 1, at most 10)")
     parser.add_argument("--num-neighbors", type=fanouts_arg, default=(15, 10, 5), metavar="F1,F2,...",
@@ -182,7 +203,71 @@ def summary(root, seconds: float) -> str:
     ])
 
 
+def _bounded(args) -> bool:
+    """Whether this run takes the bounded-memory (chunked) path."""
+    from graphfeed.server.partition.chunked import is_chunked_folder
+
+    path = Path(args.input)
+    chunked = path.is_dir() and is_chunked_folder(path)
+    return bool(chunked or args.memory_limit or args.scheduler or args.workers or args.method == "fennel")
+
+
 def run(args) -> int:
+    if _bounded(args):
+        return run_bounded(args)
+    args.method = args.method or "metis"
+    return run_in_memory(args)
+
+
+def run_bounded(args) -> int:
+    from graphfeed.server.partition.bounded import default_memory_limit, format_bytes, parse_bytes, partition_chunked
+    from graphfeed.server.partition.chunked import open_chunked
+    from graphfeed.server.partition.input_arrays import InputError
+    from graphfeed.server.partition.runner import DaskRunner, InProcess, TaskError
+
+    args.method = args.method or "fennel"
+    if args.num_parts < 1:
+        raise UsageError(f"--num-parts must be at least 1, got {args.num_parts}")
+    if args.link_split:
+        raise UsageError("--link-split holds out node pairs over the whole edge list and needs the in-memory path: "
+                         "drop --memory-limit/--scheduler/--workers (one-file input) or split the links beforehand")
+    if not Path(args.input).is_dir():
+        raise UsageError(f"{args.input}: the bounded path reads folders (.npy chunks, a chunks.json manifest, "
+                         f"Parquet or the one-file .npy layout); save torch.save inputs as .npy files first")
+    try:
+        limit = parse_bytes(args.memory_limit) if args.memory_limit else default_memory_limit()
+    except ValueError as exc:
+        raise UsageError(f"--memory-limit: {exc}") from exc
+    topologies = TOPOLOGY_CHOICES[args.topology]
+    output = Path(args.output)
+    report = _Reporter(args.quiet)
+    report.log(f"reading {args.input} (chunk headers; hashing the chunks for the input fingerprint)")
+    graph = open_chunked(args.input)
+    report.log(f"read {graph.num_nodes:,} nodes, {graph.num_edges:,} edges in "
+               f"{sum(len(f.files) for e in graph.edges.values() for f in e.fields.values())} edge chunk file(s) "
+               f"(input sha256 {graph.fingerprint[:12]}); memory limit {format_bytes(limit)}")
+    if args.num_parts > graph.num_nodes:
+        raise UsageError(f"--num-parts {args.num_parts} is larger than the number of nodes ({graph.num_nodes})")
+    if _check_output(output, graph, args, topologies):
+        print(f"{output} is up to date (same input and parameters); nothing to do")
+        return 0
+    runner = (DaskRunner(args.scheduler, args.workers or 2, report.progress) if args.scheduler or args.workers
+              else InProcess(report.progress))
+    try:
+        partition_chunked(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
+                          memory_limit=limit, runner=runner, scratch=args.scratch, overwrite=args.overwrite,
+                          progress=report.progress, log=report.log, fennel_passes=args.fennel_passes)
+    except (InputError, TaskError) as exc:
+        scratch = args.scratch or output.parent / f".{output.name}.work"
+        raise UsageError(f"{exc} (finished chunks are kept in {scratch}: re-run the same command to continue)") \
+            from exc
+    finally:
+        runner.close()
+    print(summary(output, time.perf_counter() - report.t0))
+    return 0
+
+
+def run_in_memory(args) -> int:
     from graphfeed.server.partition.builder import partition_graph
     from graphfeed.server.partition.inputs import read_graph
 

@@ -1,0 +1,599 @@
+"""Graphs split over many files: read chunk by chunk, never whole.
+
+Three layouts, homogeneous or typed (a typed graph has one sub-folder per node type and per edge
+type ``src__rel__dst``, each laid out like a homogeneous folder, as in
+:mod:`graphfeed.server.partition.typed_inputs`):
+
+* ``.npy`` chunks: ``edge_index_*.npy`` ([2, E_i] each, concatenated along the edges),
+  ``x_*.npy``, ``y_*.npy``, ``node_time_*.npy`` (row chunks, concatenated in name order),
+  ``edge_attr_*.npy``, ``edge_weight_*.npy``, ``edge_time_*.npy``.  Any field may instead be one
+  whole file (``y.npy``); the splits (``train_idx.npy``, ...) are always whole files.
+* a manifest ``chunks.json`` naming the files of each field in order (paths relative to it)::
+
+      {"edge_index": ["e/part-0.npy", "e/part-1.npy"], "x": ["n/x-0.npy"], "y": ["n/y.npy"],
+       "train_idx": "train_idx.npy"}
+
+  (typed: ``{"nodes": {"paper": {...}}, "edges": {"paper__cites__paper": {...}}}``).
+* Parquet: ``edges*.parquet`` with integer columns ``src`` and ``dst`` (and optional
+  ``edge_weight``, ``edge_time``), ``nodes*.parquet`` with rows in node id order and optional
+  columns ``x`` (a list of numbers per row, or numbered columns ``x0, x1, ...``), ``y`` and
+  ``node_time``; splits as ``{split}_idx.npy`` (or ``.parquet`` with one column).
+
+A chunk that cannot be read (truncated, not ``.npy``/Parquet, wrong shape or dtype) is named in
+one :class:`InputError` line when the graph is opened; edge ids out of range are named, with
+their chunk, when the chunk is read.  :class:`ChunkedGraph` is a picklable description (paths
+and shapes): Dask workers open the files themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graphfeed.core.constants import SPLITS
+from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, edge_type_dirname
+from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.input_arrays import InputError, check_split
+
+MANIFEST = "chunks.json"
+NODE_FIELDS = ("x", "y", "node_time")
+EDGE_FIELDS = ("edge_index", "edge_attr", "edge_weight", "edge_time")
+_CHUNK_RE = re.compile(r"^(?P<field>[a-z_]+?)_(?P<index>\d+)\.npy$")
+_HASH_ROWS_BYTES = 1 << 26
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """One file holding rows ``[start, start + rows)`` of a field (for ``edge_index``: edges)."""
+
+    path: str
+    rows: int
+    column: str = ""          # parquet: the column(s) read ("src,dst", "x", "x0..x99", "y")
+
+
+@dataclass(frozen=True)
+class ArrayChunks:
+    """A field (``x``, ``edge_index``, ...) split over files, read by row range.
+
+    ``row_shape`` excludes the row dimension; ``edge_index`` is stored ``[2, E]`` per ``.npy`` chunk
+    and read back as ``[2, stop - start]``.
+    """
+
+    name: str
+    files: tuple[ChunkFile, ...]
+    dtype: str
+    row_shape: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def is_edge_index(self) -> bool:
+        return self.name == "edge_index"
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.row_shape, dtype=np.int64)))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (edge_index: ``[2, stop - start]``), joined across files."""
+        pieces, offset = [], 0
+        for f in self.files:
+            lo, hi = max(start, offset), min(stop, offset + f.rows)
+            if lo < hi:
+                pieces.append(_read_file(f, self, lo - offset, hi - offset))
+            offset += f.rows
+            if offset >= stop:
+                break
+        if not pieces:
+            shape = (2, 0) if self.is_edge_index else (0, *self.row_shape)
+            return np.empty(shape, dtype=self.dtype)
+        return np.concatenate(pieces, axis=1 if self.is_edge_index else 0) if len(pieces) > 1 else pieces[0]
+
+    def which(self, row: int) -> str:
+        """The file holding ``row`` (for error messages)."""
+        offset = 0
+        for f in self.files:
+            if row < offset + f.rows:
+                return f.path
+            offset += f.rows
+        return self.files[-1].path if self.files else self.name
+
+
+def _read_file(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> np.ndarray:
+    try:
+        if f.path.endswith(".parquet"):
+            return _read_parquet_rows(f, chunks, lo, hi)
+        array = np.load(f.path, mmap_mode="r", allow_pickle=False)
+        out = array[:, lo:hi] if chunks.is_edge_index else array[lo:hi]
+        return np.array(out, dtype=chunks.dtype)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"chunk {f.path} of {chunks.name} cannot be read ({exc}); re-export it") from exc
+
+
+def _read_parquet_rows(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    columns = _parquet_columns(f.column)
+    table = pq.ParquetFile(f.path).read(columns=columns).slice(lo, hi - lo)
+    if chunks.is_edge_index:
+        return np.stack([table.column(c).to_numpy().astype(chunks.dtype, copy=False) for c in columns])
+    if len(columns) > 1:
+        return np.stack([table.column(c).to_numpy() for c in columns], axis=1).astype(chunks.dtype, copy=False)
+    column = table.column(columns[0]).combine_chunks()
+    if chunks.row_shape:   # a list column: flatten the values and fold them back into rows
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(-1, *chunks.row_shape).astype(chunks.dtype, copy=False)
+    return column.to_numpy(zero_copy_only=False).astype(chunks.dtype, copy=False)
+
+
+def _parquet_columns(spec: str) -> list[str]:
+    if ".." in spec:   # x0..x99
+        first, last = spec.split("..")
+        prefix = first.rstrip("0123456789")
+        return [f"{prefix}{i}" for i in range(int(first[len(prefix):]), int(last[len(prefix):]) + 1)]
+    return spec.split(",")
+
+
+# ----------------------------------------------------------------------------- the graph
+
+@dataclass
+class ChunkedNodeType:
+    num_nodes: int
+    fields: dict[str, ArrayChunks] = field(default_factory=dict)   # x, y, node_time
+
+    @property
+    def x(self) -> ArrayChunks | None:
+        return self.fields.get("x")
+
+    @property
+    def y(self) -> ArrayChunks | None:
+        return self.fields.get("y")
+
+
+@dataclass
+class ChunkedEdgeType:
+    fields: dict[str, ArrayChunks]   # edge_index, and edge_attr, edge_weight, edge_time when present
+
+    @property
+    def num_edges(self) -> int:
+        return self.fields["edge_index"].rows
+
+
+@dataclass
+class ChunkedGraph:
+    """A graph described by its chunk files; node and edge types sorted by name (as :class:`GraphInput`)."""
+
+    nodes: dict[str, ChunkedNodeType]
+    edges: dict[EdgeType, ChunkedEdgeType]
+    splits: dict[str, np.ndarray]
+    label_type: str
+    name: str = ""
+    num_classes: int = 0
+    fingerprint: str = ""
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def node_types(self) -> list[str]:
+        return list(self.nodes)
+
+    @property
+    def edge_types(self) -> list[EdgeType]:
+        return list(self.edges)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return list(self.nodes) == [DEFAULT_NODE_TYPE] and list(self.edges) == [DEFAULT_EDGE_TYPE]
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(t.num_nodes for t in self.nodes.values())
+
+    @property
+    def num_edges(self) -> int:
+        return sum(e.num_edges for e in self.edges.values())
+
+    def node_offsets(self) -> dict[str, int]:
+        out, start = {}, 0
+        for ntype, t in self.nodes.items():
+            out[ntype], start = start, start + t.num_nodes
+        return out
+
+    def read_edges(self, etype: EdgeType, start: int, stop: int) -> np.ndarray:
+        """Edges ``[start, stop)`` of ``etype`` as int64 ``[2, n]``; InputError naming the chunk when an id
+        is out of range."""
+        chunks = self.edges[etype].fields["edge_index"]
+        ei = chunks.read(start, stop).astype(np.int64, copy=False)
+        for row, ntype in ((0, etype[0]), (1, etype[2])):
+            if ei.shape[1] and (int(ei[row].min()) < 0 or int(ei[row].max()) >= self.nodes[ntype].num_nodes):
+                bad = int(np.flatnonzero((ei[row] < 0) | (ei[row] >= self.nodes[ntype].num_nodes))[0])
+                raise InputError(f"chunk {chunks.which(start + bad)} of edge_index has {'source' if row == 0 else 'destination'} "
+                                 f"id {int(ei[row, bad])}, but node type {ntype!r} has {self.nodes[ntype].num_nodes} "
+                                 f"nodes; fix that chunk or the node count")
+        return ei
+
+    def to_graph_input(self) -> GraphInput:
+        """The whole graph in memory (the in-memory path; tests compare the two)."""
+        nodes = {ntype: NodeTypeInput(t.num_nodes, *(_whole(t.fields.get(f)) for f in NODE_FIELDS))
+                 for ntype, t in self.nodes.items()}
+        edges = {etype: EdgeTypeInput(_whole(e.fields["edge_index"]).astype(np.int64, copy=False),
+                                      *(_whole(e.fields.get(f)) for f in EDGE_FIELDS[1:]))
+                 for etype, e in self.edges.items()}
+        if self.is_homogeneous:
+            n, e = nodes[DEFAULT_NODE_TYPE], edges[DEFAULT_EDGE_TYPE]
+            graph = GraphInput(e.edge_index, n.x if n.x is not None else np.zeros((n.num_nodes, 0), np.float32),
+                               n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
+                               edge_weight=e.edge_weight, node_time=n.time, edge_time=e.edge_time)
+        else:
+            graph = GraphInput.typed(nodes, edges, self.splits, self.label_type, name=self.name,
+                                     num_classes=self.num_classes)
+        graph.fingerprint = self.fingerprint
+        return graph
+
+
+def _whole(chunks: ArrayChunks | None) -> np.ndarray | None:
+    return None if chunks is None else chunks.read(0, chunks.rows)
+
+
+# ----------------------------------------------------------------------------- opening a folder
+
+def is_chunked_folder(folder: Path) -> bool:
+    """A folder (or, typed, one of its type sub-folders) with a manifest, ``*_NNNNN.npy`` chunks or Parquet."""
+    def chunked(d: Path) -> bool:
+        return ((d / MANIFEST).is_file() or any(_CHUNK_RE.match(p.name) for p in d.glob("*_*.npy"))
+                or any(d.glob("*.parquet")))
+    if (folder / "edge_index.npy").exists() and (folder / "x.npy").exists():
+        return False
+    return chunked(folder) or any(chunked(d) for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def open_chunked(folder: str | os.PathLike, *, with_fingerprint: bool = True) -> ChunkedGraph:
+    """Describe the chunked graph in ``folder`` (see the module docstring), checking every chunk's header.
+
+    ``with_fingerprint``: hash every chunk's bytes (one streaming read, ~1 s/GB) so the fingerprint equals
+    that of the same graph read whole (:func:`graphfeed.server.partition.graph_input.fingerprint`).
+    """
+    folder = Path(folder)
+    manifest = _manifest(folder)
+    subs = sorted(d for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+    typed = bool(manifest.get("nodes")) if manifest else (not _has_fields(folder) and bool(subs))
+    if typed:
+        graph = _open_typed(folder, manifest, subs)
+    else:
+        fields = _folder_fields(folder, manifest)
+        graph = _assemble({DEFAULT_NODE_TYPE: _node_fields(fields)}, {DEFAULT_EDGE_TYPE: _edge_fields(fields)},
+                          _splits_of(folder, manifest), folder)
+    graph.name = _name_of(folder)
+    if with_fingerprint:
+        graph.fingerprint = chunked_fingerprint(graph)
+    return graph
+
+
+def _manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}); fix the manifest") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a JSON object mapping field names to lists of files")
+    return data
+
+
+def _has_fields(folder: Path) -> bool:
+    return (any(_CHUNK_RE.match(p.name) for p in folder.glob("*.npy")) or any(folder.glob("*.parquet"))
+            or (folder / "x.npy").exists() or (folder / "edge_index.npy").exists())
+
+
+def _name_of(folder: Path) -> str:
+    meta = folder / "meta.json"
+    try:
+        data = json.loads(meta.read_text()) if meta.is_file() else {}
+        if isinstance(data, dict) and (data.get("name") or data.get("preset")):
+            return str(data.get("name") or data.get("preset"))
+    except (OSError, json.JSONDecodeError):
+        pass  # meta.json is informational only
+    return folder.resolve().name
+
+
+def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
+    """Every chunked field of one (type) folder: from the manifest, ``*_NNNNN.npy`` files, whole files, Parquet."""
+    fields: dict[str, ArrayChunks] = {}
+    if manifest:
+        for name, files in manifest.items():
+            if name in NODE_FIELDS + EDGE_FIELDS:
+                paths = [files] if isinstance(files, str) else list(files)
+                fields[name] = _npy_chunks(name, [folder / p for p in paths])
+        return fields
+    groups: dict[str, list[Path]] = {}
+    for p in sorted(folder.glob("*.npy")):
+        m = _CHUNK_RE.match(p.name)
+        if m and m["field"] in NODE_FIELDS + EDGE_FIELDS:
+            groups.setdefault(m["field"], []).append(p)
+        elif p.stem in NODE_FIELDS + EDGE_FIELDS:
+            groups.setdefault(p.stem, []).append(p)
+    fields = {name: _npy_chunks(name, paths) for name, paths in groups.items()}
+    fields.update(_parquet_fields(folder))
+    return fields
+
+
+def _npy_chunks(name: str, paths: list[Path]) -> ArrayChunks:
+    files, dtype, row_shape = [], None, None
+    for path in paths:
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"chunk {path} of {name} is not a readable .npy array ({exc}); re-export it") from exc
+        if name == "edge_index":
+            if array.ndim != 2 or array.shape[0] != 2 or not np.issubdtype(array.dtype, np.integer):
+                raise InputError(f"chunk {path} of edge_index has shape {list(array.shape)} and dtype {array.dtype}; "
+                                 f"every edge_index chunk is an integer [2, E_i] array")
+            rows, shape = int(array.shape[1]), ()
+        else:
+            if array.ndim == 0:
+                raise InputError(f"chunk {path} of {name} is a scalar; give one row per node/edge")
+            rows, shape = int(array.shape[0]), tuple(int(s) for s in array.shape[1:])
+        if dtype is not None and (array.dtype != dtype or shape != row_shape):
+            raise InputError(f"chunk {path} of {name} has dtype {array.dtype} rows {list(shape)}, but the chunks "
+                             f"before it have {dtype} {list(row_shape or ())}; every chunk of a field has the same")
+        dtype, row_shape = array.dtype, shape
+        files.append(ChunkFile(str(path), rows))
+    return ArrayChunks(name, tuple(files), str(np.dtype("int64") if name == "edge_index" else dtype),
+                       tuple(row_shape or ()))
+
+
+def _parquet_fields(folder: Path) -> dict[str, ArrayChunks]:
+    out: dict[str, ArrayChunks] = {}
+    edges, nodes = sorted(folder.glob("edges*.parquet")), sorted(folder.glob("nodes*.parquet"))
+    if edges:
+        out.update(_parquet_group(edges, {"edge_index": "src,dst", "edge_weight": "edge_weight",
+                                          "edge_time": "edge_time"}))
+    if nodes:
+        out.update(_parquet_group(nodes, {"x": "x", "y": "y", "node_time": "node_time"}))
+    return out
+
+
+def _parquet_group(paths: list[Path], wanted: dict[str, str]) -> dict[str, ArrayChunks]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files: dict[str, list[ChunkFile]] = {}
+    specs: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in paths:
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(f"chunk {path} is not a readable Parquet file ({exc}); re-export it") from exc
+        schema, rows = pf.schema_arrow, pf.metadata.num_rows
+        for name, column in wanted.items():
+            spec = _parquet_spec(path, schema, name, column, pf)
+            if spec is None:
+                continue
+            col, dtype, shape = spec
+            if name in specs and specs[name] != (dtype, shape):
+                raise InputError(f"chunk {path}: column {col} has {dtype} {list(shape)}, other files "
+                                 f"{specs[name][0]} {list(specs[name][1])}; every file needs the same columns")
+            specs[name] = (dtype, shape)
+            files.setdefault(name, []).append(ChunkFile(str(path), rows, col))
+        if "edge_index" in wanted and not any(f.path == str(path) for f in files.get("edge_index", [])):
+            raise InputError(f"chunk {path} has no integer columns src and dst; every edges*.parquet file needs them")
+    return {name: ArrayChunks(name, tuple(fs), specs[name][0], specs[name][1]) for name, fs in files.items()}
+
+
+def _parquet_spec(path: Path, schema, name: str, column: str, pf) -> tuple[str, str, tuple[int, ...]] | None:
+    import pyarrow as pa
+
+    names = set(schema.names)
+    if name == "edge_index":
+        if not {"src", "dst"} <= names:
+            return None
+        if not all(pa.types.is_integer(schema.field(c).type) for c in ("src", "dst")):
+            raise InputError(f"chunk {path}: columns src and dst must be integers")
+        return "src,dst", "int64", ()
+    if name == "x" and "x" not in names:
+        numbered = sorted((int(c[1:]), c) for c in names if re.fullmatch(r"x\d+", c))
+        if not numbered:
+            return None
+        if [i for i, _ in numbered] != list(range(len(numbered))):
+            raise InputError(f"chunk {path}: feature columns must be x0, x1, ... without gaps")
+        dtype = schema.field(numbered[0][1]).type.to_pandas_dtype()
+        return f"x0..x{len(numbered) - 1}", str(np.dtype(dtype)), (len(numbered),)
+    if column not in names:
+        return None
+    typ = schema.field(column).type
+    if pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ) or pa.types.is_large_list(typ):
+        first = pf.read_row_group(0, columns=[column]).column(0) if pf.metadata.num_row_groups else None
+        width = len(first[0]) if first is not None and len(first) else 0
+        return column, str(np.dtype(typ.value_type.to_pandas_dtype())), (width,)
+    return column, str(np.dtype(typ.to_pandas_dtype())), ()
+
+
+def _node_fields(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
+    return {k: v for k, v in fields.items() if k in NODE_FIELDS}
+
+
+def _edge_fields(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
+    return {k: v for k, v in fields.items() if k in EDGE_FIELDS}
+
+
+def _splits_of(folder: Path, manifest: dict) -> dict[str, np.ndarray]:
+    out = {}
+    for split in SPLITS:
+        name = manifest.get(f"{split}_idx", f"{split}_idx.npy") if manifest else f"{split}_idx.npy"
+        path = folder / name
+        parquet = folder / f"{split}_idx.parquet"
+        if path.is_file():
+            try:
+                out[split] = np.load(path, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:
+                raise InputError(f"{path} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+        elif parquet.is_file():
+            import pyarrow.parquet as pq
+            out[split] = pq.read_table(parquet).column(0).to_numpy()
+    return out
+
+
+def _open_typed(folder: Path, manifest: dict, subs: list[Path]) -> ChunkedGraph:
+    nodes_raw: dict[str, dict[str, ArrayChunks]] = {}
+    edges_raw: dict[EdgeType, dict[str, ArrayChunks]] = {}
+    splits: dict[str, dict[str, np.ndarray]] = {}
+    counts: dict[str, int] = {}
+    if manifest:
+        for ntype, spec in manifest.get("nodes", {}).items():
+            nodes_raw[ntype] = _node_fields(_folder_fields(folder, spec))
+            splits[ntype] = _splits_of(folder, spec)
+            if "num_nodes" in spec:
+                counts[ntype] = int(spec["num_nodes"])
+        for name, spec in manifest.get("edges", {}).items():
+            edges_raw[_etype(name, folder)] = _edge_fields(_folder_fields(folder, spec))
+    else:
+        for sub in subs:
+            if "__" in sub.name:
+                edges_raw[_etype(sub.name, folder)] = _edge_fields(_folder_fields(sub, {}))
+            else:
+                nodes_raw[sub.name] = _node_fields(_folder_fields(sub, {}))
+                splits[sub.name] = _splits_of(sub, {})
+                if (sub / "num_nodes.npy").is_file():
+                    counts[sub.name] = int(np.load(sub / "num_nodes.npy"))
+    with_splits = [t for t, s in splits.items() if s.get("train") is not None]
+    if len(with_splits) != 1:
+        raise InputError(f"typed chunked graph {folder}: exactly one node type needs train_idx.npy "
+                         f"(found {with_splits or 'none'})")
+    nodes = {t: _node_type(t, f, counts.get(t)) for t, f in nodes_raw.items()}
+    return _assemble_typed(nodes, edges_raw, splits[with_splits[0]], with_splits[0], folder)
+
+
+def _etype(name: str, folder: Path) -> EdgeType:
+    parts = name.split("__")
+    if len(parts) != 3 or not all(parts):
+        raise InputError(f"{folder / name} is not a valid edge type name: use src__rel__dst")
+    return parts[0], parts[1], parts[2]
+
+
+def _node_type(ntype: str, fields: dict[str, ArrayChunks], count: int | None) -> ChunkedNodeType:
+    sizes = {name: f.rows for name, f in fields.items()}
+    if count is not None:
+        sizes["num_nodes"] = count
+    if not sizes:
+        raise InputError(f"node type {ntype!r} has no x, y or num_nodes, so its node count is unknown; "
+                         f"save num_nodes.npy (numpy.save(path, N)) in its folder")
+    if len(set(sizes.values())) > 1:
+        raise InputError(f"node type {ntype!r}: its fields give different node counts {sizes}; every field needs "
+                         f"one row per node")
+    return ChunkedNodeType(next(iter(sizes.values())), fields)
+
+
+def _assemble(nodes_raw: dict[str, dict[str, ArrayChunks]], edges_raw: dict[EdgeType, dict[str, ArrayChunks]],
+              splits: dict[str, np.ndarray], folder: Path) -> ChunkedGraph:
+    if "x" not in nodes_raw[DEFAULT_NODE_TYPE] or "edge_index" not in edges_raw[DEFAULT_EDGE_TYPE]:
+        raise InputError(f"chunked input {folder} needs edge_index chunks (edge_index_00000.npy, ... or "
+                         f"edges*.parquet with src, dst) and x chunks (x_00000.npy, ... or nodes*.parquet)")
+    if splits.get("train") is None:
+        raise InputError(f"{folder / 'train_idx.npy'} is missing: give the training node ids")
+    nodes = {DEFAULT_NODE_TYPE: _node_type(DEFAULT_NODE_TYPE, nodes_raw[DEFAULT_NODE_TYPE], None)}
+    return _assemble_typed(nodes, edges_raw, splits, DEFAULT_NODE_TYPE, folder)
+
+
+def _assemble_typed(nodes: dict[str, ChunkedNodeType], edges_raw: dict[EdgeType, dict[str, ArrayChunks]],
+                    splits: dict[str, np.ndarray], label_type: str, folder: Path) -> ChunkedGraph:
+    edges = {}
+    for etype, fields in sorted(edges_raw.items()):
+        if "edge_index" not in fields:
+            raise InputError(f"edge type {edge_type_dirname(etype)} in {folder} has no edge_index chunks")
+        for ntype in (etype[0], etype[2]):
+            if ntype not in nodes:
+                raise InputError(f"edge type {edge_type_dirname(etype)} names node type {ntype!r}, which {folder} "
+                                 f"does not have; add it or fix the name")
+        n_edges = fields["edge_index"].rows
+        for name, f in fields.items():
+            if f.rows != n_edges:
+                raise InputError(f"{name} of edge type {edge_type_dirname(etype)} has {f.rows} rows but edge_index "
+                                 f"has {n_edges} edges; give one row per edge")
+        edges[etype] = ChunkedEdgeType(fields)
+    n = nodes[label_type].num_nodes
+    checked = {s: check_split(idx, f"{folder}: {s}_idx", n, f"node type {label_type!r} has {n} nodes")
+               for s, idx in splits.items() if idx is not None}
+    y = nodes[label_type].y
+    graph = ChunkedGraph(dict(sorted(nodes.items())), edges, {s: checked.get(s, np.empty(0, np.int64))
+                                                             for s in SPLITS}, label_type)
+    graph.num_classes = _classes(y) if y is not None else 0
+    return graph
+
+
+def _classes(y: ArrayChunks) -> int:
+    """As :func:`input_arrays.label_classes`, streaming: ``max + 1`` of integer class labels."""
+    if np.issubdtype(np.dtype(y.dtype), np.floating) or y.rows == 0:
+        return 0
+    if len(y.row_shape) == 1:
+        return int(y.row_shape[0])
+    if y.row_shape:
+        return 0
+    step = max(1, _HASH_ROWS_BYTES // max(1, y.row_bytes))
+    return int(max(int(y.read(s, min(s + step, y.rows)).max()) for s in range(0, y.rows, step))) + 1
+
+
+# ----------------------------------------------------------------------------- fingerprint
+
+def _hash_chunks(h, label: str, chunks: ArrayChunks) -> None:
+    """What ``graph_input._hash_array`` hashes for the concatenated field, read a slice at a time."""
+    if chunks.is_edge_index:
+        h.update(f"{label}:{np.dtype(chunks.dtype).str}:{[2, chunks.rows]};".encode())
+        step = max(1, _HASH_ROWS_BYTES // 8)
+        for row in (0, 1):
+            for s in range(0, chunks.rows, step):
+                h.update(np.ascontiguousarray(chunks.read(s, min(s + step, chunks.rows))[row]))
+        return
+    h.update(f"{label}:{np.dtype(chunks.dtype).str}:{[chunks.rows, *chunks.row_shape]};".encode())
+    step = max(1, _HASH_ROWS_BYTES // max(1, chunks.row_bytes))
+    for s in range(0, chunks.rows, step):
+        h.update(np.ascontiguousarray(chunks.read(s, min(s + step, chunks.rows))))
+
+
+def _hash_whole(h, label: str, array: np.ndarray) -> None:
+    h.update(f"{label}:{array.dtype.str}:{list(array.shape)};".encode())
+    if array.size:
+        h.update(np.ascontiguousarray(array))
+
+
+def chunked_fingerprint(graph: ChunkedGraph) -> str:
+    """:func:`graph_input.fingerprint` of the graph the chunks make up, without holding it."""
+    node = graph.nodes.get(DEFAULT_NODE_TYPE)
+    if graph.is_homogeneous and node is not None and node.x is not None and node.y is not None:
+        h = hashlib.sha256(b"graphfeed-input-v1;")
+        e = graph.edges[DEFAULT_EDGE_TYPE].fields
+        _hash_chunks(h, "edge_index", e["edge_index"])
+        _hash_chunks(h, "x", node.x)
+        _hash_chunks(h, "y", node.y)
+        for split in sorted(graph.splits):
+            _hash_whole(h, f"split:{split}", graph.splits[split])
+        for name in ("edge_attr", "edge_weight"):
+            if name in e:
+                _hash_chunks(h, name, e[name])
+        for name, chunks in (("node_time", node.fields.get("node_time")), ("edge_time", e.get("edge_time"))):
+            if chunks is not None:
+                _hash_chunks(h, name, chunks)
+        return h.hexdigest()
+    h = hashlib.sha256(b"graphfeed-input-typed-v1;")
+    for ntype in sorted(graph.nodes):
+        t = graph.nodes[ntype]
+        h.update(f"node:{ntype}:{t.num_nodes};".encode())
+        for name, key in (("x", "x"), ("y", "y"), ("time", "node_time")):
+            if key in t.fields:
+                _hash_chunks(h, f"{ntype}.{name}", t.fields[key])
+    for etype in sorted(graph.edges):
+        fields, label = graph.edges[etype].fields, "__".join(etype)
+        for name in EDGE_FIELDS:
+            if name in fields:
+                _hash_chunks(h, f"{label}.{name}", fields[name])
+    h.update(f"label_type:{graph.label_type};".encode())
+    for split in sorted(graph.splits):
+        _hash_whole(h, f"split:{split}", graph.splits[split])
+    return h.hexdigest()
