@@ -52,11 +52,11 @@ Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
 BOUNDED_METHODS = ("random", "fennel", "metis")
 PLAN_VERSION = 1
-BASELINE_BYTES = 160 << 20    # the interpreter, numpy and graphfeed's imports, before any graph data
+BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (~40 MB resident), with room
 EDGE_TASK_BYTES = 96          # per edge held by a degree/bucket task (input ids, new ids, bucket order, copies)
 SORT_TASK_BYTES = 80          # per edge held by a sort task (columns, packed keys, order, output copies)
 METIS_BYTES_PER_EDGE = 72     # the in-memory METIS path: edge list, symmetric keys, pymetis' int32 copies
-_MIN_WORK = 16 << 20
+_MIN_WORK = 256 << 10
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
 
@@ -112,17 +112,18 @@ class Plan:
         return [f"{k} {other.get(k)!r} -> {v!r}" for k, v in mine.items() if other.get(k) != v]
 
 
-def fixed_bytes(graph: ChunkedGraph, num_parts: int) -> int:
-    """Bytes every process holds whatever the chunk size: parts and new ids of every node, one degree table."""
+def fixed_bytes(graph: ChunkedGraph, num_parts: int, topologies=("csc",)) -> int:
+    """Bytes a process holds whatever the chunk size: parts and new ids of every node, and while an edge type
+    is counted one degree table per topology and one renumbered (int32 each)."""
     n = graph.num_nodes
     id_bytes = 4 if n < (1 << 31) else 8
-    return n * (_parts_dtype(num_parts).itemsize + id_bytes + 4)
+    return n * (_parts_dtype(num_parts).itemsize + id_bytes + 4 * (len(topologies) + 1))
 
 
 def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topologies, memory_limit: int,
               fennel_passes: int = 3) -> Plan:
     """Chunk sizes that keep every process under ``memory_limit``; ValueError when it cannot be met."""
-    fixed = fixed_bytes(graph, num_parts)
+    fixed = fixed_bytes(graph, num_parts, topologies)
     if method == "random":   # the permutation the in-memory path draws (int64 [N_t], one type at a time)
         fixed += 8 * max(t.num_nodes for t in graph.nodes.values())
     extra_row = sum(_edge_extra_bytes(e.fields) for e in graph.edges.values())
@@ -214,7 +215,7 @@ def open_scratch(scratch: Path, plan: Plan, log: Log) -> bool:
             old = {}
         diff = plan.differences(old)
         if not diff:
-            done = sum(1 for _ in (scratch / "done").rglob("*")) if (scratch / "done").is_dir() else 0
+            done = sum(1 for p in (scratch / "done").rglob("*") if p.is_file()) if (scratch / "done").is_dir() else 0
             log(f"resuming the run in {scratch}: {done} finished task(s) kept")
             return True
         log(f"cannot resume the run in {scratch} ({'; '.join(diff)}): starting over")
@@ -413,15 +414,18 @@ def _key_other(etype: EdgeType, topo: str) -> tuple[int, str, str]:
     return (1, etype[2], etype[0]) if topo == "csc" else (0, etype[0], etype[2])
 
 
-def run_degree_task(job: Job, task: tuple[str, int, int]) -> tuple[list[np.ndarray], int]:
-    """Per topology, the edge count of every key node (original ids, int32) in edges ``[a, b)``; and their cut."""
+def count_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct ids, int32 counts)``: a chunk's share of a degree table, sized by the chunk, not by N."""
+    distinct, counts = np.unique(ids, return_counts=True)
+    return distinct, counts.astype(np.int32)
+
+
+def run_degree_task(job: Job, task: tuple[str, int, int]) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Per topology, the edge count of each key node (original ids) in edges ``[a, b)``; and their cut."""
     dirname, a, b = task
     etype = _etype_of(job.graph, dirname)
     ei = job.graph.read_edges(etype, a, b)
-    counts = []
-    for topo in job.plan.topologies:
-        row, key_type, _ = _key_other(etype, topo)
-        counts.append(np.bincount(ei[row], minlength=job.graph.nodes[key_type].num_nodes).astype(np.int32))
+    counts = [count_ids(ei[_key_other(etype, topo)[0]]) for topo in job.plan.topologies]
     parts = job.parts()
     src = np.asarray(_parts_of_type(parts, job.graph, etype[0]))
     dst = src if etype[0] == etype[2] else np.asarray(_parts_of_type(parts, job.graph, etype[2]))
@@ -662,13 +666,18 @@ def _write_edge_type(job: Job, etype: EdgeType, ranges: dict[str, list[int]], ru
     dirname, graph, plan = edge_type_dirname(etype), job.graph, job.plan
     named = "" if graph.is_homogeneous else f" {dirname}"
     chunks = edge_chunks(job, etype)
-    results = runner.map(run_degree_task, job, [(dirname, a, b) for a, b in chunks], f"counting degrees{named}")
-    cut = sum(c for _, c in results)
+    totals = [np.zeros(graph.nodes[_key_other(etype, topo)[1]].num_nodes, dtype=np.int32) for topo in plan.topologies]
+    cut = [0]
+
+    def combine(result) -> None:   # summed as tasks finish: one table per topology, never one per task
+        for total, (ids, counts) in zip(totals, result[0]):
+            total[ids] += counts
+        cut[0] += result[1]
+
+    runner.map(run_degree_task, job, [(dirname, a, b) for a, b in chunks], f"counting degrees{named}", combine)
     for i, topo in enumerate(plan.topologies):
         _, key_type, other_type = _key_other(etype, topo)
-        degrees = np.zeros(graph.nodes[key_type].num_nodes, dtype=np.int32)
-        for counts, _ in results:
-            degrees += counts[i]
+        degrees, totals[i] = totals[i], np.empty(0, dtype=np.int32)
         new = np.asarray(job.new_ids(key_type))
         degrees_new = np.empty_like(degrees)
         degrees_new[new] = degrees
@@ -683,8 +692,7 @@ def _write_edge_type(job: Job, etype: EdgeType, ranges: dict[str, list[int]], ru
         preallocate_edges(job, etype, topo, part_edges, _extra_columns(graph, etype, other_type))
         runner.map(run_bucket_task, job, [(dirname, topo, a, b) for a, b in chunks], f"bucketing {topo}{named}")
         runner.map(run_sort_task, job, [(dirname, topo, i) for i in range(len(buckets))], f"sorting {topo}{named}")
-    del results
-    return cut
+    return cut[0]
 
 
 def _extra_columns(graph: ChunkedGraph, etype: EdgeType, other_type: str) -> dict[str, tuple[np.dtype, tuple]]:

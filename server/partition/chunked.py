@@ -110,11 +110,36 @@ def _read_file(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> np.ndarra
     try:
         if f.path.endswith(".parquet"):
             return _read_parquet_rows(f, chunks, lo, hi)
-        array = np.load(f.path, mmap_mode="r", allow_pickle=False)
-        out = array[:, lo:hi] if chunks.is_edge_index else array[lo:hi]
-        return np.array(out, dtype=chunks.dtype)
+        return _read_npy_rows(f.path, lo, hi, chunks.is_edge_index).astype(chunks.dtype, copy=False)
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"chunk {f.path} of {chunks.name} cannot be read ({exc}); re-export it") from exc
+
+
+def _read_npy_rows(path: str, lo: int, hi: int, edge_index: bool) -> np.ndarray:
+    """Rows ``[lo, hi)`` of a C-order ``.npy`` file (``edge_index``: columns of both rows) read with plain
+    reads, not a memory map: only the rows asked for take memory or address space."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(fh)
+        if fortran and len(shape) > 1:
+            raise ValueError("Fortran-order arrays are not read in chunks; re-save it with numpy.save(np.ascontiguousarray(a))")
+        start = fh.tell()
+        if edge_index:
+            n = shape[1]
+            rows = []
+            for r in (0, 1):
+                fh.seek(start + (r * n + lo) * dtype.itemsize)
+                rows.append(np.fromfile(fh, dtype=dtype, count=hi - lo))
+            out = np.stack(rows)
+        else:
+            row_items = int(np.prod(shape[1:], dtype=np.int64))
+            fh.seek(start + lo * row_items * dtype.itemsize)
+            out = np.fromfile(fh, dtype=dtype, count=(hi - lo) * row_items).reshape(hi - lo, *shape[1:])
+    expected = (2, hi - lo) if edge_index else (hi - lo, *shape[1:])
+    if out.shape != expected:
+        raise ValueError(f"the file ends early (read {list(out.shape)} of rows {lo}..{hi})")
+    return out
 
 
 def _read_parquet_rows(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> np.ndarray:
@@ -242,6 +267,11 @@ def _whole(chunks: ArrayChunks | None) -> np.ndarray | None:
 
 
 # ----------------------------------------------------------------------------- opening a folder
+
+def chunk_files_of(folder: str | os.PathLike, name: str) -> list[Path]:
+    """The ``NAME_NNNNN.npy`` chunk files of field ``name`` in ``folder``, in order."""
+    return sorted(p for p in Path(folder).glob(f"{name}_*.npy") if (m := _CHUNK_RE.match(p.name)) and m["field"] == name)
+
 
 def is_chunked_folder(folder: Path) -> bool:
     """A folder (or, typed, one of its type sub-folders) with a manifest, ``*_NNNNN.npy`` chunks or Parquet."""

@@ -35,8 +35,12 @@ def fennel_parts(job, runner, report) -> np.ndarray:
     n = graph.num_nodes
     tasks = [(etype, a, b) for etype in graph.edge_types for a, b in _chunks(job, etype)]
     degrees = np.zeros(n, dtype=np.int32)
-    for counts in runner.map(_degree_task, job, tasks, "fennel: counting neighbours"):
-        degrees += counts
+
+    def combine(result) -> None:
+        ids, counts = result
+        degrees[ids] += counts
+
+    runner.map(_degree_task, job, tasks, "fennel: counting neighbours", combine)
     blocks = [(b[1], b[2]) for b in plan_buckets(degrees, [0, n], plan.sort_edges)]
     entries = int(degrees.sum(dtype=np.int64))
     del degrees
@@ -56,8 +60,7 @@ def fennel_parts(job, runner, report) -> np.ndarray:
             for s in range(lo, hi, batch):
                 e = min(s + batch, hi)
                 state.place(s, e, nbrs[indptr[s - lo]:indptr[e - lo]], np.diff(indptr[s - lo:e - lo + 1]))
-        report.log(f"fennel: pass {p + 1}: {state.cut_estimate(job, blocks):,} of {entries // 2:,} undirected "
-                   f"neighbour pairs cut")
+        report.log(f"fennel: pass {p + 1}: {state.cut_estimate(job, blocks):,} of {entries // 2:,} edges cut")
     shutil.rmtree(job.root / "fennel", ignore_errors=True)
     return parts
 
@@ -80,10 +83,11 @@ def _ends(job, etype, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
     return u[keep], v[keep]
 
 
-def _degree_task(job, task) -> np.ndarray:
+def _degree_task(job, task) -> tuple[np.ndarray, np.ndarray]:
+    from graphfeed.server.partition.bounded import count_ids
+
     u, v = _ends(job, *task)
-    n = job.graph.num_nodes
-    return (np.bincount(u, minlength=n) + np.bincount(v, minlength=n)).astype(np.int32)
+    return count_ids(np.concatenate([u, v]))
 
 
 def _bucket_task(job, task) -> int:
@@ -191,7 +195,7 @@ class _State:
         return np.argmax(score, axis=1)
 
     def cut_estimate(self, job, blocks) -> int:
-        """Neighbour pairs (both directions counted once) whose ends are in different parts."""
+        """Edges (the neighbour lists hold each edge in both directions, counted once) between parts."""
         cut = 0
         for b, (lo, hi) in enumerate(blocks):
             indptr, nbrs = np.load(_adjacency(job, b, "indptr")), np.load(_adjacency(job, b, "nbrs"))

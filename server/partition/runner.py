@@ -8,14 +8,26 @@ way a failed task raises in the caller with the item named, and a progress bar c
 """
 from __future__ import annotations
 
+import os
+import signal
 from typing import Callable, Iterable, Sequence
 
 Progress = Callable[[Iterable, str], Iterable]
 CONNECT_TIMEOUT_S = 30
+# Fault injection for the resume tests: SIGKILL this process after that many finished tasks.
+KILL_AFTER_ENV = "GRAPHFEED_PARTITION_KILL_AFTER_TASKS"
+_finished = [0]
 
 
 class TaskError(RuntimeError):
     """A chunk task failed; the message names the stage, the item and the cause."""
+
+
+def _fault_injection() -> None:
+    limit = os.environ.get(KILL_AFTER_ENV)
+    _finished[0] += 1
+    if limit and _finished[0] >= int(limit):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _no_progress(iterable, desc):
@@ -30,8 +42,17 @@ class InProcess:
     def __init__(self, progress: Progress | None = None):
         self.progress = progress or _no_progress
 
-    def map(self, fn: Callable, job, items: Sequence, desc: str) -> list:
-        return [fn(job, item) for item in self.progress(items, desc)]
+    def map(self, fn: Callable, job, items: Sequence, desc: str, combine: Callable | None = None) -> list:
+        """``[fn(job, item) for item in items]``; with ``combine``, each result is handed to it instead of kept."""
+        out = []
+        for item in self.progress(items, desc):
+            result = fn(job, item)
+            if combine is None:
+                out.append(result)
+            else:
+                combine(result)
+            _fault_injection()
+        return out
 
     def close(self) -> None:
         pass
@@ -72,7 +93,8 @@ class DaskRunner:
             self._job_key = job
         return self._job_future
 
-    def map(self, fn: Callable, job, items: Sequence, desc: str) -> list:
+    def map(self, fn: Callable, job, items: Sequence, desc: str, combine: Callable | None = None) -> list:
+        """As :meth:`InProcess.map`; results arrive in completion order (``combine`` must not care)."""
         from dask.distributed import as_completed
 
         if not items:
@@ -88,7 +110,11 @@ class DaskRunner:
                 for f in futures:
                     f.cancel()
                 raise TaskError(f"{desc}: task {items[index[future.key]]!r} failed on {self.name}: {exc}") from exc
-            results[index[future.key]] = future.result()
+            if combine is None:
+                results[index[future.key]] = future.result()
+            else:
+                combine(future.result())
+            future.release()
             next(bar, None)
         return results
 
