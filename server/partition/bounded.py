@@ -47,11 +47,22 @@ from graphfeed.server.partition.format import (
 )
 from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
 from graphfeed.server.partition.runner import InProcess
+from graphfeed.server.partition.scratch import (
+    Job,
+    Plan,
+    count_ids,
+    edge_chunks,
+    id_dtype,
+    mark_done,
+    parts_dtype,
+    plan_buckets,
+    save_atomic,
+    write_json_atomic,
+)
 
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
 BOUNDED_METHODS = ("random", "fennel", "metis")
-PLAN_VERSION = 1
 BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (~40 MB resident), with room
 EDGE_TASK_BYTES = 96          # per edge held by a degree/bucket task (input ids, new ids, bucket order, copies)
 SORT_TASK_BYTES = 80          # per edge held by a sort task (columns, packed keys, order, output copies)
@@ -89,35 +100,12 @@ class ResumeRefused(ValueError):
 
 # ----------------------------------------------------------------------------- the plan
 
-@dataclass(frozen=True)
-class Plan:
-    """Everything that decides the output and the chunking; a scratch folder is resumed only under the same plan."""
-
-    num_parts: int
-    method: str
-    seed: int
-    topologies: tuple[str, ...]
-    fingerprint: str
-    edge_rows: int            # edges per degree/bucket task
-    sort_edges: int           # edges per sort bucket (a single node with more edges is one bucket)
-    node_bytes: int           # bytes of node rows per node task
-    fennel_passes: int = 3
-    version: int = PLAN_VERSION
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    def differences(self, other: dict) -> list[str]:
-        mine = json.loads(self.to_json())
-        return [f"{k} {other.get(k)!r} -> {v!r}" for k, v in mine.items() if other.get(k) != v]
-
-
 def fixed_bytes(graph: ChunkedGraph, num_parts: int, topologies=("csc",)) -> int:
     """Bytes a process holds whatever the chunk size: parts and new ids of every node, and while an edge type
     is counted one degree table per topology and one renumbered (int32 each)."""
     n = graph.num_nodes
     id_bytes = 4 if n < (1 << 31) else 8
-    return n * (_parts_dtype(num_parts).itemsize + id_bytes + 4 * (len(topologies) + 1))
+    return n * (parts_dtype(num_parts).itemsize + id_bytes + 4 * (len(topologies) + 1))
 
 
 def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topologies, memory_limit: int,
@@ -143,67 +131,7 @@ def _edge_extra_bytes(fields: dict[str, ArrayChunks]) -> int:
     return sum(f.row_bytes for name, f in fields.items() if name != "edge_index") + 8   # + neighbour time
 
 
-def _parts_dtype(num_parts: int) -> np.dtype:
-    return np.dtype(np.int16 if num_parts < (1 << 15) else np.int32)
-
-
-def _id_dtype(n: int) -> np.dtype:
-    return np.dtype(np.int32 if n < (1 << 31) else np.int64)
-
-
 # ----------------------------------------------------------------------------- the scratch folder
-
-@dataclass(frozen=True)
-class Job:
-    """What every task needs: the graph's description, the plan and the scratch folder (picklable)."""
-
-    graph: ChunkedGraph
-    plan: Plan
-    scratch: str
-
-    @property
-    def root(self) -> Path:
-        return Path(self.scratch)
-
-    @property
-    def out(self) -> Path:
-        return self.root / "out"
-
-    def done(self, stage: str, item) -> Path:
-        return self.root / "done" / stage / f"{item}"
-
-    def parts(self) -> np.ndarray:
-        return np.load(self.root / "parts.npy", mmap_mode="r")
-
-    def new_ids(self, ntype: str) -> np.ndarray:
-        return np.load(self.root / f"new_{ntype}.npy", mmap_mode="r")
-
-    def bucket_dir(self, etype: EdgeType, topo: str, bucket: int) -> Path:
-        return self.root / "buckets" / f"{edge_type_dirname(etype)}.{topo}" / f"{bucket:06d}"
-
-    def table(self, name: str) -> dict:
-        return json.loads((self.root / f"{name}.json").read_text())
-
-
-def _mark_done(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-
-
-def _save_atomic(path: Path, array: np.ndarray) -> None:
-    """``np.save`` to a temporary name, then rename: a killed task never leaves a complete-looking file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        np.save(fh, np.ascontiguousarray(array))
-    os.replace(tmp, path)
-
-
-def _write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
 
 def open_scratch(scratch: Path, plan: Plan, log: Log) -> bool:
     """Prepare ``scratch`` for ``plan``; True when it continues an earlier run's work."""
@@ -224,7 +152,7 @@ def open_scratch(scratch: Path, plan: Plan, log: Log) -> bool:
         log(f"cannot resume the run in {scratch} (no plan.json: it was killed before starting): starting over")
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
-    _write_json_atomic(plan_file, json.loads(plan.to_json()))
+    write_json_atomic(plan_file, json.loads(plan.to_json()))
     return False
 
 
@@ -263,14 +191,9 @@ def write_rows(path: Path, row: int, array: np.ndarray) -> None:
         return
     data = np.ascontiguousarray(array)
     offset = _header_length(path) + row * (data.nbytes // max(1, data.shape[0]))
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        view = memoryview(data).cast("B")
-        while view:
-            written = os.pwrite(fd, view, offset)
-            view, offset = view[written:], offset + written
-    finally:
-        os.close(fd)
+    with open(path, "r+b") as fh:    # never truncates: other tasks write other rows of the same file
+        fh.seek(offset)
+        data.tofile(fh)
 
 
 # ----------------------------------------------------------------------------- 1. assignment
@@ -278,7 +201,7 @@ def write_rows(path: Path, row: int, array: np.ndarray) -> None:
 def random_parts_bounded(graph: ChunkedGraph, num_parts: int, seed: int) -> np.ndarray:
     """The in-memory path's random assignment (``builder._random_parts``), dealt a slice at a time."""
     rng = np.random.default_rng(seed)
-    out = np.empty(graph.num_nodes, dtype=_parts_dtype(num_parts))
+    out = np.empty(graph.num_nodes, dtype=parts_dtype(num_parts))
     start = 0
     step = 1 << 22
     for t in graph.nodes.values():
@@ -304,7 +227,7 @@ def metis_parts_bounded(graph: ChunkedGraph, num_parts: int, seed: int, memory_l
     nodes = {t: NodeTypeInput(n.num_nodes) for t, n in graph.nodes.items()}
     edges = {e: EdgeTypeInput(graph.read_edges(e, 0, c.num_edges)) for e, c in graph.edges.items()}
     whole = GraphInput.typed(nodes, edges, graph.splits, graph.label_type)
-    return metis_parts(whole, num_parts, seed).astype(_parts_dtype(num_parts))
+    return metis_parts(whole, num_parts, seed).astype(parts_dtype(num_parts))
 
 
 # ----------------------------------------------------------------------------- 2. numbering
@@ -315,7 +238,7 @@ def number_nodes(parts: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndar
     counts = np.bincount(parts, minlength=num_parts).astype(np.int64)
     ranges = np.zeros(num_parts + 1, dtype=np.int64)
     np.cumsum(counts, out=ranges[1:])
-    new = np.empty(parts.size, dtype=_id_dtype(parts.size))
+    new = np.empty(parts.size, dtype=id_dtype(parts.size))
     running = ranges[:-1].copy()
     step = 1 << 22
     for a in range(0, parts.size, step):
@@ -386,7 +309,7 @@ def run_node_task(job: Job, task: tuple[str, int, int, list[int]]) -> int:
     ids = np.arange(a, b, dtype=np.int64)
     for k, mask in enumerate(masks):
         write_rows(paths.node_file(k, "orig_id", ntype), before[k], ids[mask])
-    _mark_done(marker)
+    mark_done(marker)
     return b - a
 
 
@@ -403,21 +326,9 @@ def write_splits(job: Job, ranges: dict[str, list[int]]) -> None:
 
 # ----------------------------------------------------------------------------- 4. degrees and buckets
 
-def edge_chunks(job: Job, etype: EdgeType) -> list[tuple[int, int]]:
-    n = job.graph.edges[etype].num_edges
-    step = job.plan.edge_rows
-    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
-
-
 def _key_other(etype: EdgeType, topo: str) -> tuple[int, str, str]:
     """Row of the key endpoint, key node type, other node type (CSC: destinations own the edge)."""
     return (1, etype[2], etype[0]) if topo == "csc" else (0, etype[0], etype[2])
-
-
-def count_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(distinct ids, int32 counts)``: a chunk's share of a degree table, sized by the chunk, not by N."""
-    distinct, counts = np.unique(ids, return_counts=True)
-    return distinct, counts.astype(np.int32)
 
 
 def run_degree_task(job: Job, task: tuple[str, int, int]) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
@@ -434,23 +345,6 @@ def run_degree_task(job: Job, task: tuple[str, int, int]) -> tuple[list[tuple[np
 
 def _etype_of(graph: ChunkedGraph, dirname: str) -> EdgeType:
     return next(e for e in graph.edges if edge_type_dirname(e) == dirname)
-
-
-def plan_buckets(degrees_new: np.ndarray, ranges: list[int], sort_edges: int) -> list[tuple[int, int, int, int]]:
-    """``(part, first key, end key, edge offset in the part)`` runs of key nodes (new ids) of at most
-    ``sort_edges`` edges each (a node with more is a run of its own), never crossing a part boundary."""
-    out = []
-    for k in range(len(ranges) - 1):
-        lo, hi = ranges[k], ranges[k + 1]
-        cum = np.zeros(hi - lo + 1, dtype=np.int64)
-        np.cumsum(degrees_new[lo:hi], out=cum[1:])
-        start = 0
-        while start < hi - lo:
-            end = int(np.searchsorted(cum, cum[start] + sort_edges, side="right")) - 1
-            end = max(end, start + 1)
-            out.append((k, lo + start, lo + end, int(cum[start])))
-            start = end
-    return out
 
 
 def run_bucket_task(job: Job, task: tuple[str, str, int, int]) -> int:
@@ -476,8 +370,8 @@ def run_bucket_task(job: Job, task: tuple[str, str, int, int]) -> int:
         sel = order[offsets[bkt]:offsets[bkt + 1]]
         folder = job.bucket_dir(etype, topo, int(bkt))
         for name, values in columns.items():
-            _save_atomic(folder / f"{a:012d}.{name}.npy", values[sel])
-    _mark_done(marker)
+            save_atomic(folder / f"{a:012d}.{name}.npy", values[sel])
+    mark_done(marker)
     return b - a
 
 
@@ -507,7 +401,7 @@ def _time_by_new(job: Job, ntype: str, node_time: ArrayChunks) -> np.ndarray:
         new = np.asarray(job.new_ids(ntype))
         times = np.empty(new.size, dtype=np.int64)
         times[new] = node_time.read(0, node_time.rows).astype(np.int64)
-        _save_atomic(path, times)
+        save_atomic(path, times)
     return np.load(path, mmap_mode="r")
 
 
@@ -538,7 +432,7 @@ def run_sort_task(job: Job, task: tuple[str, str, int]) -> int:
     folder = job.bucket_dir(etype, topo, bkt)
     columns = _load_bucket(folder)
     if not columns:
-        _mark_done(marker)
+        mark_done(marker)
         return 0
     key = np.subtract(columns.pop("key"), first, dtype=np.int64)
     other = columns.pop("other")
@@ -553,7 +447,7 @@ def run_sort_task(job: Job, task: tuple[str, str, int]) -> int:
     del other
     for name, values in columns.items():
         write_rows(paths.edge_file(part, topo, name, etype), offset, values[order])
-    _mark_done(marker)
+    mark_done(marker)
     shutil.rmtree(folder, ignore_errors=True)   # its edges are in the part now: free the disk
     return int(order.size)
 
@@ -644,7 +538,7 @@ def _assign(job: Job, graph: ChunkedGraph, memory_limit: int, runner, report: Re
     else:
         from graphfeed.server.partition.fennel import fennel_parts
         parts = fennel_parts(job, runner, report)
-    _save_atomic(path, parts)
+    save_atomic(path, parts)
     return parts
 
 
@@ -657,7 +551,7 @@ def _number(job: Job, parts: np.ndarray, report: Reporter) -> dict[str, list[int
         ranges[ntype] = [0, *np.cumsum(counts).tolist()]
         if not path.is_file():
             new, _ = number_nodes(mine, job.plan.num_parts)
-            _save_atomic(path, new)
+            save_atomic(path, new)
     return ranges
 
 
@@ -684,7 +578,7 @@ def _write_edge_type(job: Job, etype: EdgeType, ranges: dict[str, list[int]], ru
         del degrees, new
         buckets = plan_buckets(degrees_new, ranges[key_type], plan.sort_edges)
         table_path = job.root / f"buckets.{dirname}.{topo}.json"
-        _write_json_atomic(table_path, {"buckets": buckets, "starts": [b[1] for b in buckets]})
+        write_json_atomic(table_path, {"buckets": buckets, "starts": [b[1] for b in buckets]})
         part_edges = [int(degrees_new[ranges[key_type][k]:ranges[key_type][k + 1]].sum())
                       for k in range(plan.num_parts)]
         write_indptr(job, etype, topo, degrees_new, ranges[key_type])

@@ -123,7 +123,8 @@ def _read_npy_rows(path: str, lo: int, hi: int, edge_index: bool) -> np.ndarray:
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(fh)
         if fortran and len(shape) > 1:
-            raise ValueError("Fortran-order arrays are not read in chunks; re-save it with numpy.save(np.ascontiguousarray(a))")
+            raise ValueError("Fortran-order arrays are not read in chunks; "
+                             "re-save it with numpy.save(path, numpy.ascontiguousarray(a))")
         start = fh.tell()
         if edge_index:
             n = shape[1]
@@ -238,7 +239,8 @@ class ChunkedGraph:
         for row, ntype in ((0, etype[0]), (1, etype[2])):
             if ei.shape[1] and (int(ei[row].min()) < 0 or int(ei[row].max()) >= self.nodes[ntype].num_nodes):
                 bad = int(np.flatnonzero((ei[row] < 0) | (ei[row] >= self.nodes[ntype].num_nodes))[0])
-                raise InputError(f"chunk {chunks.which(start + bad)} of edge_index has {'source' if row == 0 else 'destination'} "
+                role = "source" if row == 0 else "destination"
+                raise InputError(f"chunk {chunks.which(start + bad)} of edge_index has {role} "
                                  f"id {int(ei[row, bad])}, but node type {ntype!r} has {self.nodes[ntype].num_nodes} "
                                  f"nodes; fix that chunk or the node count")
         return ei
@@ -247,7 +249,7 @@ class ChunkedGraph:
         """The whole graph in memory (the in-memory path; tests compare the two)."""
         nodes = {ntype: NodeTypeInput(t.num_nodes, *(_whole(t.fields.get(f)) for f in NODE_FIELDS))
                  for ntype, t in self.nodes.items()}
-        edges = {etype: EdgeTypeInput(_whole(e.fields["edge_index"]).astype(np.int64, copy=False),
+        edges = {etype: EdgeTypeInput(e.fields["edge_index"].read(0, e.num_edges).astype(np.int64, copy=False),
                                       *(_whole(e.fields.get(f)) for f in EDGE_FIELDS[1:]))
                  for etype, e in self.edges.items()}
         if self.is_homogeneous:
@@ -270,7 +272,8 @@ def _whole(chunks: ArrayChunks | None) -> np.ndarray | None:
 
 def chunk_files_of(folder: str | os.PathLike, name: str) -> list[Path]:
     """The ``NAME_NNNNN.npy`` chunk files of field ``name`` in ``folder``, in order."""
-    return sorted(p for p in Path(folder).glob(f"{name}_*.npy") if (m := _CHUNK_RE.match(p.name)) and m["field"] == name)
+    return sorted(p for p in Path(folder).glob(f"{name}_*.npy")
+                  if (m := _CHUNK_RE.match(p.name)) and m["field"] == name)
 
 
 def is_chunked_folder(folder: Path) -> bool:
@@ -356,7 +359,9 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
 
 
 def _npy_chunks(name: str, paths: list[Path]) -> ArrayChunks:
-    files, dtype, row_shape = [], None, None
+    files: list[ChunkFile] = []
+    dtype, row_shape = None, None
+    shape: tuple[int, ...]
     for path in paths:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -23,13 +23,24 @@ import shutil
 import numpy as np
 
 from graphfeed.server.partition.metis import BALANCE_SLACK
+from graphfeed.server.partition.scratch import (
+    count_ids,
+    edge_chunks,
+    id_dtype,
+    mark_done,
+    parts_dtype,
+    plan_buckets,
+    save_atomic,
+    write_json_atomic,
+)
 
 GAMMA = 1.5
+RESTREAM_ALPHA = 0.0   # restreaming passes: alpha times this (0: plain majority; the caps keep the balance)
+REFINE_ROUNDS = 4      # balanced refinement rounds after the passes (each one pass over the neighbour lists)
 
 
 def fennel_parts(job, runner, report) -> np.ndarray:
     """Every node's part (homogeneous view, int16/int32 [N]) after ``job.plan.fennel_passes`` passes."""
-    from graphfeed.server.partition.bounded import _parts_dtype, _write_json_atomic, plan_buckets
 
     graph, plan = job.graph, job.plan
     n = graph.num_nodes
@@ -43,17 +54,18 @@ def fennel_parts(job, runner, report) -> np.ndarray:
     runner.map(_degree_task, job, tasks, "fennel: counting neighbours", combine)
     blocks = [(b[1], b[2]) for b in plan_buckets(degrees, [0, n], plan.sort_edges)]
     entries = int(degrees.sum(dtype=np.int64))
-    del degrees
-    _write_json_atomic(job.root / "fennel_blocks.json", {"starts": [b[0] for b in blocks], "blocks": blocks})
+    degrees.resize(0, refcheck=False)   # its memory back: the passes hold parts instead
+    write_json_atomic(job.root / "fennel_blocks.json", {"starts": [b[0] for b in blocks], "blocks": blocks})
     runner.map(_bucket_task, job, tasks, "fennel: bucketing neighbours")
     runner.map(_build_task, job, list(range(len(blocks))), "fennel: building neighbour lists")
     groups, caps = _groups(graph, plan.num_parts)
-    parts = np.full(n, -1, dtype=_parts_dtype(plan.num_parts))
+    parts = np.full(n, -1, dtype=parts_dtype(plan.num_parts))
     alpha = math.sqrt(plan.num_parts) * (entries / 2) / max(n, 1) ** GAMMA
     rng = np.random.default_rng(plan.seed)
     state = _State(parts, groups, caps, alpha, plan.num_parts, rng)
     batch = int(np.clip(n // 1000, 8, 1024))
     for p in range(plan.fennel_passes):
+        state.alpha = alpha * (1.0 if p == 0 else RESTREAM_ALPHA)
         for b, (lo, hi) in enumerate(report.progress(blocks, f"fennel: pass {p + 1} of {plan.fennel_passes}")):
             indptr = np.load(_adjacency(job, b, "indptr"))
             nbrs = np.load(_adjacency(job, b, "nbrs"))
@@ -61,12 +73,20 @@ def fennel_parts(job, runner, report) -> np.ndarray:
                 e = min(s + batch, hi)
                 state.place(s, e, nbrs[indptr[s - lo]:indptr[e - lo]], np.diff(indptr[s - lo:e - lo + 1]))
         report.log(f"fennel: pass {p + 1}: {state.cut_estimate(job, blocks):,} of {entries // 2:,} edges cut")
+    best, best_cut = parts.copy(), state.cut_estimate(job, blocks)
+    for r in range(REFINE_ROUNDS):
+        moved = state.refine(job, blocks, r)
+        cut = state.cut_estimate(job, blocks)
+        report.log(f"fennel: refinement {r + 1}: {moved:,} nodes moved, {cut:,} edges cut")
+        if cut < best_cut:
+            best[:], best_cut = parts, cut
+        if moved == 0 or cut >= best_cut * 0.999 and cut != best_cut:
+            break
     shutil.rmtree(job.root / "fennel", ignore_errors=True)
-    return parts
+    return best
 
 
 def _chunks(job, etype):
-    from graphfeed.server.partition.bounded import edge_chunks
     return edge_chunks(job, etype)
 
 
@@ -84,21 +104,17 @@ def _ends(job, etype, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _degree_task(job, task) -> tuple[np.ndarray, np.ndarray]:
-    from graphfeed.server.partition.bounded import count_ids
-
     u, v = _ends(job, *task)
     return count_ids(np.concatenate([u, v]))
 
 
 def _bucket_task(job, task) -> int:
-    from graphfeed.server.partition.bounded import _id_dtype, _mark_done, _save_atomic
-
     etype, a, b = task
     marker = job.done(f"fennel.bucket.{'__'.join(etype)}", a)
     if marker.exists():
         return 0
     u, v = _ends(job, etype, a, b)
-    key, nbr = np.concatenate([u, v]), np.concatenate([v, u]).astype(_id_dtype(job.graph.num_nodes))
+    key, nbr = np.concatenate([u, v]), np.concatenate([v, u]).astype(id_dtype(job.graph.num_nodes))
     del u, v
     starts = np.asarray(job.table("fennel_blocks")["starts"], dtype=np.int64)
     block = np.searchsorted(starts, key, side="right") - 1
@@ -109,16 +125,14 @@ def _bucket_task(job, task) -> int:
     for blk in np.flatnonzero(counts):
         sel = order[offsets[blk]:offsets[blk + 1]]
         folder = job.root / "fennel" / f"{blk:06d}"
-        _save_atomic(folder / f"{tag}.key.npy", (key[sel] - starts[blk]).astype(np.int32))
-        _save_atomic(folder / f"{tag}.nbr.npy", nbr[sel])
-    _mark_done(marker)
+        save_atomic(folder / f"{tag}.key.npy", (key[sel] - starts[blk]).astype(np.int32))
+        save_atomic(folder / f"{tag}.nbr.npy", nbr[sel])
+    mark_done(marker)
     return int(key.size)
 
 
 def _build_task(job, block: int) -> int:
     """Block ``block``'s neighbour lists as ``indptr`` (local) and ``nbrs`` files."""
-    from graphfeed.server.partition.bounded import _save_atomic
-
     if _adjacency(job, block, "nbrs").is_file():
         return 0
     lo, hi = job.table("fennel_blocks")["blocks"][block]
@@ -130,8 +144,8 @@ def _build_task(job, block: int) -> int:
     order = np.argsort(key, kind="stable")
     indptr = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(key, minlength=hi - lo), out=indptr[1:])
-    _save_atomic(_adjacency(job, block, "indptr"), indptr)
-    _save_atomic(_adjacency(job, block, "nbrs"), nbr[order])
+    save_atomic(_adjacency(job, block, "indptr"), indptr)
+    save_atomic(_adjacency(job, block, "nbrs"), nbr[order])
     shutil.rmtree(folder, ignore_errors=True)
     return int(key.size)
 
@@ -140,7 +154,6 @@ def _groups(graph, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
     """Each node's balance group (int8 [N]) and each group's capacity per part."""
     offsets, n = graph.node_offsets(), graph.num_nodes
     groups = np.empty(n, dtype=np.int8)
-    sizes = []
     for i, (ntype, t) in enumerate(graph.nodes.items()):
         groups[offsets[ntype]:offsets[ntype] + t.num_nodes] = i
     train = offsets[graph.label_type] + np.asarray(graph.splits.get("train", np.empty(0)), dtype=np.int64)
@@ -193,6 +206,51 @@ class _State:
             if not over:
                 return choice
         return np.argmax(score, axis=1)
+
+    def refine(self, job, blocks, round_: int) -> int:
+        """One round of balanced refinement: every node's best part by neighbour count (gain over its own),
+        then, per pair of parts and balance group, the best-gain moves each way, swapped in pairs plus as
+        many one-way moves as the receiving part has room for.  Returns the nodes moved."""
+        n, k = self.parts.size, self.k
+        gain = np.zeros(n, dtype=np.int32)
+        target = np.zeros(n, dtype=self.parts.dtype)
+        step = max(1, (1 << 22) // k)
+        for b, (lo, hi) in enumerate(blocks):
+            indptr, nbrs = np.load(_adjacency(job, b, "indptr")), np.load(_adjacency(job, b, "nbrs"))
+            for s in range(lo, hi, step):
+                e = min(s + step, hi)
+                deg = np.diff(indptr[s - lo:e - lo + 1])
+                rows = np.repeat(np.arange(e - s), deg)
+                flat = rows * k + self.parts[nbrs[indptr[s - lo]:indptr[e - lo]]].astype(np.int64)
+                counts = np.bincount(flat, minlength=(e - s) * k).reshape(e - s, k)
+                own = self.parts[s:e].astype(np.int64)
+                best = np.argmax(counts + self.rng.random(counts.shape) * 0.5, axis=1)
+                gain[s:e] = counts[np.arange(e - s), best] - counts[np.arange(e - s), own]
+                target[s:e] = best
+        movers = np.flatnonzero((gain > 0) & ((np.arange(n) + round_) % 2 == 0))   # half at a time: fewer
+        moved = 0                                                                 # neighbours move together
+        for grp in range(self.caps.size):
+            mine = movers[self.groups[movers] == grp]
+            for p in range(k):
+                for q in range(p + 1, k):
+                    moved += self._exchange(grp, mine, p, q, gain, target)
+        return moved
+
+    def _exchange(self, grp: int, mine: np.ndarray, p: int, q: int, gain: np.ndarray, target: np.ndarray) -> int:
+        ab = mine[(self.parts[mine] == p) & (target[mine] == q)]
+        ba = mine[(self.parts[mine] == q) & (target[mine] == p)]
+        ab, ba = ab[np.argsort(-gain[ab], kind="stable")], ba[np.argsort(-gain[ba], kind="stable")]
+        swaps = min(ab.size, ba.size)
+        room_q = int(self.caps[grp] - self.group_sizes[grp, q])
+        room_p = int(self.caps[grp] - self.group_sizes[grp, p])
+        n_ab = swaps + max(0, min(ab.size - swaps, room_q))
+        n_ba = swaps + max(0, min(ba.size - swaps, room_p))
+        self.parts[ab[:n_ab]], self.parts[ba[:n_ba]] = q, p
+        self.group_sizes[grp, p] += n_ba - n_ab
+        self.group_sizes[grp, q] += n_ab - n_ba
+        self.sizes[p] += n_ba - n_ab
+        self.sizes[q] += n_ab - n_ba
+        return n_ab + n_ba
 
     def cut_estimate(self, job, blocks) -> int:
         """Edges (the neighbour lists hold each edge in both directions, counted once) between parts."""

@@ -75,7 +75,7 @@ class DaskRunner:
             self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                         dashboard_address=None, memory_limit=memory_limit or "auto")
             self.name = f"a local Dask cluster of {workers} worker(s)"
-            address = self.cluster
+            address: object = self.cluster
         else:
             self.name, address = f"the Dask cluster at {scheduler}", scheduler
         try:

@@ -1,0 +1,132 @@
+"""The bounded partitioner's scratch folder and the helpers its chunk tasks share.
+
+:class:`Job` is what every chunk task receives (picklable: Dask ships it to the workers once); files
+are written under temporary names and renamed, and a finished task leaves a marker under ``done/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graphfeed.server.partition.chunked import ChunkedGraph
+from graphfeed.server.partition.format import edge_type_dirname
+from graphfeed.server.partition.graph_input import EdgeType
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything that decides the output and the chunking; a scratch folder is resumed only under the same plan."""
+
+    num_parts: int
+    method: str
+    seed: int
+    topologies: tuple[str, ...]
+    fingerprint: str
+    edge_rows: int            # edges per degree/bucket task
+    sort_edges: int           # edges per sort bucket (a single node with more edges is one bucket)
+    node_bytes: int           # bytes of node rows per node task
+    fennel_passes: int = 3
+    version: int = PLAN_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    def differences(self, other: dict) -> list[str]:
+        mine = json.loads(self.to_json())
+        return [f"{k} {other.get(k)!r} -> {v!r}" for k, v in mine.items() if other.get(k) != v]
+
+
+def parts_dtype(num_parts: int) -> np.dtype:
+    return np.dtype(np.int16 if num_parts < (1 << 15) else np.int32)
+
+
+def id_dtype(n: int) -> np.dtype:
+    return np.dtype(np.int32 if n < (1 << 31) else np.int64)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every task needs: the graph's description, the plan and the scratch folder (picklable)."""
+
+    graph: ChunkedGraph
+    plan: Plan
+    scratch: str
+
+    @property
+    def root(self) -> Path:
+        return Path(self.scratch)
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    def done(self, stage: str, item) -> Path:
+        return self.root / "done" / stage / f"{item}"
+
+    def parts(self) -> np.ndarray:
+        return np.load(self.root / "parts.npy", mmap_mode="r")
+
+    def new_ids(self, ntype: str) -> np.ndarray:
+        return np.load(self.root / f"new_{ntype}.npy", mmap_mode="r")
+
+    def bucket_dir(self, etype: EdgeType, topo: str, bucket: int) -> Path:
+        return self.root / "buckets" / f"{edge_type_dirname(etype)}.{topo}" / f"{bucket:06d}"
+
+    def table(self, name: str) -> dict:
+        return json.loads((self.root / f"{name}.json").read_text())
+
+
+def mark_done(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def save_atomic(path: Path, array: np.ndarray) -> None:
+    """``np.save`` to a temporary name, then rename: a killed task never leaves a complete-looking file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(array))
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def edge_chunks(job: Job, etype: EdgeType) -> list[tuple[int, int]]:
+    n = job.graph.edges[etype].num_edges
+    step = job.plan.edge_rows
+    return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
+
+
+def count_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct ids, int32 counts)``: a chunk's share of a degree table, sized by the chunk, not by N."""
+    distinct, counts = np.unique(ids, return_counts=True)
+    return distinct, counts.astype(np.int32)
+
+
+def plan_buckets(degrees_new: np.ndarray, ranges: list[int], sort_edges: int) -> list[tuple[int, int, int, int]]:
+    """``(part, first key, end key, edge offset in the part)`` runs of key nodes (new ids) of at most
+    ``sort_edges`` edges each (a node with more is a run of its own), never crossing a part boundary."""
+    out = []
+    for k in range(len(ranges) - 1):
+        lo, hi = ranges[k], ranges[k + 1]
+        cum = np.zeros(hi - lo + 1, dtype=np.int64)
+        np.cumsum(degrees_new[lo:hi], out=cum[1:])
+        start = 0
+        while start < hi - lo:
+            end = int(np.searchsorted(cum, cum[start] + sort_edges, side="right")) - 1
+            end = max(end, start + 1)
+            out.append((k, lo + start, lo + end, int(cum[start])))
+            start = end
+    return out
