@@ -57,6 +57,7 @@ from graphfeed.server.partition.scratch import (
     parts_dtype,
     plan_buckets,
     save_atomic,
+    stable_order,
     write_json_atomic,
 )
 
@@ -243,7 +244,7 @@ def number_nodes(parts: np.ndarray, num_parts: int) -> tuple[np.ndarray, np.ndar
     step = 1 << 22
     for a in range(0, parts.size, step):
         chunk = np.asarray(parts[a:a + step], dtype=np.int64)
-        order = np.argsort(chunk, kind="stable")
+        order = stable_order(chunk, num_parts)
         c = np.bincount(chunk, minlength=num_parts)
         rank = np.empty(chunk.size, dtype=np.int64)
         rank[order] = np.arange(chunk.size) - np.repeat(np.cumsum(c) - c, c)
@@ -360,7 +361,7 @@ def run_bucket_task(job: Job, task: tuple[str, str, int, int]) -> int:
     other_new = np.asarray(job.new_ids(other_type))[ei[1 - row]]
     table = job.table(f"buckets.{dirname}.{topo}")
     bucket = np.searchsorted(np.asarray(table["starts"], dtype=np.int64), key_new, side="right") - 1
-    order = np.argsort(bucket, kind="stable")            # stable: edge ids stay ascending within a bucket
+    order = stable_order(bucket, len(table["starts"]))   # stable: edge ids stay ascending within a bucket
     counts = np.bincount(bucket, minlength=len(table["starts"]))
     columns = {"key": key_new, "other": other_new, "eid": np.arange(a, b, dtype=np.int64)}
     del ei

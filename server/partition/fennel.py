@@ -31,6 +31,7 @@ from graphfeed.server.partition.scratch import (
     parts_dtype,
     plan_buckets,
     save_atomic,
+    stable_order,
     write_json_atomic,
 )
 
@@ -118,7 +119,7 @@ def _bucket_task(job, task) -> int:
     del u, v
     starts = np.asarray(job.table("fennel_blocks")["starts"], dtype=np.int64)
     block = np.searchsorted(starts, key, side="right") - 1
-    order = np.argsort(block, kind="stable")
+    order = stable_order(block, starts.size)
     counts = np.bincount(block, minlength=starts.size)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     tag = f"{'__'.join(etype)}.{a:012d}"
@@ -141,7 +142,7 @@ def _build_task(job, block: int) -> int:
     key = np.concatenate([np.load(p) for p in keys]) if keys else np.empty(0, np.int32)
     nbr = np.concatenate([np.load(p.with_name(p.name.replace(".key.", ".nbr."))) for p in keys]) if keys else \
         np.empty(0, np.int32)
-    order = np.argsort(key, kind="stable")
+    order = stable_order(key, hi - lo)
     indptr = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(key, minlength=hi - lo), out=indptr[1:])
     save_atomic(_adjacency(job, block, "indptr"), indptr)

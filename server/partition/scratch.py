@@ -130,3 +130,19 @@ def plan_buckets(degrees_new: np.ndarray, ranges: list[int], sort_edges: int) ->
             out.append((k, lo + start, lo + end, int(cum[start])))
             start = end
     return out
+
+
+def stable_order(keys: np.ndarray, num_keys: int) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for integer keys in ``[0, num_keys)``, faster: up to 2^16 keys
+    as uint16 (numpy sorts those stably by radix, ~5x faster), more by sorting packed
+    ``key << bits | position`` int64 values (numpy's vectorised sort, ~2x faster)."""
+    if num_keys <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    bits = max(1, int(keys.size - 1).bit_length())
+    if max(1, int(num_keys - 1).bit_length()) + bits > 63:
+        return np.argsort(keys, kind="stable")
+    packed = np.left_shift(keys, bits, dtype=np.int64)
+    packed |= np.arange(keys.size, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << bits) - 1
+    return packed
