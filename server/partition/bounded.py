@@ -115,6 +115,8 @@ def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topol
     fixed = fixed_bytes(graph, num_parts, topologies)
     if method == "random":   # the permutation the in-memory path draws (int64 [N_t], one type at a time)
         fixed += 8 * max(t.num_nodes for t in graph.nodes.values())
+    elif method == "fennel":  # groups, the best parts so far, the refinement's gains and targets
+        fixed += 11 * graph.num_nodes
     extra_row = sum(_edge_extra_bytes(e.fields) for e in graph.edges.values())
     work = memory_limit - BASELINE_BYTES - fixed
     if work < _MIN_WORK:
