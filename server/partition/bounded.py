@@ -339,7 +339,10 @@ def run_degree_task(job: Job, task: tuple[str, int, int]) -> tuple[list[tuple[np
     dirname, a, b = task
     etype = _etype_of(job.graph, dirname)
     ei = job.graph.read_edges(etype, a, b)
-    counts = [count_ids(ei[_key_other(etype, topo)[0]]) for topo in job.plan.topologies]
+    counts = []
+    for topo in job.plan.topologies:
+        row, key_type, _ = _key_other(etype, topo)
+        counts.append(count_ids(ei[row], job.graph.nodes[key_type].num_nodes))
     parts = job.parts()
     src = np.asarray(_parts_of_type(parts, job.graph, etype[0]))
     dst = src if etype[0] == etype[2] else np.asarray(_parts_of_type(parts, job.graph, etype[2]))

@@ -106,7 +106,7 @@ def _ends(job, etype, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _degree_task(job, task) -> tuple[np.ndarray, np.ndarray]:
     u, v = _ends(job, *task)
-    return count_ids(np.concatenate([u, v]))
+    return count_ids(np.concatenate([u, v]), job.graph.num_nodes)
 
 
 def _bucket_task(job, task) -> int:

@@ -109,8 +109,13 @@ def edge_chunks(job: Job, etype: EdgeType) -> list[tuple[int, int]]:
     return [(a, min(a + step, n)) for a in range(0, n, step)] or [(0, 0)]
 
 
-def count_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(distinct ids, int32 counts)``: a chunk's share of a degree table, sized by the chunk, not by N."""
+def count_ids(ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct ids, int32 counts)`` of ids in ``[0, n)``: a chunk's share of a degree table, sized by the
+    chunk, not by N (a bincount while N is at most 4x the chunk, else a sort)."""
+    if n <= 4 * ids.size:
+        counts = np.bincount(ids, minlength=n)
+        distinct = np.flatnonzero(counts)
+        return distinct, counts[distinct].astype(np.int32)
     distinct, counts = np.unique(ids, return_counts=True)
     return distinct, counts.astype(np.int32)
 
