@@ -8,6 +8,7 @@ way a failed task raises in the caller with the item named, and a progress bar c
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from typing import Callable, Iterable, Sequence
@@ -72,8 +73,11 @@ class DaskRunner:
         self.progress = progress or _no_progress
         self.cluster = None
         if scheduler is None:
+            # silence_logs: the workers' shutdown chatter (heartbeats to a scheduler already closed) is
+            # noise; a task's own error reaches the caller through its future.
             self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=None, memory_limit=memory_limit or "auto")
+                                        dashboard_address=None, memory_limit=memory_limit or "auto",
+                                        silence_logs=logging.CRITICAL)
             self.name = f"a local Dask cluster of {workers} worker(s)"
             address: object = self.cluster
         else:
