@@ -37,6 +37,7 @@ from graphfeed.server.partition.scratch import (
 
 GAMMA = 1.5
 RESTREAM_ALPHA = 0.0   # restreaming passes: alpha times this (0: plain majority; the caps keep the balance)
+MIN_BATCH = 8          # nodes placed together (vectorised); they do not see each other's new parts
 REFINE_ROUNDS = 4      # balanced refinement rounds after the passes (each one pass over the neighbour lists)
 
 
@@ -64,7 +65,7 @@ def fennel_parts(job, runner, report) -> np.ndarray:
     alpha = math.sqrt(plan.num_parts) * (entries / 2) / max(n, 1) ** GAMMA
     rng = np.random.default_rng(plan.seed)
     state = _State(parts, groups, caps, alpha, plan.num_parts, rng)
-    batch = int(np.clip(n // 1000, 8, 1024))
+    batch = int(np.clip(n // 1000, MIN_BATCH, 1024))
     for p in range(plan.fennel_passes):
         state.alpha = alpha * (1.0 if p == 0 else RESTREAM_ALPHA)
         for b, (lo, hi) in enumerate(report.progress(blocks, f"fennel: pass {p + 1} of {plan.fennel_passes}")):
