@@ -180,6 +180,25 @@ def test_typed_chunked_graph_identical_to_in_memory(tmp_path):
     partition_chunked(opened, 2, tmp_path / "out", method="random", topologies=("csc", "csr"), seed=1,
                       memory_limit=parse_bytes("130MB"))
     _same_files(tmp_path / "ref", tmp_path / "out")
+    # the same chunks named by a typed manifest (paths relative to it)
+    spec: dict = {"nodes": {}, "edges": {}}
+    for sub in sorted(p for p in chunked.iterdir() if p.is_dir()):
+        entry: dict = {}
+        for f in sorted(sub.glob("*.npy")):
+            field = f.stem.rsplit("_", 1)[0] if f.stem.rsplit("_", 1)[-1].isdigit() else f.stem
+            if field == "num_nodes":
+                entry["num_nodes"] = int(np.load(f))
+            elif field.endswith("_idx"):
+                entry[field] = f"{sub.name}/{f.name}"
+            else:
+                entry.setdefault(field, []).append(f"{sub.name}/{f.name}")
+        spec["edges" if "__" in sub.name else "nodes"][sub.name] = entry
+    (chunked / "chunks.json").write_text(json.dumps(spec))
+    from_manifest = open_chunked(chunked)
+    assert from_manifest.fingerprint == graph.fingerprint
+    partition_chunked(from_manifest, 2, tmp_path / "out-manifest", method="random", seed=1,
+                      topologies=("csc", "csr"), memory_limit=parse_bytes("130MB"))
+    _same_files(tmp_path / "ref", tmp_path / "out-manifest")
 
 
 @pytest.mark.slow

@@ -462,7 +462,9 @@ def _edge_fields(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
 def _splits_of(folder: Path, manifest: dict) -> dict[str, np.ndarray]:
     out = {}
     for split in SPLITS:
-        name = manifest.get(f"{split}_idx", f"{split}_idx.npy") if manifest else f"{split}_idx.npy"
+        name = manifest.get(f"{split}_idx") if manifest else f"{split}_idx.npy"   # a manifest names its splits
+        if name is None:
+            continue
         path = folder / name
         parquet = folder / f"{split}_idx.parquet"
         if path.is_file():
@@ -470,7 +472,7 @@ def _splits_of(folder: Path, manifest: dict) -> dict[str, np.ndarray]:
                 out[split] = np.load(path, allow_pickle=False)
             except (ValueError, OSError, EOFError) as exc:
                 raise InputError(f"{path} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
-        elif parquet.is_file():
+        elif parquet.is_file() and not manifest:
             import pyarrow.parquet as pq
             out[split] = pq.read_table(parquet).column(0).to_numpy()
     return out
