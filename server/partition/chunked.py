@@ -459,11 +459,11 @@ def _edge_fields(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
     return {k: v for k, v in fields.items() if k in EDGE_FIELDS}
 
 
-def _splits_of(folder: Path, manifest: dict) -> dict[str, np.ndarray]:
+def _splits_of(folder: Path, manifest: dict, named_only: bool = False) -> dict[str, np.ndarray]:
     out = {}
     for split in SPLITS:
-        name = manifest.get(f"{split}_idx") if manifest else f"{split}_idx.npy"   # a manifest names its splits
-        if name is None:
+        name = manifest.get(f"{split}_idx", None if named_only else f"{split}_idx.npy")
+        if name is None:   # a typed manifest names the splits of the one type that has them
             continue
         path = folder / name
         parquet = folder / f"{split}_idx.parquet"
@@ -472,7 +472,7 @@ def _splits_of(folder: Path, manifest: dict) -> dict[str, np.ndarray]:
                 out[split] = np.load(path, allow_pickle=False)
             except (ValueError, OSError, EOFError) as exc:
                 raise InputError(f"{path} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
-        elif parquet.is_file() and not manifest:
+        elif parquet.is_file() and not named_only:
             import pyarrow.parquet as pq
             out[split] = pq.read_table(parquet).column(0).to_numpy()
     return out
@@ -486,7 +486,7 @@ def _open_typed(folder: Path, manifest: dict, subs: list[Path]) -> ChunkedGraph:
     if manifest:
         for ntype, spec in manifest.get("nodes", {}).items():
             nodes_raw[ntype] = _node_fields(_folder_fields(folder, spec))
-            splits[ntype] = _splits_of(folder, spec)
+            splits[ntype] = _splits_of(folder, spec, named_only=True)
             if "num_nodes" in spec:
                 counts[ntype] = int(spec["num_nodes"])
         for name, spec in manifest.get("edges", {}).items():
