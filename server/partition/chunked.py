@@ -147,7 +147,16 @@ def _read_parquet_rows(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> n
     import pyarrow.parquet as pq
 
     columns = _parquet_columns(f.column)
-    table = pq.ParquetFile(f.path).read(columns=columns).slice(lo, hi - lo)
+    pf = pq.ParquetFile(f.path)
+    groups, first, start = [], 0, 0     # only the row groups that hold rows [lo, hi)
+    for g in range(pf.metadata.num_row_groups):
+        rows = pf.metadata.row_group(g).num_rows
+        if start < hi and start + rows > lo:
+            if not groups:
+                first = start
+            groups.append(g)
+        start += rows
+    table = pf.read_row_groups(groups, columns=columns).slice(lo - first, hi - lo)
     if chunks.is_edge_index:
         return np.stack([table.column(c).to_numpy().astype(chunks.dtype, copy=False) for c in columns])
     if len(columns) > 1:
