@@ -148,7 +148,8 @@ def _read_parquet_rows(f: ChunkFile, chunks: ArrayChunks, lo: int, hi: int) -> n
 
     columns = _parquet_columns(f.column)
     pf = pq.ParquetFile(f.path)
-    groups, first, start = [], 0, 0     # only the row groups that hold rows [lo, hi)
+    groups: list[int] = []     # only the row groups that hold rows [lo, hi)
+    first = start = 0
     for g in range(pf.metadata.num_row_groups):
         rows = pf.metadata.row_group(g).num_rows
         if start < hi and start + rows > lo:
