@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_cluster import daemon_setting_names
+from helpers.cluster import daemon_setting_names
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph

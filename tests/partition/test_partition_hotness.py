@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import hand_made_typed_arrays, save_typed_folder
+from helpers.graphs import hand_made_typed_arrays, save_typed_folder
 from test_partition import assert_round_trip
 
 from graphfeed.cli.main import main

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import assert_same_batch, check_typed_batch, save_typed_folder
+from helpers.graphs import assert_same_batch, check_typed_batch, save_typed_folder
 
 import graphfeed.client as gf
 from graphfeed.core.spec import LoaderSpec

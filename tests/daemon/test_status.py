@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.cluster import hermetic_env
+from helpers.graphs import synthetic_parts
 
 import graphfeed.client as gf
 from graphfeed.cli import status
 from graphfeed.testing.cluster import running_cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import hermetic_env  # noqa: E402 -- after the sys.path line
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
 
 STATUS = (sys.executable, "-m", "graphfeed.cli", "status")
 RUN_TIMEOUT = 60.0

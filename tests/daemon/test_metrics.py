@@ -4,22 +4,19 @@ One module-scoped cluster; every test reads counter *deltas*, so test order does
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.graphs import synthetic_parts
 from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics as m
 from graphfeed.testing.cluster import running_cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
 
 FANOUTS = [4, 3]
 SCRAPE_BOUND = 1.0   # seconds: a scrape must answer within this, even during sampling

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 
 import pytest
 import torch
+from helpers.graphs import synthetic_parts
 
 from graphfeed.core.batch import to_pyg
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
@@ -32,9 +32,6 @@ from graphfeed.server.worker.commands import (
 from graphfeed.server.worker.handle import SessionWorkerHandle
 from graphfeed.server.worker.process import EXIT_JOIN_FAILED
 from graphfeed.transport import rpc_group
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
 
 
 def _batch(nbytes: int) -> dict[str, torch.Tensor]:

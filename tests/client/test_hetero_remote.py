@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 
 import graphfeed.client as gf
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote

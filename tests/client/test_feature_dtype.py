@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers_graphs import partition_arrays
+from helpers.graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.core import batch as batch_codec

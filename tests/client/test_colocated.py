@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers_graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 
 import graphfeed.client as gf
 from graphfeed.server.loader.link import LocalLinkNeighborLoader

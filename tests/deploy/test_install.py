@@ -18,12 +18,10 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
+from helpers.cluster import hermetic_env
+from helpers.graphs import synthetic_parts
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import hermetic_env  # noqa: E402 -- after the sys.path entry for the tests folder
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
-
-ROOT = Path(__file__).resolve().parents[1]
 INSTALL_TIMEOUT_S = 600      # venv + isolated build env + pip install
 BUILD_TIMEOUT_S = 1200       # the first-use compile of the native ops on a loaded 2-core machine
 COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__", "*.so",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers_graphs import mag_tiny_parts
+from helpers.graphs import mag_tiny_parts
 
 import graphfeed.client as gf
 from graphfeed.testing.cluster import running_cluster

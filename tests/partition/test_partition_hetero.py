@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import hand_made_typed_arrays, hetero_data, save_typed_folder
+from helpers.graphs import hand_made_typed_arrays, hetero_data, save_typed_folder
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.cli.main import main

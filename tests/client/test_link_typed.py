@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import torch
-from helpers_graphs import assert_same_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, mag_tiny_parts
 
 import graphfeed.client as gf
 from graphfeed.core.spec import LinkInput, LoaderSpec

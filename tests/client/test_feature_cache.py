@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers_graphs import partition_arrays
+from helpers.graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.client import feature_cache as client_cache

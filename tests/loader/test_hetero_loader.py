@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 
 from graphfeed.core.spec import NodeInput, SamplingSpec
 from graphfeed.server.loader.local import LocalNeighborLoader

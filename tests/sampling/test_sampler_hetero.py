@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT
 from test_sampler import SPECS, _cycle, _random_multigraph, _star
 
 from graphfeed.core.spec import SamplingSpec
@@ -345,9 +346,8 @@ PINNED = "35a5a28f2c790d870d265b67bc7d900427ce0fea"   # the last commit with the
 
 def _committed_sample_subgraph(tmp_path: Path):
     """``sample_subgraph`` as committed in ``PINNED`` (read from git; skip without the history)."""
-    root = Path(__file__).resolve().parents[1]
     try:
-        src = subprocess.run(["git", "show", f"{PINNED}:server/sampling/neighbor.py"], cwd=root, check=True,
+        src = subprocess.run(["git", "show", f"{PINNED}:server/sampling/neighbor.py"], cwd=ROOT, check=True,
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         pytest.skip(f"git history with commit {PINNED[:8]} is not available")

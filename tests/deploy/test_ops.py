@@ -15,16 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
+from helpers.cluster import SERVE_COMMAND, hermetic_env
+from helpers.graphs import synthetic_parts
 
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics, sdnotify
 from graphfeed.server.daemon.config import ConfigError, load_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import SERVE_COMMAND, hermetic_env  # noqa: E402 -- after the sys.path entry for the tests folder
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
-
-ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s" / "graphfeed.yaml"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT
+from helpers.cluster import SERVE_COMMAND, hermetic_env, running_cluster
+from helpers.graphs import synthetic_parts
 
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics
@@ -20,11 +23,7 @@ from graphfeed.server.daemon.config import ConfigError, ServerConfig, load_confi
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import SERVE_COMMAND, hermetic_env, running_cluster  # noqa: E402 -- after the sys.path entry for the tests folder
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
-
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "graphfeed-server@.service"
 EXAMPLE_CONFIG = DEPLOY / "config" / "server.yaml"
 CONTAINERFILE = DEPLOY / "container" / "Containerfile"

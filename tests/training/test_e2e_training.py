@@ -12,20 +12,17 @@ Each test takes ~30 s on an idle 2-core box (servers included).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.gnn import SAGE, accuracy, train
 
 import graphfeed.client as gf
 from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
 from graphfeed.testing.cluster import running_cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gnn import SAGE, accuracy, train  # noqa: E402 -- after the sys.path entry for the tests folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gnn import SAGE
+from helpers.gnn import SAGE
 
 import graphfeed.client as gf
 from graphfeed.server.partition import builder, synth

@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers.cluster import hermetic_env
+from helpers.graphs import synthetic_parts
+from helpers.pki import make_pki
 
 import graphfeed.client as gf
 from graphfeed.client.security import ClientSecurity
@@ -26,11 +28,6 @@ from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.testing.cluster import SERVE_COMMAND, ServerProcess, start_server
 from graphfeed.transport import rpc_group
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers_cluster import hermetic_env  # noqa: E402 -- after the sys.path line
-from helpers_graphs import synthetic_parts  # noqa: E402 -- after the sys.path entry for the tests folder
-from helpers_pki import make_pki  # noqa: E402 -- after the sys.path entry for the tests folder
 
 TOKEN = "gf-test-token-0123456789abcdef"
 CALL_TIMEOUT = 10.0

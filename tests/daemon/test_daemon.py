@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 import torch
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from helpers_cluster import hermetic_env
-from helpers_graphs import synthetic_parts
+from helpers import TESTS
+from helpers.cluster import hermetic_env
+from helpers.graphs import synthetic_parts
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -40,8 +41,7 @@ from graphfeed.testing.cluster import (
     wait_for_health,
 )
 
-TESTS = Path(__file__).resolve().parent
-FAKE_SERVE = (sys.executable, str(TESTS / "fake_worker.py"))
+FAKE_SERVE = (sys.executable, str(TESTS / "helpers" / "fake_worker.py"))
 SERVE = (sys.executable, "-m", "graphfeed.cli", "serve")
 RPC_TIMEOUT = 10.0
 CLI_TIMEOUT = 90.0

@@ -3,7 +3,7 @@
 Lets the daemon's group/session/lease/drain logic be tested in a real ``graphfeed serve``
 process without torch RPC.  Run as a script it is ``graphfeed serve`` with this factory:
 
-    python tests/fake_worker.py --partition DIR --part 0 --port 0
+    python tests/helpers/fake_worker.py --partition DIR --part 0 --port 0
 
 Commands go through the real dispatcher (:func:`graphfeed.server.worker.commands.execute`),
 so errors are classified as in a real worker.  ``OpenSession`` answers the number of input
