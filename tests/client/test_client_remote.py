@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
@@ -52,13 +53,6 @@ def edge_set(graph):
     return set((ei[0] * x.shape[0] + ei[1]).tolist())
 
 
-def _assert_same_batch(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        assert torch.equal(va, vb) if torch.is_tensor(vb) else va == vb, key
-
-
 def _stats(address: str) -> pb.ServerStats:
     with grpc.insecure_channel(address) as ch:
         return pb_grpc.ControlStub(ch).GetStats(pb.StatsRequest(), timeout=10)
@@ -77,7 +71,7 @@ def test_epochs_equal_local_loader_cover_train_once_and_edges_exist(cluster, par
             got, want = list(loader), list(local)
             assert len(got) == len(want) == 8
             for a, b in zip(got, want):
-                _assert_same_batch(a, b)
+                assert_same_batch(a, b)
                 assert a.epoch == epoch
             seeds = torch.cat([b.n_id[:b.batch_size] for b in got])
             assert sorted(seeds.tolist()) == sorted(splits["train"].tolist()), "every training node once"
@@ -85,7 +79,7 @@ def test_epochs_equal_local_loader_cover_train_once_and_edges_exist(cluster, par
                 src, dst = b.n_id[b.edge_index[0]], b.n_id[b.edge_index[1]]
                 assert set((src * x.shape[0] + dst).tolist()) <= edge_set
         loader.set_epoch(0)
-        _assert_same_batch(next(iter(loader)), want_first := next(iter(
+        assert_same_batch(next(iter(loader)), want_first := next(iter(
             LocalNeighborLoader(parts_dir, FANOUTS, batch_size=32, shuffle=True, seed=7))))
         assert want_first.epoch == 0
 
@@ -99,10 +93,10 @@ def test_node_id_input_out_direction_and_two_loaders(cluster, parts_dir):
         rows = {r.kind: r for r in _stats(cluster[0].address).sessions}
         assert {"nodes", "val"} <= set(rows), "both loaders are sessions of the one group"
         for a, b in zip(list(out), list(LocalNeighborLoader(parts_dir, [4, 4], input_nodes=ids, **kw)), strict=True):
-            _assert_same_batch(a, b)
+            assert_same_batch(a, b)
         for a, b in zip(list(val), list(LocalNeighborLoader(parts_dir, [-1], input_nodes="val", batch_size=16)),
                         strict=True):
-            _assert_same_batch(a, b)
+            assert_same_batch(a, b)
 
 
 DDP_RANK = textwrap.dedent("""

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers.graphs import partition_arrays
+from helpers.graphs import assert_same_batch, partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.client import feature_cache as client_cache
@@ -45,16 +45,6 @@ def parts_dir(graph, tmp_path_factory) -> Path:
 def cluster(parts_dir, tmp_path_factory):
     with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("feature_cache_logs")) as servers:
         yield [s.address for s in servers]
-
-
-def _assert_same(got, want) -> None:
-    assert set(got.keys()) == set(want.keys())
-    for key in want.keys():
-        a, b = got[key], want[key]
-        if torch.is_tensor(b):
-            assert a.dtype == b.dtype and torch.equal(a, b), key
-        else:
-            assert a == b, key
 
 
 def _bytes_served(addresses) -> int:
@@ -139,7 +129,7 @@ def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dt
             after = _bytes_served(cluster)
             assert len(got) == len(want) > 1
             for a, b in zip(got, want):
-                _assert_same(a, b)
+                assert_same_batch(a, b)
             stats = cached.stats()["feature_cache"]
             assert stats["rows_filled"] > 0 and stats["bytes_filled"] == stats["rows_filled"] * cache.row_bytes
             # on the wire: the filled rows' bytes less, plus 8 bytes (x_cached) per filled row
@@ -175,7 +165,7 @@ def test_link_loader_with_the_cache_equals_without(cluster, graph):
         assert loader.stats()["feature_cache"]["rows_filled"] > 0
     assert len(got) == len(want) > 1
     for a, b in zip(got, want):
-        _assert_same(a, b)
+        assert_same_batch(a, b)
 
 
 def _fallback(client, caplog, **kw):
@@ -207,7 +197,7 @@ def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog,
         loader, why = _fallback(client, caplog, feature_cache_mb=BUDGET_MB)
         assert "cannot serve feature rows" in why
         for a, b in zip(loader, want):
-            _assert_same(a, b)
+            assert_same_batch(a, b)
 
 
 def test_a_bad_cached_set_is_invalid_argument_and_the_servers_stay_up(cluster):

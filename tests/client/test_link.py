@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.client.errors import InvalidRequest
@@ -60,13 +61,6 @@ def seed_edges(graph):
     """Every 7th edge of the graph (distinct pairs) as the seed edges."""
     ei = torch.from_numpy(graph[0])
     return ei[:, ::7].contiguous()
-
-
-def _assert_same_batch(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        assert (va.dtype == vb.dtype and torch.equal(va, vb)) if torch.is_tensor(vb) else va == vb, key
 
 
 def _pairs(b, index):
@@ -168,7 +162,7 @@ def test_labels_without_negatives_and_determinism(parts_dir, seed_edges):
     kw = dict(edge_label_index=seed_edges, edge_label=labels, batch_size=64, shuffle=True, seed=9)
     a, b = LocalLinkNeighborLoader(parts_dir, FANOUTS, **kw), LocalLinkNeighborLoader(parts_dir, FANOUTS, **kw)
     for x, y in zip(list(a), list(b), strict=True):
-        _assert_same_batch(x, y)
+        assert_same_batch(x, y)
         assert torch.equal(x.edge_label, labels[x.input_id])
 
 
@@ -189,7 +183,7 @@ def test_link_loader_has_the_node_loaders_resilience(parts_dir, seed_edges):
     tail = list(fresh)
     assert len(head) + len(tail) == len(ref) > 2
     for a, b in zip(head + tail, ref, strict=True):
-        _assert_same_batch(a, b)
+        assert_same_batch(a, b)
     seen = torch.cat([b.input_id for b in head + tail])
     assert sorted(seen.tolist()) == list(range(seed_edges.size(1)))
     with pytest.raises(ValueError, match="inputs_fingerprint"):
@@ -252,7 +246,7 @@ def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_e
         assert len(remote) == len(local)
         got = list(remote)
         for a, b in zip(got, list(local), strict=True):
-            _assert_same_batch(a, b)
+            assert_same_batch(a, b)
         positions = sorted(p for b in got for p in b.input_id.tolist())
         assert positions == list(range(seed_edges.size(1)))
         book = local.graph.book

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 import graphfeed.client.online as online
@@ -40,13 +41,6 @@ def client(parts_dir, tmp_path_factory):
         assert all(health_status(s.address, "graphfeed.control.v1.Control") == SERVING for s in servers)
 
 
-def _assert_same_batch(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        assert torch.equal(va, vb) if torch.is_tensor(vb) else va == vb, key
-
-
 def _owned_by(parts_dir, part: int) -> torch.Tensor:
     return open_parts(parts_dir)[1][part].orig_id
 
@@ -56,7 +50,7 @@ def test_sample_equals_the_local_reference_across_parts(client, parts_dir, graph
     ids = torch.cat([_owned_by(parts_dir, 1)[:20], _owned_by(parts_dir, 0)[:20]])[torch.randperm(40)]
     for seed in (0, 7):
         got = client.sample(ids, FANOUTS, seed=seed)
-        _assert_same_batch(got, sample_nodes(parts_dir, ids, FANOUTS, seed=seed))
+        assert_same_batch(got, sample_nodes(parts_dir, ids, FANOUTS, seed=seed))
     assert torch.equal(got.n_id[:got.batch_size], ids) and torch.equal(got.input_id, torch.arange(40))
     assert torch.equal(got.x, torch.as_tensor(x)[got.n_id]) and torch.equal(got.y, torch.as_tensor(y)[got.n_id])
     edges = set((torch.as_tensor(ei[0]) * NUM_NODES + torch.as_tensor(ei[1])).tolist())
@@ -77,7 +71,7 @@ def test_sample_of_one_part_equals_a_loaders_first_batch(client, parts_dir):
 def test_sample_options_and_threads(client, parts_dir):
     ids = torch.tensor([0, 2999, 1500, 17])
     out = client.sample(ids, [-1], direction="out", feature_dtype="bf16", seed=5)
-    _assert_same_batch(out, sample_nodes(parts_dir, ids, [-1], direction="out", feature_dtype="bf16", seed=5))
+    assert_same_batch(out, sample_nodes(parts_dir, ids, [-1], direction="out", feature_dtype="bf16", seed=5))
     assert out.x.dtype == torch.bfloat16
     results: dict[int, object] = {}
     errors: list[BaseException] = []
@@ -95,7 +89,7 @@ def test_sample_options_and_threads(client, parts_dir):
         t.join(120)
     assert not errors and not any(t.is_alive() for t in threads), errors
     for i, got in results.items():
-        _assert_same_batch(got, sample_nodes(parts_dir, torch.arange(i * 50, i * 50 + 30), FANOUTS, seed=i))
+        assert_same_batch(got, sample_nodes(parts_dir, torch.arange(i * 50, i * 50 + 30), FANOUTS, seed=i))
 
 
 @pytest.mark.parametrize("bad, message", [

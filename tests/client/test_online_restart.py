@@ -10,6 +10,7 @@ import threading
 import time
 
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.server.loader.local import sample_nodes
@@ -18,12 +19,6 @@ from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import running_cluster, start_server
 
 FANOUTS = [4, 3]
-
-
-def _same(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        assert torch.equal(a[key], b[key]) if torch.is_tensor(b[key]) else a[key] == b[key], key
 
 
 def test_sample_after_a_server_restart_reforms_the_group(tmp_path):
@@ -36,7 +31,7 @@ def test_sample_after_a_server_restart_reforms_the_group(tmp_path):
     want = sample_nodes(parts_dir, ids, FANOUTS, seed=2)
     with running_cluster(parts_dir, log_dir=tmp_path / "logs") as servers:
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
-            _same(client.sample(ids, FANOUTS, seed=2), want)
+            assert_same_batch(client.sample(ids, FANOUTS, seed=2), want)
             victim = servers[1]
             victim.expect_exit = -signal.SIGKILL
             os.killpg(victim.pid, signal.SIGKILL)        # the daemon and its session workers
@@ -56,4 +51,4 @@ def test_sample_after_a_server_restart_reforms_the_group(tmp_path):
             servers[1] = restarted[0]                    # the cluster's teardown stops the new one
             assert client.reconnects == 1
             for batch in got:
-                _same(batch, want)
+                assert_same_batch(batch, want)

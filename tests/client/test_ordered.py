@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.server.loader.local import LocalNeighborLoader
@@ -32,12 +33,6 @@ def client(parts_dir, tmp_path_factory):
             yield c
 
 
-def _same(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        assert torch.equal(a[key], b[key]) if torch.is_tensor(b[key]) else a[key] == b[key], key
-
-
 def _seeds(batches) -> torch.Tensor:
     return torch.cat([b.n_id[:b.batch_size] for b in batches])
 
@@ -63,7 +58,7 @@ def test_ordered_delivers_the_input_in_order_across_parts_remote_equals_local(cl
         assert loader.state_dict() == _local_state(parts_dir, ids, common)
     assert len(remote) == len(local) == (300 // 32 if drop_last else 10)
     for r, l_ in zip(remote, local):
-        _same(r, l_)
+        assert_same_batch(r, l_)
     n = sum(b.batch_size for b in remote)
     assert torch.equal(_seeds(remote), ids[:n]) and torch.equal(_input_ids(remote), torch.arange(n))
     owners = open_parts(parts_dir)[1][0].to_global(ids[:32])[0]
@@ -85,7 +80,7 @@ def test_ordered_two_ranks_exactly_once_in_order(client, parts_dir):
             remote = list(loader)
         local = list(LocalNeighborLoader(parts_dir, FANOUTS, input_nodes=ids, **common))
         for r, l_ in zip(remote, local, strict=True):
-            _same(r, l_)
+            assert_same_batch(r, l_)
         ranks.append(remote)
     assert len(ranks[0]) == len(ranks[1]) == 3
     merged = [b for pair in zip(*ranks) for b in pair]       # batch i went to rank i mod 2
@@ -97,7 +92,7 @@ def test_ordered_every_node_is_original_id_order(client, parts_dir):
     remote = list(client.neighbor_loader(None, FANOUTS, **common))
     local = list(LocalNeighborLoader(parts_dir, FANOUTS, input_nodes=None, **common))
     for r, l_ in zip(remote, local, strict=True):
-        _same(r, l_)
+        assert_same_batch(r, l_)
     assert torch.equal(_seeds(remote), torch.arange(NUM_NODES))
     assert torch.equal(_input_ids(remote), torch.arange(NUM_NODES))
 
@@ -110,7 +105,7 @@ def test_every_node_unordered_remote_equals_local_input_id_and_state(client, par
         remote = list(loader)
         assert loader.state_dict() == local_loader.state_dict()
     for r, l_ in zip(remote, local, strict=True):
-        _same(r, l_)
+        assert_same_batch(r, l_)
     assert sorted(_input_ids(remote).tolist()) == list(range(NUM_NODES))
     assert sorted(_seeds(remote).tolist()) == list(range(NUM_NODES))
 

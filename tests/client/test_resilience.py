@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.core.agreement import inputs_fingerprint, settings_fingerprint
@@ -67,13 +68,6 @@ def _check_edges(batch, edge_set, num_nodes: int) -> None:
     src, dst = batch.n_id[batch.edge_index[0]], batch.n_id[batch.edge_index[1]]
     assert set((src * num_nodes + dst).tolist()) <= edge_set
     assert batch.num_sampled_edges[0] <= batch.batch_size * FANOUTS[0]
-
-
-def _assert_same_batch(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        assert torch.equal(va, vb) if torch.is_tensor(vb) else va == vb, key
 
 
 # ---- addresses ------------------------------------------------------------------------------------
@@ -140,7 +134,7 @@ def test_local_state_dict_round_trip_mid_epoch(parts_dir, graph):
     tail = list(fresh)
     assert len(head) + len(tail) == len(ref)
     for a, b in zip(head + tail, ref):
-        _assert_same_batch(a, b)
+        assert_same_batch(a, b)
     assert sorted(sum((_seeds(b) for b in head + tail), [])) == sorted(splits["train"].tolist())
     assert fresh.state_dict()["epoch"] == 1 and fresh.state_dict()["cursor"] == 0
     with pytest.raises(ValueError, match="different loader .*seed"):
@@ -302,7 +296,7 @@ def test_server_killed_mid_epoch_resumes_after_restart_on_the_same_port(parts_di
             assert client.reconnects == 1 and loader.stats()["resumes"] == 1
             assert len(got) == len(ref)
             for a, b in zip(got, ref):  # equal to an uninterrupted run, batch for batch
-                _assert_same_batch(a, b)
+                assert_same_batch(a, b)
             seeds = sum((_seeds(b) for b in got), [])
             assert sorted(seeds) == sorted(splits["test"].tolist())    # every seed exactly once
             for b in got[::5]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.client import group as group_mod
@@ -46,16 +47,6 @@ def parts_dir(tmp_path_factory) -> Path:
 def cluster(parts_dir, tmp_path_factory):
     with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("logs")) as servers:
         yield servers
-
-
-def _assert_same_batch(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        if torch.is_tensor(vb):
-            assert va.dtype == vb.dtype and torch.equal(va, vb), key
-        else:
-            assert va == vb, key
 
 
 def _segments_of(pid: int) -> list[str]:
@@ -91,7 +82,7 @@ def test_batch_round_trips_through_a_slot_and_the_slot_frees_with_its_last_tenso
         shm.write_batch(mm, batch, layout)
         freed = []
         got = shm.read_batch(mm, layout, lambda: freed.append(1))
-        _assert_same_batch(got, batch)
+        assert_same_batch(got, batch)
         assert shm.place(batch, 256) is None, "a batch larger than the slot does not fit"
         keep = got["n_id@_N"][:2]   # a view keeps the slot
         del got
@@ -243,8 +234,8 @@ def test_ring_batches_equal_torch_rpc_batches_and_the_local_loader(cluster, part
         assert channel.counts["shm"] == len(over_shm) and channel.counts["slot_wait"] == 0
     assert len(over_shm) == len(over_rpc) == len(local) > 2
     for a, b, c in zip(over_shm, over_rpc, local):
-        _assert_same_batch(a, b)
-        _assert_same_batch(a, c)
+        assert_same_batch(a, b)
+        assert_same_batch(a, c)
     assert not _segments_of(os.getpid())
 
 
@@ -257,7 +248,7 @@ def test_full_ring_is_backpressure_and_held_batches_fall_back_to_rpc(cluster, pa
         it = iter(loader)
         for want in local:     # one slot per server, four pulls asked each time: they wait for the slot in turn
             got = next(it)
-            _assert_same_batch(got, want)
+            assert_same_batch(got, want)
             del got            # (a for loop over zip() would keep the previous batch, and its slot, alive)
         assert next(it, None) is None
         assert channel.counts["shm"] == len(local) and channel.counts["slot_wait"] == 0, channel.counts
@@ -273,14 +264,14 @@ def test_batch_larger_than_a_slot_comes_over_rpc(cluster, parts_dir):
         got = list(client.neighbor_loader("train", FANOUTS, **KW))
         assert client.group.channel.counts["too_big"] == len(local)
     for a, b in zip(got, local, strict=True):
-        _assert_same_batch(a, b)
+        assert_same_batch(a, b)
 
 
 def _epoch(loader, local_loader) -> int:
     """One epoch of ``loader``, each batch checked against ``local_loader``'s and dropped at once."""
     n = 0
     for got, want in zip(loader, local_loader, strict=True):
-        _assert_same_batch(got, want)
+        assert_same_batch(got, want)
         del got
         n += 1
     return n

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.core.spec import LoaderSpec
@@ -159,13 +160,6 @@ def cluster(parts_dir, tmp_path_factory):
         yield servers
 
 
-def _same(a, b) -> None:
-    assert set(a.keys()) == set(b.keys())
-    for key in b.keys():
-        va, vb = a[key], b[key]
-        assert (va.dtype == vb.dtype and torch.equal(va, vb)) if torch.is_tensor(vb) else va == vb, key
-
-
 def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, graph):
     ei, _, _, _, node_time, edge_time = graph
     ids = torch.arange(1, N, 2)
@@ -180,7 +174,7 @@ def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, gr
                                                  prefetch=2, **kw))
             assert len(remote) == len(local) > 1
             for a, b in zip(remote, local, strict=True):
-                _same(a, b)
+                assert_same_batch(a, b)
                 check_disjoint(a, ei, FANOUTS, a.batch_size)
         seeds = torch.from_numpy(ei[:, ::11]).contiguous()
         kw = dict(edge_label_index=seeds, edge_label_time=torch.from_numpy(edge_time[::11]).contiguous(),
@@ -189,7 +183,7 @@ def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, gr
         remote = list(client.link_neighbor_loader(FANOUTS, prefetch=2, **kw))
         assert len(remote) == len(local) > 1
         for a, b in zip(remote, local, strict=True):
-            _same(a, b)
+            assert_same_batch(a, b)
         good = open_session_request(LoaderSpec.of(ids, FANOUTS, time_attr="time", input_time=ids), "")
         for change, match in [(lambda r: r.input_time.pop(), "input_time has 299 entries for 300 input nodes"),
                               (lambda r: setattr(r.spec, "temporal_strategy", "first"), "temporal_strategy must be"),
@@ -218,7 +212,7 @@ def test_native_equals_reference_for_disjoint_and_temporal_batches(parts_dir, mo
     reference = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=64, shuffle=True, seed=9, **kw))
     assert len(native) == len(reference) > 1
     for a, b in zip(native, reference, strict=True):
-        _same(a, b)
+        assert_same_batch(a, b)
 
 
 def test_times_are_read_from_npy_folders_and_pyg_data_and_stored_per_topology(graph, tmp_path):

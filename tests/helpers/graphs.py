@@ -162,18 +162,20 @@ def _check_edge_type(batch, graph, etype, fanouts, direction: str, replace: bool
 
 
 def assert_same_batch(a, b) -> None:
-    """``Data`` / ``HeteroData`` batches equal on every key of every store."""
-    assert type(a) is type(b)
+    """Batches (``Data``, ``HeteroData`` or plain mappings) equal on every key of every store, dtypes included."""
+    assert type(a) is type(b), (type(a), type(b))
     if hasattr(a, "node_types"):
         assert a.node_types == b.node_types and a.edge_types == b.edge_types
-    for sa, sb in zip(a.stores, b.stores):
+    stores_a, stores_b = (list(x.stores) if hasattr(x, "stores") else [x] for x in (a, b))
+    assert len(stores_a) == len(stores_b)
+    for sa, sb in zip(stores_a, stores_b):
         assert set(sa.keys()) == set(sb.keys()), (sa.keys(), sb.keys())
         for key in sb.keys():
-            va, vb = sa[key], sb[key]
-            assert torch_equal(va, vb), key
+            assert same_value(sa[key], sb[key]), key
 
 
-def torch_equal(a, b) -> bool:
+def same_value(a, b) -> bool:
+    """Tensors: same dtype and equal elements; anything else: ``==``."""
     import torch
 
-    return torch.equal(a, b) if torch.is_tensor(b) else a == b
+    return a.dtype == b.dtype and torch.equal(a, b) if torch.is_tensor(b) else a == b
