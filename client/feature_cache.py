@@ -19,7 +19,7 @@ from graphfeed.core.feature_cache import MB, FeatureCache
 from graphfeed.transport import rpc_group
 
 if TYPE_CHECKING:
-    from graphfeed.client.client import Client
+    from graphfeed.client.view import ClientView
 
 CHUNK_BYTES = 4 * MB   # rows per hot_rows call: bounded in bytes, so one answer never grows with the budget
 log = logging.getLogger("graphfeed.client")
@@ -41,7 +41,7 @@ def check_budget(feature_cache_mb) -> float:
     return budget
 
 
-def load_feature_cache(client: Client, budget_mb: float, dtype: str | None) -> FeatureCache | None:
+def load_feature_cache(client: ClientView, budget_mb: float, dtype: str | None) -> FeatureCache | None:
     """The label type's hot rows within ``budget_mb`` MiB, cast to ``dtype`` (a canonical feature dtype
     name; None = as stored); None (after one warning) when they cannot be had."""
     if budget_mb <= 0:
@@ -53,7 +53,7 @@ def load_feature_cache(client: Client, budget_mb: float, dtype: str | None) -> F
         return None
 
 
-def _load(client: Client, ntype: str, budget: int, dtype: str | None) -> FeatureCache:
+def _load(client: ClientView, ntype: str, budget: int, dtype: str | None) -> FeatureCache:
     _, probe = _call(client, 0, ntype, 0, 0, dtype)   # no rows: the row width and dtype
     row_bytes = int(probe.size(1)) * probe.element_size()
     total = min(budget // max(row_bytes, 1), client.num_nodes_of(ntype))
@@ -76,7 +76,7 @@ def _allocate(num_rows: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty((num_rows, like.size(1)), dtype=like.dtype)
 
 
-def _part_sizes(client: Client, ntype: str) -> list[int]:
+def _part_sizes(client: ClientView, ntype: str) -> list[int]:
     """Nodes of ``ntype`` each part holds: the label type's node ranges, else an even split (a bound the
     workers' short answers correct)."""
     ranges = list(client.servers[0].cluster_info.node_ranges)
@@ -103,7 +103,7 @@ def _shares(total: int, sizes: list[int]) -> list[int]:
     return shares
 
 
-def _fill_part(client: Client, part: int, ntype: str, share: int, dtype: str | None, rows: torch.Tensor,
+def _fill_part(client: ClientView, part: int, ntype: str, share: int, dtype: str | None, rows: torch.Tensor,
                ids: torch.Tensor, at: int, chunk: int) -> int:
     """Copy part ``part``'s ``share`` hottest rows into ``rows[at:]`` (their ids into ``ids``); the new end."""
     start = 0
@@ -118,7 +118,7 @@ def _fill_part(client: Client, part: int, ntype: str, share: int, dtype: str | N
     return at
 
 
-def _call(client: Client, part: int, ntype: str, start: int, count: int,
+def _call(client: ClientView, part: int, ntype: str, start: int, count: int,
           dtype: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One ``hot_rows`` call to part ``part``'s worker; CacheUnavailable naming the server when it fails."""
     server = client.servers[part].name

@@ -29,7 +29,7 @@ from graphfeed.proto.convert import open_session_request
 from graphfeed.transport.pending import Pending
 
 if TYPE_CHECKING:
-    from graphfeed.client.client import Client
+    from graphfeed.client.view import ClientView
 
 WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
 log = logging.getLogger("graphfeed.client")
@@ -67,8 +67,8 @@ class RemoteNeighborLoader:
     ``rpc_timeout``, usually at once).
     """
 
-    def __init__(self, client: Client, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None,
-                 pin_memory: bool = False, device=None):
+    def __init__(self, client: ClientView, spec: LoaderSpec, *, prefetch: int = 4,
+                 feature_cache_mb: float | None = None, pin_memory: bool = False, device=None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")

@@ -38,7 +38,7 @@ from graphfeed.proto.convert import open_session_request
 from graphfeed.transport import rpc_group
 
 if TYPE_CHECKING:
-    from graphfeed.client.client import Client
+    from graphfeed.client.view import ClientView
 
 ONLINE_KIND = "online"   # the sessions' metrics label
 MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
@@ -65,7 +65,7 @@ class _Sessions:
 class OnlineSampler:
     """The client's online sampling (see the module doc); thread-safe."""
 
-    def __init__(self, client: Client):
+    def __init__(self, client: ClientView):
         self.client = client
         self._lock = threading.Lock()
         self._sessions: dict[tuple, _Sessions] = {}

@@ -1,13 +1,19 @@
-"""The architecture as a test: which top-level package may import which, and no import cycles.
+"""The architecture as a test: which package may import which, and no import cycles.
 
 The import graph is read from the source (``ast``), every ``import`` counted wherever it
-appears (module level or inside a function) except under ``if TYPE_CHECKING:``.  Layers
-(arrows point down only):
+appears: at module level, inside a function, or under ``if TYPE_CHECKING:`` (a type-only
+import is a dependency too: it counts for the layers and for the cycles).  Layers (arrows
+point down only), the "may import" column of ``docs/ARCHITECTURE.md``:
 
     cli, bench  ->  server  ->  cuda_ext
          |            |
          +-> client   +-> proto, transport -> core
              testing
+
+and inside ``server/`` (``SERVER_ALLOWED``):
+
+    daemon -> worker -> sampling -> partition
+               loader -/
 """
 from __future__ import annotations
 
@@ -33,6 +39,15 @@ ALLOWED = {
     "cli": {"cli", "core", "proto", "transport", "client", "server", "bench", "testing", "cuda_ext"},
 }
 
+# server sub-layer -> what it may import: server sub-layers (itself included) and top-level packages
+SERVER_ALLOWED = {
+    "partition": {"partition", "core"},
+    "sampling": {"sampling", "partition", "core", "cuda_ext"},
+    "loader": {"loader", "sampling", "partition", "core"},
+    "worker": {"worker", "sampling", "partition", "transport", "core"},
+    "daemon": {"daemon", "worker", "sampling", "partition", "proto", "core", "cuda_ext"},
+}
+
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -48,20 +63,11 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imported_names(tree: ast.AST, module: str, is_package: bool):
-    """Every ``graphfeed.*`` name imported in ``tree`` (relative imports resolved)."""
+    """Every name imported in ``tree`` (relative imports resolved), ``if TYPE_CHECKING:`` blocks included."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -148,10 +154,20 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _layer(module: str) -> str:
+    """``graphfeed.server.X.*`` -> ``X`` (a server sub-layer); any other ``graphfeed.X.*`` -> ``X``."""
+    parts = module.split(".")
+    return parts[2] if parts[1] == "server" and len(parts) > 2 else parts[1]
+
+
+SERVER_LAYERS = tuple(sorted({_layer(m) for m in MODULES if m.startswith("graphfeed.server.")}))
+
+
 def test_the_graph_is_read():
-    """Guards the other tests against vacuous passes: known edges are seen."""
+    """Guards the other tests against vacuous passes: known edges are seen, type-only ones included."""
     assert "graphfeed.core.epoch" in GRAPH["graphfeed.server.loader.local"]
     assert "graphfeed.core.spec" in GRAPH["graphfeed.proto.convert"]
+    assert "graphfeed.server.sampling.graph" in GRAPH["graphfeed.server.sampling.producer"]   # if TYPE_CHECKING:
     assert len(MODULES) > 60
 
 
@@ -182,9 +198,28 @@ def test_every_top_level_package_has_a_layer():
     assert set(TOP_LEVEL) == set(ALLOWED)
 
 
+@pytest.mark.parametrize("layer", SERVER_LAYERS)
+def test_server_sub_layers(layer):
+    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items()
+                   if module.startswith("graphfeed.server.") and _layer(module) == layer for target in targets
+                   if target != "graphfeed.server" and _layer(target) not in SERVER_ALLOWED[layer])
+    assert wrong == []
+
+
+def test_every_server_sub_layer_has_a_rule():
+    assert set(SERVER_LAYERS) == set(SERVER_ALLOWED)
+    assert not [m for m in MODULES if m.startswith("graphfeed.server.") and m.count(".") == 2
+                and MODULES[m].name != "__init__.py"], "a module directly in server/ belongs to no sub-layer"
+
+
+def test_type_only_imports_are_read():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from graphfeed.core import spec\n")
+    assert "graphfeed.core.spec" in set(_imported_names(tree, "graphfeed.x", False))
+
+
 def test_every_noqa_has_a_reason():
     """A ``# noqa`` silences the linter; the reason must stand beside it (``# noqa: X -- why``)."""
-    bare = [f"{path.relative_to(ROOT)}:{n}" for path in list(MODULES.values()) + list((ROOT / "tests").glob("*.py"))
+    bare = [f"{path.relative_to(ROOT)}:{n}" for path in list(MODULES.values()) + list((ROOT / "tests").rglob("*.py"))
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if "# noqa" in line and " -- " not in line.split("# noqa", 1)[1]]
     assert bare == []

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -19,7 +18,6 @@ import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster, start_server
 
 FANOUTS = [5, 3]
@@ -27,24 +25,18 @@ KILL_BOUND = 30.0    # seconds: a dead server must surface in the trainer within
 
 
 @pytest.fixture(scope="module")
-def graph():
-    ei, x, y, splits = synth.generate(3000, 8, 16, 4)
-    return ei, x, y, splits
+def graph(shared_graph):
+    return shared_graph
 
 
 @pytest.fixture(scope="module")
-def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="client-remote-3000")
-    out = tmp_path_factory.mktemp("client_remote") / "parts"
-    builder.partition_graph(g, 2, out, method="metis", topologies=("csc", "csr"))
-    return out
+def parts_dir(shared_parts):
+    return shared_parts
 
 
 @pytest.fixture(scope="module")
-def cluster(parts_dir, tmp_path_factory):
-    with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("logs")) as servers:
-        yield servers
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 @pytest.fixture(scope="module")

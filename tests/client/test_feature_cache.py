@@ -5,12 +5,11 @@ that cannot be had falls back with one warning."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from helpers.graphs import assert_same_batch, partition_arrays
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.client import feature_cache as client_cache
@@ -19,9 +18,7 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
-from graphfeed.server.partition import synth
 from graphfeed.server.partition.store import Partition
-from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import rpc_group
 
 N, F = 3000, 16
@@ -31,20 +28,18 @@ BUDGET_MB = 0.05          # 52428 bytes: 819 float32 rows of 16 features, 1638 b
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return synth.generate(N, 8, F, 4)
+def graph(shared_graph):
+    return shared_graph
 
 
 @pytest.fixture(scope="module")
-def parts_dir(graph, tmp_path_factory) -> Path:
-    return partition_arrays(graph, tmp_path_factory.mktemp("feature_cache") / "parts", classes=4, parts=2,
-                            name="feature-cache-3000", method="metis")
+def parts_dir(shared_parts):
+    return shared_parts
 
 
 @pytest.fixture(scope="module")
-def cluster(parts_dir, tmp_path_factory):
-    with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("feature_cache_logs")) as servers:
-        yield [s.address for s in servers]
+def cluster(shared_cluster):
+    return [s.address for s in shared_cluster]
 
 
 def _bytes_served(addresses) -> int:

@@ -2,12 +2,9 @@
 loader (the reference) and the remote loader through real daemons (2 parts, 3000 nodes)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 import torch
-from helpers.graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.core import batch as batch_codec
@@ -16,22 +13,19 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import synth
-from graphfeed.testing.cluster import running_cluster
 
 FANOUTS = [5, 3]
 KW = dict(batch_size=64, shuffle=True, seed=3)
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return synth.generate(3000, 8, 16, 4)
+def graph(shared_graph):
+    return shared_graph
 
 
 @pytest.fixture(scope="module")
-def parts_dir(graph, tmp_path_factory) -> Path:
-    return partition_arrays(graph, tmp_path_factory.mktemp("feature_dtype") / "parts", classes=4, parts=2,
-                            name="feature-dtype-3000", method="metis")
+def parts_dir(shared_parts):
+    return shared_parts
 
 
 def _assert_rounded(got, full, dtype: torch.dtype) -> None:
@@ -108,12 +102,11 @@ def _bytes_served(addresses) -> int:
     return total
 
 
-def test_remote_bf16_equals_local_and_halves_the_feature_bytes(parts_dir, tmp_path):
+def test_remote_bf16_equals_local_and_halves_the_feature_bytes(parts_dir, shared_cluster):
     full = list(LocalNeighborLoader(parts_dir, FANOUTS, **KW))
     x_bytes = sum(b.x.numel() * b.x.element_size() for b in full)
-    with running_cluster(parts_dir, log_dir=tmp_path) as servers, \
-            gf.connect([s.address for s in servers], timeout=60) as client:
-        addresses = [s.address for s in servers]
+    addresses = [s.address for s in shared_cluster]
+    with gf.connect(addresses, timeout=60) as client:
         before = _bytes_served(addresses)
         got_full = list(client.neighbor_loader("train", FANOUTS, prefetch=2, **KW))
         mid = _bytes_served(addresses)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,34 +10,28 @@ from helpers.graphs import assert_same_batch
 import graphfeed.client as gf
 import graphfeed.client.online as online
 from graphfeed.server.loader.local import LocalNeighborLoader, sample_nodes
-from graphfeed.server.partition import builder, synth
 from graphfeed.server.partition.store import open_parts
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster
+from graphfeed.testing.cluster import SERVING, health_status
 
 FANOUTS = [4, 3]
 NUM_NODES = 3000
 
 
 @pytest.fixture(scope="module")
-def graph():
-    return synth.generate(NUM_NODES, 8, 16, 4)
+def graph(shared_graph):
+    return shared_graph
 
 
 @pytest.fixture(scope="module")
-def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="online-3000")
-    out = tmp_path_factory.mktemp("online") / "parts"
-    builder.partition_graph(g, 2, out, method="metis", topologies=("csc", "csr"))
-    return out
+def parts_dir(shared_parts):
+    return shared_parts
 
 
 @pytest.fixture(scope="module")
-def client(parts_dir, tmp_path_factory):
-    with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("logs")) as servers:
-        with gf.connect([s.address for s in servers], timeout=60) as c:
-            yield c
-        assert all(health_status(s.address, "graphfeed.control.v1.Control") == SERVING for s in servers)
+def client(shared_cluster):
+    with gf.connect([s.address for s in shared_cluster], timeout=60) as c:
+        yield c
+    assert all(health_status(s.address, "graphfeed.control.v1.Control") == SERVING for s in shared_cluster)
 
 
 def _owned_by(parts_dir, part: int) -> torch.Tensor:

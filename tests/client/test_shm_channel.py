@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +23,6 @@ from helpers.graphs import assert_same_batch
 import graphfeed.client as gf
 from graphfeed.client import group as group_mod
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
 from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import shm
 from graphfeed.transport.pending import Pending
@@ -35,18 +33,13 @@ BOUND = 30.0   # seconds: generous, the machine is shared
 
 
 @pytest.fixture(scope="module")
-def parts_dir(tmp_path_factory) -> Path:
-    ei, x, y, splits = synth.generate(3000, 8, 16, 4)
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="shm-3000")
-    out = tmp_path_factory.mktemp("shm") / "parts"
-    builder.partition_graph(g, 2, out, method="metis")
-    return out
+def parts_dir(shared_parts):
+    return shared_parts
 
 
 @pytest.fixture(scope="module")
-def cluster(parts_dir, tmp_path_factory):
-    with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("logs")) as servers:
-        yield servers
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def _segments_of(pid: int) -> list[str]:

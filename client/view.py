@@ -1,0 +1,31 @@
+"""What the loaders, online sampling and the hot-feature cache use of their :class:`~graphfeed.client.client.Client`.
+
+A :class:`typing.Protocol`: ``client.client`` imports those modules to build them, so they name the
+client by this view instead of importing ``client.client`` back (no import cycle, not even a type-only one).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from graphfeed.client.cluster import ServerConn
+from graphfeed.client.group import DataGroup
+
+
+class ClientView(Protocol):
+    servers: list[ServerConn]
+    group: DataGroup
+    timeout: float
+    rpc_timeout: float
+    generation: int                 # +1 each time the data-path group is re-formed
+    num_parts: int
+    num_nodes: int                  # of the label type
+    node_types: list[str]
+    label_type: str
+
+    def num_nodes_of(self, ntype: str | None) -> int: ...
+
+    def _check_usable(self) -> None: ...
+
+    def _recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int: ...
+
+    def _forget(self, loader) -> None: ...
