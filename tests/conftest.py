@@ -1,4 +1,6 @@
-"""Shared fixtures: the tiny synthetic graph (generated once per session), Cora, a partitioned tiny graph."""
+"""Shared fixtures (the tiny synthetic graph generated once per session, Cora, a partitioned tiny graph)
+and the tiers: every test that starts a real process is marked ``slow`` here (see :mod:`helpers.tiers`),
+so ``python -m pytest -m "not slow"`` is the fast tier and a plain ``python -m pytest`` runs everything."""
 from __future__ import annotations
 
 import os
@@ -7,12 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cluster import daemon_setting_names
+from helpers.tiers import starts_processes
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
 
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if starts_processes(item):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -350,6 +350,7 @@ TRAINER = textwrap.dedent("""
     next(it)
     print(",".join(str(s.extra["worker_pid"]) for s in client.servers), flush=True)
     if sys.argv[2] == "exit":
+        sys.stdin.readline()      # the test has looked at the workers' mappings
         for _ in it:
             pass
         client.close()
@@ -369,7 +370,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_trainer_exit_or_sigkill_leaves_no_segment(cluster, how):
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, ",".join(s.address for s in cluster), how],
-                               stdout=subprocess.PIPE, text=True)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(p) for p in trainer.stdout.readline().split(",")]
         assert len(workers) == 2, "the trainer did not start (see its stderr)"
@@ -377,6 +378,7 @@ def test_trainer_exit_or_sigkill_leaves_no_segment(cluster, how):
         if how == "kill":
             trainer.kill()
     finally:
+        trainer.stdin.close()     # "exit": the trainer finishes its epoch and closes now
         code = trainer.wait(BOUND * 4)
         trainer.stdout.close()
     assert code == (0 if how == "exit" else -signal.SIGKILL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,7 +120,6 @@ def test_bad_batch_size_is_a_clear_error(bs):
 
 
 def test_numpy_integer_batch_size_is_accepted():
-    np = pytest.importorskip("numpy")
     assert len(_plan([100], np.int64(10), 1)) == 10
 
 

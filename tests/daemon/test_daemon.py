@@ -7,7 +7,6 @@ worker: a real ``sleep`` child process); tests with the real worker are skipped 
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -45,8 +44,6 @@ FAKE_SERVE = (sys.executable, str(TESTS / "helpers" / "fake_worker.py"))
 SERVE = (sys.executable, "-m", "graphfeed.cli", "serve")
 RPC_TIMEOUT = 10.0
 CLI_TIMEOUT = 90.0
-HAS_REAL_WORKER = importlib.util.find_spec("graphfeed.server.worker") is not None and \
-    importlib.util.find_spec("graphfeed.server.worker.handle") is not None
 
 
 # ---- fixtures -------------------------------------------------------------------------------------
@@ -542,7 +539,6 @@ def _status_code(call, request):
 
 # ---- the real session worker ----------------------------------------------------------------------
 
-@pytest.mark.skipif(not HAS_REAL_WORKER, reason="graphfeed.server.worker.handle (helper E) is not in this build yet")
 def test_real_worker_group_is_reaped_when_trainer_never_joins(partition_dir, tmp_path):
     """OpenGroup starts a real worker; no trainer ever joins or heartbeats: the lease reaps it."""
     with running_cluster(partition_dir, parts=[0], log_dir=tmp_path) as (server,):

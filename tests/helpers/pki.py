@@ -14,12 +14,10 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-x509 = pytest.importorskip("cryptography.x509", reason="TLS tests need the `cryptography` package (dev extra)")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402 -- only once importorskip found cryptography
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402 -- only once importorskip found cryptography
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402 -- only once importorskip found cryptography
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
 @dataclass(frozen=True)
