@@ -4,7 +4,7 @@
     python -m graphfeed.proto.generate --check  # exit 1 if the checked-in stubs are stale
 
 The .proto is compiled as ``graphfeed/proto/control.proto`` so the stubs import each
-other as ``graphfeed.proto.*``.  ``tests/test_proto.py`` runs ``--check``.
+other as ``graphfeed.proto.*``.  ``tests/core/test_proto.py`` runs ``--check``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ the same epoch again while, after randomly chosen batches, a random server is ki
 SIGKILL (its whole process group: daemon and session workers) and restarted on the same
 port after a random delay.  The client's transparent resume must deliver exactly the
 reference batches (same seeds, same sampled ids and edges), every input node once.
-Used by ``tests/test_resilience.py`` with a couple of kills and by hand with more.
+Used by ``tests/client/test_resilience.py`` with a couple of kills and by hand with more.
 """
 from __future__ import annotations
 

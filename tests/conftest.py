@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.cluster import daemon_setting_names
+from helpers.graphs import mag_tiny_parts
 from helpers.tiers import starts_processes
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
+from graphfeed.testing.cluster import running_cluster
 
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
 
@@ -69,6 +71,22 @@ def tiny_parts_dir(tiny_graph, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_parts") / "parts"
     partition_graph(tiny_graph, 2, out, method="metis", topologies=("csc", "csr"), seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def shared_mag(tmp_path_factory):
+    """``(parts folder, graph)``: the mag-tiny preset, METIS into 2 parts, CSC + CSR (:func:`mag_tiny_parts`).
+    Read-only."""
+    out = tmp_path_factory.mktemp("shared_mag") / "parts"
+    return out, mag_tiny_parts(out)
+
+
+@pytest.fixture(scope="session")
+def shared_mag_cluster(shared_mag, tmp_path_factory):
+    """2 daemons serving ``shared_mag`` for the whole session. Never stop, kill or reconfigure them in a
+    test: start a cluster of your own for that."""
+    with running_cluster(shared_mag[0], log_dir=tmp_path_factory.mktemp("shared_mag_logs")) as servers:
+        yield servers
 
 
 @pytest.fixture

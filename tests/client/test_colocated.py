@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, check_typed_batch
 
 import graphfeed.client as gf
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
@@ -54,9 +54,8 @@ def test_colocated_workers_give_the_local_loaders_batches(tiny_parts_dir, tiny_g
         assert_same_batch(a, b)
 
 
-def test_colocated_typed_batches_equal_local(tmp_path):
-    parts = tmp_path / "mag"
-    graph = mag_tiny_parts(parts)
+def test_colocated_typed_batches_equal_local(shared_mag, tmp_path):
+    parts, graph = shared_mag
     args = dict(batch_size=96, input_nodes=("paper", "train"), shuffle=True, seed=7)
     with running_cluster(parts, log_dir=tmp_path / "logs", env=ON) as servers, \
             gf.connect([s.address for s in servers], timeout=60) as client:

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch, check_typed_batch
 
 import graphfeed.client as gf
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
@@ -24,21 +24,19 @@ from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto.convert import open_session_request
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster
+from graphfeed.testing.cluster import SERVING, health_status
 
 WRITES, WRITTEN_BY = ("author", "writes", "paper"), ("paper", "written_by", "author")
 
 
 @pytest.fixture(scope="module")
-def mag(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hetero_remote") / "parts"
-    return out, mag_tiny_parts(out)
+def mag(shared_mag):
+    return shared_mag
 
 
 @pytest.fixture(scope="module")
-def cluster(mag, tmp_path_factory):
-    with running_cluster(mag[0], log_dir=tmp_path_factory.mktemp("logs")) as servers:
-        yield servers
+def cluster(shared_mag_cluster):
+    return shared_mag_cluster
 
 
 def test_typed_remote_batches_equal_local_on_every_key(cluster, mag):

@@ -11,22 +11,21 @@ from __future__ import annotations
 import grpc
 import pytest
 import torch
-from helpers.graphs import assert_same_batch, mag_tiny_parts
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster
+from graphfeed.testing.cluster import SERVING, health_status
 
 WRITES = ("author", "writes", "paper")
 FANOUTS = [3, 2]
 
 
 @pytest.fixture(scope="module")
-def mag(tmp_path_factory):
-    out = tmp_path_factory.mktemp("link_typed") / "parts"
-    return out, mag_tiny_parts(out)
+def mag(shared_mag):
+    return shared_mag
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +114,8 @@ def test_typed_link_input_round_trips_and_errors_name_the_edge_type(mag, seeds):
 
 
 @pytest.fixture(scope="module")
-def cluster(mag, tmp_path_factory):
-    with running_cluster(mag[0], log_dir=tmp_path_factory.mktemp("logs")) as servers:
-        yield servers
+def cluster(shared_mag_cluster):
+    return shared_mag_cluster
 
 
 def test_remote_typed_link_batches_equal_local_and_bad_input_is_invalid_argument(cluster, mag, seeds, writes_set):

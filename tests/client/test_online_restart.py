@@ -1,6 +1,6 @@
 """Online sampling (``Client.sample``) across a server restart: the call re-forms the group as a loader does.
 
-Its own module: a process holds one client at a time, and ``tests/test_online.py`` keeps one open.
+Its own module: a process holds one client at a time, and ``test_online.py`` keeps one open.
 """
 from __future__ import annotations
 

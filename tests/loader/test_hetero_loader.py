@@ -22,10 +22,9 @@ WRITES, CITES, TOPIC_OF = ("author", "writes", "paper"), ("paper", "cites", "pap
 
 
 @pytest.fixture(scope="module")
-def mag(tmp_path_factory):
+def mag(shared_mag):
     """``(parts folder, graph)``: mag-tiny, METIS into 2 parts, CSC + CSR."""
-    out = tmp_path_factory.mktemp("hetero_loader") / "parts"
-    return out, mag_tiny_parts(out)
+    return shared_mag
 
 
 def _all_fanouts(graph, hops):

@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.graphs import mag_tiny_parts
 
 import graphfeed.client as gf
-from graphfeed.testing.cluster import running_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 FANOUTS = [8, 4]
@@ -100,17 +98,16 @@ def _features_only_accuracy(graph) -> float:
         return float((mlp(x[test]).argmax(1) == y[test]).float().mean())
 
 
-def test_hetero_sage_through_two_servers_beats_the_paper_features_alone(tmp_path):
-    graph = mag_tiny_parts(tmp_path / "parts")
+def test_hetero_sage_through_two_servers_beats_the_paper_features_alone(shared_mag, shared_mag_cluster):
+    _, graph = shared_mag
     baseline = _features_only_accuracy(graph)
     torch.manual_seed(0)
     model = HeteroSAGE(graph.edge_types, hidden=64, classes=int(graph.nodes["paper"].y.max()) + 1)
-    with running_cluster(tmp_path / "parts", log_dir=tmp_path) as servers:
-        with gf.connect([s.address for s in servers], timeout=60) as client:
-            train = client.neighbor_loader(("paper", "train"), FANOUTS, batch_size=64, shuffle=True, seed=0)
-            losses = _train(model, train, epochs=10)
-            test = client.neighbor_loader(("paper", "test"), FANOUTS, batch_size=1024)
-            acc = _accuracy(model, test, graph.splits["test"])
+    with gf.connect([s.address for s in shared_mag_cluster], timeout=60) as client:
+        train = client.neighbor_loader(("paper", "train"), FANOUTS, batch_size=64, shuffle=True, seed=0)
+        losses = _train(model, train, epochs=10)
+        test = client.neighbor_loader(("paper", "test"), FANOUTS, batch_size=1024)
+        acc = _accuracy(model, test, graph.splits["test"])
     print(f"mag-tiny: HeteroSAGE through 2 servers {acc:.3f}, paper features alone {baseline:.3f}")
     assert losses[-1] < losses[0] / 2, f"training loss did not fall: {losses[0]:.3f} -> {losses[-1]:.3f}"
     assert acc >= baseline + MARGIN, f"typed model {acc:.3f} is not {MARGIN} above the features-only {baseline:.3f}"

@@ -1,7 +1,7 @@
 """The transport seam: Pending (the neutral pending batch), the buffer's pulls through it, the
 torch RPC edges (worker: rpc_api's adaptation to a torch future; trainer: TorchRpcChannel's
-settling of the RPC future).  TorchRpcChannel end to end: tests/test_worker.py,
-tests/test_client_remote.py, tests/test_security.py."""
+settling of the RPC future).  TorchRpcChannel end to end: tests/worker/test_worker.py,
+tests/client/test_client_remote.py, tests/daemon/test_security.py."""
 from __future__ import annotations
 
 import threading
