@@ -10,12 +10,12 @@ import pytest
 import torch
 from helpers.cluster import daemon_setting_names
 from helpers.graphs import mag_tiny_parts
+from helpers.shared import SHARED_CLIENT, serving
 from helpers.tiers import starts_processes
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
-from graphfeed.testing.cluster import running_cluster
 
 CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
 
@@ -24,6 +24,27 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if starts_processes(item):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def connect():
+    """``connect(addresses, **options)``: :meth:`helpers.shared.SharedClient.connect`, a client kept open for
+    the next test that connects the same way (use it as ``with connect(addresses, timeout=60) as client:``)."""
+    return SHARED_CLIENT.connect
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_shared_client_across_modules():
+    """Each module starts with no shared client open: its module fixtures may connect themselves."""
+    SHARED_CLIENT.close()
+
+
+@pytest.fixture(autouse=True)
+def one_client_at_a_time(request):
+    """A test that does not ask for ``connect`` starts with no shared client open (it may connect itself)."""
+    if "connect" not in request.fixturenames:
+        SHARED_CLIENT.close()
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -85,7 +106,7 @@ def shared_mag(tmp_path_factory):
 def shared_mag_cluster(shared_mag, tmp_path_factory):
     """2 daemons serving ``shared_mag`` for the whole session. Never stop, kill or reconfigure them in a
     test: start a cluster of your own for that."""
-    with running_cluster(shared_mag[0], log_dir=tmp_path_factory.mktemp("shared_mag_logs")) as servers:
+    with serving(shared_mag[0], log_dir=tmp_path_factory.mktemp("shared_mag_logs")) as servers:
         yield servers
 
 

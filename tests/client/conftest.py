@@ -7,9 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.shared import remote_graph, write_remote_parts
-
-from graphfeed.testing.cluster import running_cluster
+from helpers.shared import remote_graph, serving, write_remote_parts
 
 
 @pytest.fixture(scope="session")
@@ -28,5 +26,5 @@ def shared_parts(shared_graph, tmp_path_factory) -> Path:
 def shared_cluster(shared_parts, tmp_path_factory):
     """2 daemons serving ``shared_parts`` for the whole session (the ``ServerProcess`` list). Never stop,
     kill or reconfigure them in a test: start a cluster of your own for that."""
-    with running_cluster(shared_parts, log_dir=tmp_path_factory.mktemp("shared_logs")) as servers:
+    with serving(shared_parts, log_dir=tmp_path_factory.mktemp("shared_logs")) as servers:
         yield servers

@@ -52,10 +52,10 @@ def _stats(address: str) -> pb.ServerStats:
 
 # ---- batches ----------------------------------------------------------------------------------------
 
-def test_epochs_equal_local_loader_cover_train_once_and_edges_exist(cluster, parts_dir, graph, edge_set):
+def test_epochs_equal_local_loader_cover_train_once_and_edges_exist(cluster, parts_dir, graph, edge_set, connect):
     _, x, _, splits = graph
     local = LocalNeighborLoader(parts_dir, FANOUTS, batch_size=32, shuffle=True, seed=7)
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         assert (client.num_parts, client.num_nodes) == (2, 3000)
         loader = client.neighbor_loader("train", FANOUTS, batch_size=32, shuffle=True, seed=7, prefetch=2)
         assert len(loader) == len(local) == 8
@@ -76,10 +76,10 @@ def test_epochs_equal_local_loader_cover_train_once_and_edges_exist(cluster, par
         assert want_first.epoch == 0
 
 
-def test_node_id_input_out_direction_and_two_loaders(cluster, parts_dir):
+def test_node_id_input_out_direction_and_two_loaders(cluster, parts_dir, connect):
     ids = torch.tensor([5, 2999, 17, 1200, 64, 3, 1500, 42, 8, 1000])
     kw = dict(batch_size=4, direction="out", replace=True)
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         out = client.neighbor_loader(ids, [4, 4], **kw)
         val = client.neighbor_loader("val", [-1], batch_size=16)
         rows = {r.kind: r for r in _stats(cluster[0].address).sessions}

@@ -107,8 +107,8 @@ def test_bad_budget_names_the_argument(bad):
 # ---- through the servers ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, channel", [(None, "auto"), ("bf16", "auto"), (None, "rpc")])
-def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dtype, channel):
-    with gf.connect(cluster, timeout=60, channel=channel) as client:
+def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dtype, channel, connect):
+    with connect(cluster, timeout=60, channel=channel) as client:
         assert client.group.channel.kind == ("shm" if channel == "auto" else "torch-rpc")
         plain = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype, **KW)
         cached = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype,
@@ -131,11 +131,11 @@ def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dt
             assert (mid - before) - (after - mid) == stats["rows_filled"] * (cache.row_bytes - 8)
 
 
-def test_cache_holds_the_highest_degree_nodes_of_each_part(cluster, graph, parts_dir, monkeypatch):
+def test_cache_holds_the_highest_degree_nodes_of_each_part(cluster, graph, parts_dir, monkeypatch, connect):
     monkeypatch.setattr(client_cache, "CHUNK_BYTES", 1000)   # 15 rows per hot_rows call: many chunks per part
     degree = torch.bincount(torch.from_numpy(graph[0][1]), minlength=N)   # in-degree, by original id
     x = torch.from_numpy(graph[1])
-    with gf.connect(cluster, timeout=60) as client:
+    with connect(cluster, timeout=60) as client:
         cache = client.neighbor_loader("train", FANOUTS, feature_cache_mb=BUDGET_MB, **KW).feature_cache
     assert cache is not None
     ids = cache.cached.ids
@@ -149,11 +149,11 @@ def test_cache_holds_the_highest_degree_nodes_of_each_part(cluster, graph, parts
         assert int(degree[hot].min()) >= int(degree[cold].max())
 
 
-def test_link_loader_with_the_cache_equals_without(cluster, graph):
+def test_link_loader_with_the_cache_equals_without(cluster, graph, connect):
     ei = graph[0]
     seeds = ei[:, ::7][:, :300]
     kw = dict(edge_label_index=seeds, neg_sampling="binary", batch_size=32, shuffle=True, seed=5, prefetch=2)
-    with gf.connect(cluster, timeout=60) as client:
+    with connect(cluster, timeout=60) as client:
         want = list(client.link_neighbor_loader(FANOUTS, **kw))
         loader = client.link_neighbor_loader(FANOUTS, feature_cache_mb=BUDGET_MB, **kw)
         got = list(loader)
@@ -172,8 +172,8 @@ def _fallback(client, caplog, **kw):
     return loader, warnings[0].getMessage()
 
 
-def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog, monkeypatch):
-    with gf.connect(cluster, timeout=60) as client:
+def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog, monkeypatch, connect):
+    with connect(cluster, timeout=60) as client:
         want = list(client.neighbor_loader("train", FANOUTS, prefetch=2, **KW))
         loader, why = _fallback(client, caplog, feature_cache_mb=1e-6)
         assert "holds no row" in why
@@ -195,8 +195,8 @@ def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog,
             assert_same_batch(a, b)
 
 
-def test_a_bad_cached_set_is_invalid_argument_and_the_servers_stay_up(cluster):
-    with gf.connect(cluster, timeout=60) as client:
+def test_a_bad_cached_set_is_invalid_argument_and_the_servers_stay_up(cluster, connect):
+    with connect(cluster, timeout=60) as client:
         req = open_session_request(LoaderSpec.of("train", FANOUTS, **KW), client.group.group_id)
         req.feature_cache.CopyFrom(pb.FeatureCache(node_type="_N", node_ids=[9, 4]))
         for server in client.servers:

@@ -6,7 +6,6 @@ import grpc
 import pytest
 import torch
 
-import graphfeed.client as gf
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.spec import LoaderSpec, feature_dtype
 from graphfeed.proto import control_pb2 as pb
@@ -102,11 +101,11 @@ def _bytes_served(addresses) -> int:
     return total
 
 
-def test_remote_bf16_equals_local_and_halves_the_feature_bytes(parts_dir, shared_cluster):
+def test_remote_bf16_equals_local_and_halves_the_feature_bytes(parts_dir, shared_cluster, connect):
     full = list(LocalNeighborLoader(parts_dir, FANOUTS, **KW))
     x_bytes = sum(b.x.numel() * b.x.element_size() for b in full)
     addresses = [s.address for s in shared_cluster]
-    with gf.connect(addresses, timeout=60) as client:
+    with connect(addresses, timeout=60) as client:
         before = _bytes_served(addresses)
         got_full = list(client.neighbor_loader("train", FANOUTS, prefetch=2, **KW))
         mid = _bytes_served(addresses)

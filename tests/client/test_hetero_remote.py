@@ -18,7 +18,6 @@ import pytest
 import torch
 from helpers.graphs import assert_same_batch, check_typed_batch
 
-import graphfeed.client as gf
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 from graphfeed.core.spec import LoaderSpec
@@ -39,11 +38,11 @@ def cluster(shared_mag_cluster):
     return shared_mag_cluster
 
 
-def test_typed_remote_batches_equal_local_on_every_key(cluster, mag):
+def test_typed_remote_batches_equal_local_on_every_key(cluster, mag, connect):
     parts, graph = mag
     args = dict(batch_size=96, input_nodes=("paper", "train"), shuffle=True, seed=7)
     local = LocalNeighborLoader(parts, [4, 3], **args)
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         assert client.node_types == ["author", "field", "paper"] and client.label_type == "paper"
         remote = client.neighbor_loader(num_neighbors=[4, 3], prefetch=2, **args)
         assert len(remote) == len(local)
@@ -56,13 +55,13 @@ def test_typed_remote_batches_equal_local_on_every_key(cluster, mag):
             check_typed_batch(batch, graph, {e: [4, 3] for e in graph.edge_types})
 
 
-def test_typed_remote_ids_of_another_type_out_edges_dict_fanouts(cluster, mag):
+def test_typed_remote_ids_of_another_type_out_edges_dict_fanouts(cluster, mag, connect):
     parts, graph = mag
     ids = torch.from_numpy(np.random.default_rng(4).permutation(graph.nodes["author"].num_nodes)[:250])
     fanouts = {("author", "writes", "paper"): [5, 0], ("paper", "has_topic", "field"): [0, 2]}
     args = dict(batch_size=64, input_nodes=("author", ids), direction="out", seed=1)
     local = list(LocalNeighborLoader(parts, fanouts, **args))
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         remote = list(client.neighbor_loader(num_neighbors=fanouts, **args))
         every_field = client.neighbor_loader(("field", None), [2], batch_size=200)
         fields = torch.cat([b["field"].n_id[:b["field"].batch_size] for b in every_field])
@@ -74,9 +73,9 @@ def test_typed_remote_ids_of_another_type_out_edges_dict_fanouts(cluster, mag):
     assert sorted(fields.tolist()) == list(range(graph.nodes["field"].num_nodes)), "(type, None): every node once"
 
 
-def test_bad_typed_input_is_invalid_argument_and_the_servers_stay_up(cluster):
+def test_bad_typed_input_is_invalid_argument_and_the_servers_stay_up(cluster, connect):
     addresses = [s.address for s in cluster]
-    with gf.connect(addresses, timeout=60) as client:
+    with connect(addresses, timeout=60) as client:
         bad = LoaderSpec.of(("venue", "train"), [3], batch_size=8)
         with pytest.raises(grpc.RpcError) as info:
             client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30)

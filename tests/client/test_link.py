@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import torch
 from helpers.graphs import assert_same_batch
+from helpers.shared import serving
 
-import graphfeed.client as gf
 from graphfeed.client.errors import InvalidRequest
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.partition import builder, synth
 from graphfeed.server.sampling.link import ROUNDS, StrictNegativeError
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster
+from graphfeed.testing.cluster import SERVING, health_status
 
 N = 800
 FANOUTS = [4, 3]
@@ -230,18 +230,19 @@ def test_node_batches_carry_edge_attr_of_e_id_in_both_directions(parts_csr_dir, 
 
 @pytest.fixture(scope="module")
 def cluster(parts_dir, tmp_path_factory):
-    with running_cluster(parts_dir, log_dir=tmp_path_factory.mktemp("link_logs")) as servers:
+    with serving(parts_dir, log_dir=tmp_path_factory.mktemp("link_logs")) as servers:
         yield servers
 
 
 @pytest.mark.parametrize("neg, weight_attr", [({"mode": "binary", "amount": 1.5}, None),
                                               ({"mode": "triplet", "amount": 2}, "edge_attr:2")])
-def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_edges, edge_set, neg, weight_attr):
+def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_edges, edge_set, neg, weight_attr,
+                                                      connect):
     kw = dict(edge_label_index=seed_edges, neg_sampling=neg, batch_size=48, shuffle=True, seed=4,
               weight_attr=weight_attr)
     local = LocalLinkNeighborLoader(parts_dir, FANOUTS, **kw)
     owner_parts = set()
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         remote = client.link_neighbor_loader(FANOUTS, prefetch=2, **kw)
         assert len(remote) == len(local)
         got = list(remote)
@@ -261,8 +262,8 @@ def test_remote_link_batches_equal_local_on_every_key(cluster, parts_dir, seed_e
     assert True in owner_parts, "some strict checks ran on the other server's worker (CSC: the destination's part)"
 
 
-def test_remote_bad_link_input_is_invalid_argument_and_server_stays_up(cluster, seed_edges):
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+def test_remote_bad_link_input_is_invalid_argument_and_server_stays_up(cluster, seed_edges, connect):
+    with connect([s.address for s in cluster], timeout=60) as client:
         with pytest.raises(ValueError, match=f"edge_label_index has node id {N}, outside the graph"):
             client.link_neighbor_loader(FANOUTS, edge_label_index=torch.tensor([[0, N], [1, 1]]))
         with pytest.raises(ValueError, match="neg_sampling mode 'x' does not exist"):

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers.shared import serving
 
-import graphfeed.client as gf
 from graphfeed.cli.main import main
 from graphfeed.client.errors import InvalidRequest
 from graphfeed.core.spec import LinkInput, LoaderSpec
@@ -19,7 +19,7 @@ from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
 from graphfeed.server.partition.format import PartitionPaths, read_meta
 from graphfeed.server.partition.store import open_parts
-from graphfeed.testing.cluster import SERVING, health_status, running_cluster
+from graphfeed.testing.cluster import SERVING, health_status
 
 N = 600
 FANOUTS = [4, 3]
@@ -176,15 +176,15 @@ def val_only_dir(edge_index, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(val_only_dir, tmp_path_factory):
-    with running_cluster(val_only_dir, log_dir=tmp_path_factory.mktemp("link_split_logs")) as servers:
+    with serving(val_only_dir, log_dir=tmp_path_factory.mktemp("link_split_logs")) as servers:
         yield servers
 
 
 @pytest.mark.parametrize("split, neg", [("val", {"mode": "binary", "amount": 2}), ("train", "triplet")])
-def test_remote_split_batches_equal_local_on_every_key(cluster, val_only_dir, split, neg):
+def test_remote_split_batches_equal_local_on_every_key(cluster, val_only_dir, split, neg, connect):
     kw = dict(edge_label_index=split, neg_sampling=neg, batch_size=40, shuffle=True, seed=6)
     local = list(LocalLinkNeighborLoader(val_only_dir, FANOUTS, **kw))
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+    with connect([s.address for s in cluster], timeout=60) as client:
         got = list(client.link_neighbor_loader(FANOUTS, prefetch=2, **kw))
     assert len(got) == len(local) > 1
     for a, b in zip(got, local, strict=True):
@@ -195,8 +195,8 @@ def test_remote_split_batches_equal_local_on_every_key(cluster, val_only_dir, sp
     assert sorted(p for b in got for p in b.input_id.tolist()) == list(range(size))
 
 
-def test_remote_missing_split_is_invalid_argument_and_server_stays_up(cluster, val_only_dir):
-    with gf.connect([s.address for s in cluster], timeout=60) as client:
+def test_remote_missing_split_is_invalid_argument_and_server_stays_up(cluster, val_only_dir, connect):
+    with connect([s.address for s in cluster], timeout=60) as client:
         with pytest.raises(InvalidRequest, match=r"no link split 'test' \(it has train, val\); re-partition with "
                                                  r"`graphfeed partition --link-split"):
             client.link_neighbor_loader(FANOUTS, edge_label_index="test")
