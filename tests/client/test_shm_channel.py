@@ -390,7 +390,8 @@ def test_trainer_exit_or_sigkill_leaves_no_segment(cluster, how):
 def test_server_sigkill_leaves_no_segment(parts_dir, tmp_path):
     with running_cluster(parts_dir, log_dir=tmp_path) as servers:
         victim = servers[0]
-        with gf.connect([s.address for s in servers], timeout=60) as client:
+        # reconnect_timeout=0: the loader fails at once instead of waiting for the server to come back
+        with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=0) as client:
             assert client.group.channel.kind == "shm"
             worker = client.servers[0].extra["worker_pid"]
             it = iter(client.neighbor_loader("train", FANOUTS, batch_size=8, prefetch=2))
