@@ -64,6 +64,21 @@ def hermetic_daemon_settings():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    """Every process of the session samples with one intra-op thread: this one (``torch.set_num_threads``)
+    and the daemons, workers and trainers it starts (``OMP_NUM_THREADS=1``, inherited).  The batches do not
+    depend on the thread count (kernels write by index; the tests that check this set 2 or 3 threads
+    themselves), while on a shared 2-core machine torch's spinning OpenMP threads make each small op many
+    times slower than one thread is."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_graph_dir(tmp_path_factory) -> Path:
     """The ``tiny`` preset (10,000 nodes, ~96k directed edges, 32 features) in the .npy layout."""
@@ -108,12 +123,3 @@ def shared_mag_cluster(shared_mag, tmp_path_factory):
     test: start a cluster of your own for that."""
     with serving(shared_mag[0], log_dir=tmp_path_factory.mktemp("shared_mag_logs")) as servers:
         yield servers
-
-
-@pytest.fixture
-def one_thread():
-    """Small models on shared cores: one intra-op thread is faster and reproducible."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

@@ -24,7 +24,7 @@ from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
 from graphfeed.testing.cluster import running_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 def _train_through_servers(parts: Path, logs: Path, model, *, fanouts, batch_size, epochs, lr, weight_decay=0.0,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import graphfeed.client as gf
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 FANOUTS = [8, 4]
 MARGIN = 0.4
 

@@ -26,7 +26,7 @@ from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
 from graphfeed.testing.cluster import running_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 EPOCHS = 10
 FANOUTS = [10, 5]

@@ -16,7 +16,7 @@ from graphfeed.server.partition import synth
 from graphfeed.server.partition.builder import GraphInput, partition_graph
 from graphfeed.server.partition.inputs import read_graph
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.slow
 
 
 def test_cora_graphsage_reaches_78_percent(cora_dir, tmp_path):
