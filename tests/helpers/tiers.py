@@ -3,8 +3,9 @@
 A test is slow when its function, a fixture it uses (directly or through other fixtures) or a
 function of its module that one of those calls (two levels deep) starts a process: launches a
 cluster or server, calls ``gf.connect`` (each forms a group with one session worker per server),
-or runs a subprocess.  Marking by reading the source keeps the tiers right for new tests without
-a decorator to forget; ``@pytest.mark.slow`` by hand still works for slow tests that start nothing.
+runs a subprocess, or runs a CLI command that starts servers.  Marking by reading the source keeps
+the tiers right for new tests without a decorator to forget; ``@pytest.mark.slow`` by hand still
+works for slow tests that start nothing.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 STARTS_A_PROCESS = re.compile(r"\b(running_cluster|start_server|spawn_server|LocalCluster|connect|Popen|"
                               r"subprocess\.(run|call|check_call|check_output)|\w*WorkerHandle\.start|init_rpc|"
-                              r"Process|run_chaos|bench_remote|run_demo)\(")
+                              r"Process|run_chaos|bench_remote|run_demo)\("
+                              r"|\"--servers\"|\[\"(serve|demo)\"")   # the CLI starting servers in-process
 DEPTH = 2
 
 
