@@ -1,6 +1,6 @@
 """Control-plane security through real daemons: TLS/mTLS, bearer token, session secrets; config keys.
 
-Certificates are generated per module (tests/helpers_pki.py).  Every rejection is checked
+Certificates are generated per module (tests/helpers/pki.py).  Every rejection is checked
 for its gRPC status, its log line (token rejections) and that the daemon still serves.
 """
 from __future__ import annotations

@@ -20,8 +20,8 @@ import warnings
 
 import pytest
 import torch
-from helpers_cluster import hermetic_env
-from helpers_graphs import assert_same_batch, mag_tiny_parts
+from helpers.cluster import hermetic_env
+from helpers.graphs import assert_same_batch, mag_tiny_parts
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.delivery import Delivery
