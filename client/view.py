@@ -5,6 +5,7 @@ client by this view instead of importing ``client.client`` back (no import cycle
 """
 from __future__ import annotations
 
+import collections
 from typing import Protocol
 
 from graphfeed.client.cluster import ServerConn
@@ -21,6 +22,7 @@ class ClientView(Protocol):
     num_nodes: int                  # of the label type
     node_types: list[str]
     label_type: str
+    _orphans: collections.deque[tuple[int, str]]   # (part, session) of loaders dropped without close()
 
     def num_nodes_of(self, ntype: str | None) -> int: ...
 
