@@ -26,7 +26,7 @@ import sys
 import time
 
 from graphfeed.bench.remote import RemoteBenchConfig, measure, server_logs, tree_cpu_s
-from graphfeed.testing.hosts import EmulatedHosts, Host, LinkCounters
+from graphfeed.testing.hosts import EmulatedHosts, Host, LinkCounters, unavailable
 
 PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
@@ -40,7 +40,11 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
     if hosts != parts + 1:
         raise ValueError(f"--hosts {hosts}: the trainer takes one host and each of the {parts} part(s) of "
                          f"{cfg.graph_folder} another: use --hosts {parts + 1}")
-    with server_logs("graphfeed-bench-hosts-") as log_dir, EmulatedHosts(hosts, link_rate=link_rate) as em:
+    emulated = EmulatedHosts(hosts, link_rate=link_rate)   # ValueError for a bad rate, before anything starts
+    reason = unavailable()
+    if reason:
+        raise RuntimeError(f"--hosts: {reason}")
+    with server_logs("graphfeed-bench-hosts-") as log_dir, emulated as em:
         for k, host in enumerate(em.hosts[1:]):
             em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir)
         result = _run_trainer(em, cfg)
