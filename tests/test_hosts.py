@@ -204,15 +204,16 @@ def test_node_and_link_epochs_equal_local_loader_on_every_key(hosts, parts_dir, 
 
 # ---- link outages ---------------------------------------------------------------------------------
 
-def test_server_link_down_5s_is_transparent(hosts, parts_dir, tmp_path):
+@pytest.mark.parametrize("down", [1, 0], ids=["server", "trainer"])
+def test_link_down_5s_is_transparent(hosts, parts_dir, tmp_path, down):
     trainer = Trainer(hosts, tmp_path, wait_after=1, lease=20.0)   # the default lease is 15 s
     trainer.until("batch node 1")
-    hosts[1].link(False)
+    hosts[down].link(False)
     try:
-        trainer.go()       # the next pulls go out while part 0's host is off the network
+        trainer.go()       # the next pulls go out while that host is off the network
         time.sleep(5.0)
     finally:
-        hosts[1].link(True)
+        hosts[down].link(True)
     got = trainer.finish()
     for a, b in zip(got["node"], list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE)), strict=True):
         assert_same_batch(a, b)
