@@ -183,6 +183,31 @@ def _wait_no_sessions(hosts, timeout: float) -> None:
         time.sleep(0.5)
 
 
+# ---- the emulated hosts themselves -----------------------------------------------------------------
+
+def test_hosts_are_separate_and_leave_nothing_behind(tmp_path):
+    probe = ("import os, socket; open('/dev/shm/graphfeed-probe', 'w').close(); "
+             "print(socket.gethostname(), os.getpid(), sorted(os.listdir('/dev/shm')))")
+    with EmulatedHosts(2, link_rate="100mbit", work_dir=tmp_path) as hosts:
+        prefix = hosts.prefix
+        seen = [h.run([sys.executable, "-c", probe], timeout=30).stdout.split(maxsplit=2) for h in hosts]
+        reach = hosts[0].run([sys.executable, "-c", f"import socket; socket.create_connection(('{hosts[1].address}', "
+                              f"9), timeout=5)"], timeout=30)
+        hosts[1].link(False)
+        cut = hosts[0].run([sys.executable, "-c", f"import socket; socket.create_connection(('{hosts[1].address}', "
+                            f"9), timeout=2)"], timeout=30)
+        assert hosts[0].counters().sent > 0
+    assert [s[0] for s in seen] == ["host0", "host1"]
+    assert all(int(s[1]) < 100 for s in seen), "each host has its own PID namespace"
+    assert all(s[2].strip() == "['graphfeed-probe']" for s in seen), "each host has its own /dev/shm"
+    assert not Path("/dev/shm/graphfeed-probe").exists()
+    assert "ConnectionRefusedError" in reach.stderr, reach.stderr     # reached host1: nothing listens on port 9
+    assert "timed out" in cut.stderr or "TimeoutError" in cut.stderr, cut.stderr   # its link is down
+    leftover = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout + \
+        subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in leftover, leftover
+
+
 # ---- correct across hosts -------------------------------------------------------------------------
 
 def test_node_and_link_epochs_equal_local_loader_on_every_key(hosts, parts_dir, seed_edges, tmp_path):
