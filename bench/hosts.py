@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import select
 import subprocess
 import sys
 import time
 
 from graphfeed.bench.remote import RemoteBenchConfig, measure, server_logs, tree_cpu_s
-from graphfeed.testing.hosts import EmulatedHosts, Host, LinkCounters, unavailable
+from graphfeed.testing.hosts import EmulatedHosts, Host, LineReader, LinkCounters, unavailable
 
 PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
@@ -59,13 +58,14 @@ def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:
     trainer = em[0].popen([*TRAINER_COMMAND, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           text=True)
     procs = {"trainer": [trainer.pid], **{f"part{s.part}": [s.pid] for s in em.servers}}
-    _expect(trainer, "warm")
+    reader = LineReader(trainer.stdout)
+    _expect(trainer, reader, "warm")
     counters0, cpu0 = _counters(em), {k: tree_cpu_s(p) for k, p in procs.items()}
     _go(trainer)
-    _expect(trainer, "measured")
+    _expect(trainer, reader, "measured")
     counters1, cpu1 = _counters(em), {k: tree_cpu_s(p) for k, p in procs.items()}
     _go(trainer)
-    result = json.loads(_expect(trainer, "{"))
+    result = json.loads(_expect(trainer, reader, "{"))
     if trainer.wait(60) != 0:
         raise RuntimeError(f"the trainer on {em[0].name} exited with code {trainer.returncode}")
     epochs = cfg.epochs
@@ -92,14 +92,11 @@ def _link(host: Host, moved: LinkCounters, batches: int, rate_bits: float | None
             "utilisation": None if rate_bits is None else round(max(gbit_out, gbit_in) * 1e9 / rate_bits, 3)}
 
 
-def _expect(proc: subprocess.Popen, prefix: str) -> str:
+def _expect(proc: subprocess.Popen, reader: LineReader, prefix: str) -> str:
     """The trainer's next line, which must start with ``prefix`` (bounded; RuntimeError with what it said)."""
     deadline = time.monotonic() + PHASE_TIMEOUT_S
-    out = proc.stdout
-    assert out is not None
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([out], [], [], max(0.0, deadline - time.monotonic()))
-        line = out.readline() if ready else ""
+        line = reader.readline(deadline - time.monotonic())
         if not line:
             break
         if line.startswith(prefix):

@@ -226,6 +226,31 @@ class Host:
                             at=time.monotonic())
 
 
+class LineReader:
+    """Lines of a child's output pipe with a bound on each wait.  ``select`` on a buffered file object
+    misses lines already in its buffer (two lines arrive in one read, the second waits forever): this
+    reads the file descriptor itself and keeps the rest."""
+
+    def __init__(self, pipe):
+        self.fd = pipe.fileno()
+        self.rest = b""
+
+    def readline(self, timeout: float) -> str | None:
+        """The next line (without its newline); "" at the end of the output; None after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.rest:
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            data = os.read(self.fd, 65536)
+            if not data:
+                line, self.rest = self.rest, b""
+                return line.decode(errors="replace")
+            self.rest += data
+        line, self.rest = self.rest.split(b"\n", 1)
+        return line.decode(errors="replace") + "\n"
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         if os.getpgid(proc.pid) == proc.pid:

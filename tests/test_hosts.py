@@ -11,7 +11,6 @@ compares it with the in-process loader.  Skipped where namespaces cannot be made
 from __future__ import annotations
 
 import json
-import select
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
-from graphfeed.testing.hosts import EmulatedHosts, unavailable
+from graphfeed.testing.hosts import EmulatedHosts, LineReader, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -132,15 +131,13 @@ class Trainer:
         self.proc = hosts[0].popen([sys.executable, "-c", TRAINER, json.dumps(config)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
+        self.reader = LineReader(self.proc.stdout)
 
     def until(self, prefix: str, timeout: float = TRAINER_BOUND) -> str:
         """The first printed line starting with ``prefix`` (AssertionError naming what it printed if none)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            line = self.proc.stdout.readline()   # type: ignore[union-attr]
+            line = self.reader.readline(deadline - time.monotonic())
             if not line:
                 break
             self.lines.append(line.strip())
@@ -150,12 +147,18 @@ class Trainer:
                              f"stderr: {self.stderr()}")
 
     def go(self) -> None:
-        self.proc.stdin.write("go\n")   # type: ignore[union-attr]
-        self.proc.stdin.flush()         # type: ignore[union-attr]
+        try:
+            self.proc.stdin.write("go\n")   # type: ignore[union-attr]
+            self.proc.stdin.flush()         # type: ignore[union-attr]
+        except BrokenPipeError:
+            self.proc.wait(10)
+            raise AssertionError(f"the trainer exited ({self.proc.returncode}): {self.lines[-4:]}; "
+                                 f"stderr: {self.stderr()}") from None
 
     def finish(self, code: int = 0) -> dict:
         got = self.proc.wait(TRAINER_BOUND)
-        self.lines += (self.proc.stdout.read() or "").strip().splitlines()   # type: ignore[union-attr]
+        while line := self.reader.readline(10.0):
+            self.lines.append(line.strip())
         err = self.stderr()
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             pipe.close()   # type: ignore[union-attr]
