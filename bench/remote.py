@@ -50,7 +50,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -249,17 +249,24 @@ def _loader(client, cfg: RemoteBenchConfig):
                               pin_memory=cfg.pin_memory, device=cfg.trainer_device)
 
 
-def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalCluster | None = None) -> dict:
-    """Connect to ``addresses``, run the warm-up and measured epochs; returns the summary fields."""
+def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalCluster | None = None,
+            mark: Callable[[str], None] | None = None) -> dict:
+    """Connect to ``addresses``, run the warm-up and measured epochs; returns the summary fields.
+
+    ``mark`` is called with ``"warm"`` right before the measured epochs and ``"measured"`` right after
+    them (an outside observer reads its own counters then: :mod:`graphfeed.bench.hosts`)."""
     import graphfeed.client as gf
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
+    mark = mark or (lambda _phase: None)
     with gf.connect(list(addresses), channel=cfg.channel) as client, _loader(client, cfg) as loader:
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []
         wait_ms: list[float] = []
+        mark("warm")
         runs = [run_epoch(loader, pids, feature_bytes, cfg.link, cfg.step_ms, wait_ms) for _ in range(cfg.epochs)]
+        mark("measured")
         transport = transport_fields(client.group.channel, before)
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts

@@ -63,10 +63,16 @@ def _add_remote(sub) -> None:
                                    "and --epochs measured epochs of the input nodes through the remote loader; "
                                    "prints one JSON line with the fields of `bench sample` plus servers, "
                                    "prefetch and, with --compare, ratio_vs_inprocess.")
-    p.add_argument("--servers", required=True,
+    p.add_argument("--servers", default=None,
                    help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
                         "or a comma-separated host:port list of running servers")
     p.add_argument("--graph", default=None, help="partition folder (needed with --servers N and --compare)")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="instead of --servers: N emulated hosts (namespaces; needs root), the trainer on one and a "
+                        "server per part of --graph on each other one (N = parts + 1); adds CPU per process and "
+                        "bytes per batch on each link")
+    p.add_argument("--link-rate", default=None,
+                   help="with --hosts: shape each host's link to this tc rate (e.g. 1gbit; default unshaped)")
     p.add_argument("--features", action="store_true",
                    help="accepted for symmetry with `bench sample`: remote batches always carry x and y")
     p.add_argument("--prefetch", type=int, default=4, help="pulls in flight per server (default 4)")
@@ -147,18 +153,31 @@ def _servers(text: str):
 def _run_remote(args) -> int:
     from graphfeed.bench.remote import RemoteBenchConfig, bench_remote
 
-    cfg = RemoteBenchConfig(servers=_servers(args.servers), graph=args.graph, prefetch=args.prefetch,
+    if (args.servers is None) == (args.hosts is None):
+        raise UsageError("bench remote: give --servers N (or host:port,...) or --hosts N, one of them")
+    if args.link_rate is not None and args.hosts is None:
+        raise UsageError("--link-rate shapes the links of emulated hosts: give --hosts N too")
+    servers = _servers(args.servers) if args.servers is not None else max(1, args.hosts - 1)
+    cfg = RemoteBenchConfig(servers=servers, graph=args.graph, prefetch=args.prefetch,
                             compare=args.compare, channel=args.channel, peer_path=args.peer_path,
                             feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
                             server_device=args.server_device, trainer_device=args.trainer_device,
                             pin_memory=args.pin_memory, step_ms=args.step_ms, **_workload(args))
     try:
-        result = bench_remote(cfg)
+        result = _hosts_bench(cfg, args.hosts, args.link_rate) if args.hosts is not None else bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line
         print(f"graphfeed bench remote: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result), flush=True)
     return 0
+
+
+def _hosts_bench(cfg, hosts: int, link_rate: str | None) -> dict:
+    from graphfeed.bench.hosts import bench_remote_hosts
+
+    if cfg.compare:
+        raise UsageError("--compare runs with --servers only (the in-process figure has no hosts)")
+    return bench_remote_hosts(cfg, hosts, link_rate)
 
 
 def run(args) -> int:

@@ -147,10 +147,14 @@ class DataGroup:
         except Exception as exc:  # noqa: BLE001 -- any join failure becomes a ServerError naming the servers
             dead = self.probe()
             who = "; ".join(f"{k}: {v}" for k, v in dead.items()) or "every server still answers on its control port"
+            if isinstance(exc, ValueError):   # found before any wait: a set-up that can never form a group
+                raise ServerError("cluster", f"the data-path group cannot form at {self.rendezvous}: "
+                                             f"{_first_line(exc)}") from None
+            fix = (rpc_group.gloo_hint(self.host) if "gloo" in str(exc).lower()
+                   else f"is {self.host} reachable from the servers? (set advertise_host)")
             raise ServerError(", ".join(dead) or "cluster",
                               f"the data-path group did not form within {self.timeout:g} s at {self.rendezvous} "
-                              f"({who}); is {self.host} reachable from the servers? (set advertise_host) "
-                              f"cause: {_first_line(exc)}") from None
+                              f"({who}); {fix}; cause: {_first_line(exc)}") from None
         self.joined = True
 
     def _open_channel(self) -> BatchChannel:

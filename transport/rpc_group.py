@@ -7,7 +7,17 @@
   scheme whose store waits only ``join_timeout`` seconds, so a trainer or worker whose
   peers never come fails within that bound.
 * Interface: TensorPipe listens on the interface named by ``TP_SOCKET_IFNAME``; graphfeed
-  configures an address, :func:`interface_for` maps it to the interface.
+  configures an address, :func:`interface_for` maps it to the interface.  torch RPC's start-up
+  also forms a Gloo process group (its barrier), whose address comes from ``GLOO_SOCKET_IFNAME`` or
+  else from this host's *name*: where the name does not resolve to the cluster address (127.0.1.1
+  in /etc/hosts, or not at all) Gloo announces 127.0.0.1 and its peers cannot reach it.  The same
+  interface is therefore pinned for Gloo (unless the variable is set already).
+* Bounds: every wait of the start-up is bounded by ``join_timeout``: the store's wait for the
+  members, Gloo's full mesh (torch's default is 2^31-1 ms: a trainer would wait for weeks on a
+  member that failed) with what is left of it, and the start-up's all-gather.  Gloo's mesh waits up
+  to about five times the timeout it is given (74 s for 14.8 s with torch 2.13, a member gone):
+  it gets a fifth.  An address Gloo would announce that the other hosts cannot reach (loopback
+  while the group's address is not) fails at once, before any wait (:func:`check_gloo_address`).
 
 torch keeps a few per-process counters for its RPC start-up (store prefix, all-gather
 sequence numbers); a process that leaves one group and joins a fresh one (a trainer that
@@ -20,6 +30,7 @@ import fcntl
 import os
 import socket
 import struct
+import time
 import warnings
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
@@ -28,6 +39,20 @@ from graphfeed.core.constants import TRAINER, worker_name  # noqa: F401 -- the g
 
 SCHEME = "graphfeed-tcp"
 SIOCGIFADDR = 0x8915
+
+
+_join_deadline = [0.0]   # time.monotonic() by which the group of the join in progress must have formed
+MIN_GLOO_TIMEOUT_S = 1.0
+GLOO_WAIT_FACTOR = 5.0   # Gloo's mesh waits up to this many times its timeout (see the module doc)
+
+
+def _bound_gloo(deadline: float) -> None:
+    """Give the Gloo group torch RPC forms next what is left until ``deadline`` (torch reads this constant
+    when it forms the group, right after the rendezvous)."""
+    import torch.distributed.rpc.constants as rpc_constants
+
+    left = max(MIN_GLOO_TIMEOUT_S, (deadline - time.monotonic()) / GLOO_WAIT_FACTOR)
+    rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(seconds=left)
 
 
 def _rendezvous_handler(url: str, **kwargs):
@@ -41,6 +66,7 @@ def _rendezvous_handler(url: str, **kwargs):
     timeout = timedelta(seconds=float(q.get("join_timeout", "60")))
     store = dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout, wait_for_workers=True,
                           multi_tenant=True)
+    _bound_gloo(_join_deadline[0] or time.monotonic() + timeout.total_seconds())
     yield store, rank, world_size
     raise RuntimeError(f"{SCHEME}:// cannot re-rendezvous: open a new group")
 
@@ -81,22 +107,76 @@ TRANSPORTS = ("uv",)
 
 def join_group(name: str, rank: int, world_size: int, rendezvous: str, *, rpc_timeout: float,
                join_timeout: float, num_worker_threads: int = 16, data_address: str | None = None) -> None:
-    """``rpc.init_rpc`` for the data path; returns when every member joined, raises after the bounds."""
+    """``rpc.init_rpc`` for the data path; returns when every member joined, raises after the bounds.
+
+    The start-up's waits (rendezvous, Gloo's mesh, the first all-gather) are bounded by ``join_timeout``
+    seconds; ``rpc_timeout`` is the group's default per call once it has formed."""
     import torch.distributed.rpc as rpc
 
-    if data_address and "TP_SOCKET_IFNAME" not in os.environ:
-        ifname = interface_for(data_address)
-        if ifname is not None:
-            os.environ["TP_SOCKET_IFNAME"] = ifname
+    if data_address:
+        pin_interfaces(data_address)
+        check_gloo_address(data_address)
     register_rendezvous()
     reset_rpc_counters()
     opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method(rendezvous, join_timeout),
-                                           rpc_timeout=rpc_timeout, num_worker_threads=num_worker_threads,
-                                           _transports=list(TRANSPORTS))
-    with warnings.catch_warnings():
-        # torch's own start-up uses a deprecated ProcessGroup path and warns about it.
-        warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
-        rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+                                           rpc_timeout=min(rpc_timeout, join_timeout),
+                                           num_worker_threads=num_worker_threads, _transports=list(TRANSPORTS))
+    _join_deadline[0] = time.monotonic() + join_timeout
+    try:
+        with warnings.catch_warnings():
+            # torch's own start-up uses a deprecated ProcessGroup path and warns about it.
+            warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
+            rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+    finally:
+        _join_deadline[0] = 0.0
+    rpc._set_rpc_timeout(rpc_timeout)
+
+
+IFNAME_VARIABLES = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")   # TensorPipe's, Gloo's
+
+
+def pin_interfaces(data_address: str) -> str | None:
+    """Have TensorPipe and Gloo use the interface of ``data_address`` (a variable already set wins);
+    the interface, or None when no interface here has that address (then both pick their own)."""
+    ifname = interface_for(data_address)
+    if ifname is not None:
+        for var in IFNAME_VARIABLES:
+            os.environ.setdefault(var, ifname)
+    return ifname
+
+
+def gloo_address() -> str:
+    """The IPv4 address Gloo announces in this process: its interface's, else the one this host's name
+    resolves to, else 127.0.0.1 (Gloo's fallback)."""
+    pinned = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0].strip()
+    if pinned:
+        return interface_address(pinned) or "0.0.0.0"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def check_gloo_address(data_address: str) -> None:
+    """ValueError naming the fix when Gloo would announce a loopback address while the group's address is not
+    one: the other members could never connect, and would find out only after the timeout."""
+    try:
+        ip = socket.gethostbyname(data_address)
+    except OSError:
+        return
+    gloo = gloo_address()
+    if gloo.startswith("127.") and not ip.startswith("127."):
+        raise ValueError(f"Gloo (torch RPC's start-up) would announce {gloo} to the other hosts, not {ip}: "
+                         f"{gloo_hint(data_address)}")
+
+
+def gloo_hint(address: str) -> str:
+    """The fix to name when the start-up's Gloo group did not form (see the module doc)."""
+    pinned = os.environ.get("GLOO_SOCKET_IFNAME")
+    where = f"GLOO_SOCKET_IFNAME={pinned} here" if pinned else "no GLOO_SOCKET_IFNAME here"
+    return (f"torch RPC's Gloo start-up did not connect ({where}): set GLOO_SOCKET_IFNAME on every host to the "
+            f"interface of its cluster address (here: the one of {address}), or make each host's name resolve "
+            f"to its cluster address")
 
 
 def interface_address(name: str) -> str | None:

@@ -206,14 +206,17 @@ class RingWriter:
 
     def attach(self, names: Sequence[str], size: int, ids: Sequence[int] | None = None) -> list[bytes]:
         """Map ``names`` as slots ``ids`` (default ``0..``) beside those already attached, and unlink the
-        names; returns each slot's token (its first bytes).  OSError if any cannot be mapped (e.g.
-        FileNotFoundError: the trainer is on another host); ValueError for an id already attached
-        (slot ids are never reused: a pull in flight must not land in another generation's slot)."""
+        names; returns each slot's token (its first bytes), or no token at all when a segment does not
+        exist here: the trainer is on another host, an expected answer, not an error (no traceback in
+        the server's log).  OSError if one exists but cannot be mapped; ValueError for an id already
+        attached (slot ids are never reused: a pull in flight must not land in another generation's slot)."""
         ids = list(range(len(names))) if ids is None else [int(i) for i in ids]
         if len(ids) != len(names) or len(set(ids)) != len(ids):
             raise ValueError(f"attach needs one distinct slot id per segment, got {len(names)} names and ids {ids}")
         try:
             maps = [open_segment(name, int(size)) for name in names]
+        except FileNotFoundError:
+            return []
         finally:   # mapped or not, the names are no longer needed, whichever side dies first
             for name in names:
                 unlink_segment(name)
@@ -561,6 +564,8 @@ def _attach(part: int, tag: str, ids: list[int], slot_bytes: int, timeout: float
             mm[:TOKEN_BYTES] = tokens[-1]
         got = torch.distributed.rpc.rpc_sync(rpc_group.worker_name(part), rpc_group.ATTACH,
                                               args=(names, slot_bytes, ids), timeout=timeout)
+        if not got:
+            raise ShmUnavailable("its worker is on another host (no such segment in its /dev/shm)")
         if list(got) != tokens:
             raise ShmUnavailable("the worker mapped different segments (it does not share this host's /dev/shm)")
         return dict(zip(ids, maps))

@@ -117,8 +117,9 @@ def sample(session_id: str, secret: bytes, node_ids: torch.Tensor, seed: int) ->
 
 def attach(names: list[str], size: int, ids: list[int] | None = None) -> list[bytes]:
     """Map the trainer's shared-memory slots ``names`` (``size`` bytes each) as slot ``ids`` (default
-    ``0..``), beside the slots already mapped; returns their tokens.  OSError when they cannot be
-    mapped here (another host: the trainer then uses torch RPC); ValueError for an id in use."""
+    ``0..``), beside the slots already mapped; returns their tokens -- none when they do not exist here
+    (another host: the trainer then uses torch RPC).  OSError when they cannot be mapped; ValueError
+    for an id in use."""
     _bound()
     return _ring.attach(list(names), int(size), None if ids is None else [int(i) for i in ids])
 

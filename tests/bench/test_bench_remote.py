@@ -117,6 +117,11 @@ def test_feature_cache_lowers_the_feature_bytes_of_the_same_epoch(tiny_parts_dir
     (["--servers", "2", "--num-neighbors", "5,-2"], "--num-neighbors"),
     (["--servers", "2", "--input", "everything"], "--input must be one of"),
     (["--servers", "2", "--feature-cache-mb", "-1"], "--feature-cache-mb must be a number of MiB >= 0"),
+    (["--servers", "2", "--hosts", "3"], "give --servers N (or host:port,...) or --hosts N, one of them"),
+    (["--servers", "2", "--link-rate", "1gbit"], "--link-rate shapes the links of emulated hosts: give --hosts N"),
+    (["--hosts", "4"], "--hosts 4: the trainer takes one host and each of the 2 part(s)"),
+    (["--hosts", "3", "--link-rate", "fast"], "link_rate must be a tc rate such as '1gbit'"),
+    (["--hosts", "3", "--compare"], "--compare runs with --servers only"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tiny_parts_dir, capsys, argv, message):
     rc = cli_main(["bench", "remote", "--graph", str(tiny_parts_dir), *argv])

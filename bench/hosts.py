@@ -1,0 +1,130 @@
+"""``graphfeed bench remote --hosts N [--link-rate 1gbit]``: the remote figures across emulated hosts.
+
+One-host figures are not cross-host figures: on one host the shared-memory ring carries the
+batches and same-host peers read each other's files.  Here the trainer runs on ``host0`` and part
+*K*'s server on ``host{K+1}`` (:class:`graphfeed.testing.hosts.EmulatedHosts`: own network, PID,
+mount and UTS namespaces, own ``/dev/shm``, own copy of its part), so every batch and every peer
+call crosses a veth link, shaped to ``--link-rate`` when given.
+
+The trainer process (this module's :func:`main`, on ``host0``) runs :func:`graphfeed.bench.remote.measure`
+and stops before and after the measured epochs until this process has read its counters:
+
+* ``seeds_per_s`` ... ``cpu_s_per_epoch_trainer``: as ``bench remote`` (trainer's own view);
+* ``cpu_s_per_epoch_each``: CPU seconds per measured epoch of the trainer and of each server
+  (daemon + session workers), read from here (``/proc``), and ``cpu_s_per_epoch`` their sum;
+* ``links``: per host, MB sent and received per batch (its veth's byte counters over the measured
+  epochs / their batches), the rate in Gbit/s and, with ``--link-rate``, the utilisation of the
+  busier direction (1.0 = the link is the limit).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+
+from graphfeed.bench.remote import RemoteBenchConfig, measure, server_logs, tree_cpu_s
+from graphfeed.testing.hosts import EmulatedHosts, Host, LineReader, LinkCounters, unavailable
+
+PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
+TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
+
+
+def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None) -> dict:
+    """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result."""
+    from graphfeed.server.partition.format import read_meta
+
+    parts = read_meta(cfg.graph_folder).num_parts
+    if hosts != parts + 1:
+        raise ValueError(f"--hosts {hosts}: the trainer takes one host and each of the {parts} part(s) of "
+                         f"{cfg.graph_folder} another: use --hosts {parts + 1}")
+    emulated = EmulatedHosts(hosts, link_rate=link_rate)   # ValueError for a bad rate, before anything starts
+    reason = unavailable()
+    if reason:
+        raise RuntimeError(f"--hosts: {reason}")
+    with server_logs("graphfeed-bench-hosts-") as log_dir, emulated as em:
+        for k, host in enumerate(em.hosts[1:]):
+            em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir)
+        result = _run_trainer(em, cfg)
+    result.update(hosts=hosts, link_rate=link_rate, servers=parts, peer_path="rpc (across hosts)",
+                  graph=cfg.graph_folder)
+    return result
+
+
+def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:
+    spec = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    spec.update(servers=[s.address for s in em.servers], compare=False, graph=cfg.graph_folder)
+    trainer = em[0].popen([*TRAINER_COMMAND, json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True)
+    procs = {"trainer": [trainer.pid], **{f"part{s.part}": [s.pid] for s in em.servers}}
+    reader = LineReader(trainer.stdout)
+    _expect(trainer, reader, "warm")
+    counters0, cpu0 = _counters(em), {k: tree_cpu_s(p) for k, p in procs.items()}
+    _go(trainer)
+    _expect(trainer, reader, "measured")
+    counters1, cpu1 = _counters(em), {k: tree_cpu_s(p) for k, p in procs.items()}
+    _go(trainer)
+    result = json.loads(_expect(trainer, reader, "{"))
+    if trainer.wait(60) != 0:
+        raise RuntimeError(f"the trainer on {em[0].name} exited with code {trainer.returncode}")
+    epochs = cfg.epochs
+    each = {k: round((cpu1[k] - cpu0[k]) / epochs, 3) for k in procs}
+    result["cpu_s_per_epoch_each"] = each
+    result["cpu_s_per_epoch"] = round(sum(each.values()), 3)
+    batches = max(1, result["batches_per_epoch"] * epochs)
+    result["links"] = [_link(host, counters1[host.name] - counters0[host.name], batches, em.rate_bits)
+                       for host in em.hosts]
+    return result
+
+
+def _counters(em: EmulatedHosts) -> dict[str, LinkCounters]:
+    return {host.name: host.counters() for host in em.hosts}
+
+
+def _link(host: Host, moved: LinkCounters, batches: int, rate_bits: float | None) -> dict:
+    role = "trainer" if host.index == 0 else f"part {host.index - 1}"
+    gbit_out, gbit_in = (8 * b / max(moved.at, 1e-9) / 1e9 for b in (moved.sent, moved.received))
+    return {"host": host.name, "role": role,
+            "sent_mb_per_batch": round(moved.sent / batches / 1e6, 3),
+            "received_mb_per_batch": round(moved.received / batches / 1e6, 3),
+            "gbit_s_out": round(gbit_out, 3), "gbit_s_in": round(gbit_in, 3),
+            "utilisation": None if rate_bits is None else round(max(gbit_out, gbit_in) * 1e9 / rate_bits, 3)}
+
+
+def _expect(proc: subprocess.Popen, reader: LineReader, prefix: str) -> str:
+    """The trainer's next line, which must start with ``prefix`` (bounded; RuntimeError with what it said)."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = reader.readline(deadline - time.monotonic())
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.strip()
+    raise RuntimeError(f"the trainer on host0 did not report {prefix!r} within {PHASE_TIMEOUT_S:g} s "
+                       f"(exit code {proc.poll()}; its error is above)")
+
+
+def _go(proc: subprocess.Popen) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def _handshake(phase: str) -> None:
+    print(phase, flush=True)
+    sys.stdin.readline()
+
+
+def main(argv: list[str]) -> int:
+    """The trainer on host0: ``measure`` with the config ``argv[0]`` (JSON), stopping at each phase."""
+    spec = json.loads(argv[0])
+    cfg = RemoteBenchConfig(**{**spec, "servers": tuple(spec["servers"]),
+                               "num_neighbors": tuple(spec["num_neighbors"])})
+    result = measure(cfg.servers, cfg, mark=_handshake)   # type: ignore[arg-type]
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
