@@ -96,7 +96,10 @@ class RemoteBenchConfig:
     compare: bool = False
     compare_timeout: float = 3600.0   # seconds for the whole in-process comparison run
     channel: str = "auto"             # connect(channel=...): "auto" (shared memory on this host) or "rpc"
-    peer_path: str = "auto"           # started servers: "auto" (colocated_reads) or "rpc" (peers over torch RPC)
+    peer_path: str = "auto"           # started servers: "auto" (colocated_reads) or "rpc" (peers over the data path)
+    transport: str = "auto"           # connect(transport=...), the started servers' data_path (auto/secure/torch-rpc)
+    tls_cert: str | None = None       # started servers: TLS with this certificate (its own CA for the client) ...
+    tls_key: str | None = None        # ... and key
     feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
     feature_cache_mb: float = 0.0     # the loader's hot-feature cache (MiB; 0 = none)
     link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
@@ -259,7 +262,8 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
     mark = mark or (lambda _phase: None)
-    with gf.connect(list(addresses), channel=cfg.channel) as client, _loader(client, cfg) as loader:
+    with gf.connect(list(addresses), channel=cfg.channel, transport=cfg.transport,
+                    tls_ca=cfg.tls_cert) as client, _loader(client, cfg) as loader:
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []
@@ -267,7 +271,8 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
         mark("warm")
         runs = [run_epoch(loader, pids, feature_bytes, cfg.link, cfg.step_ms, wait_ms) for _ in range(cfg.epochs)]
         mark("measured")
-        transport = transport_fields(client.group.channel, before)
+        transport = dict(transport_fields(client.group.channel, before), data_path=client.group.data_path,
+                         tls=cfg.tls_cert is not None)
         server_rss = servers_peak_rss_mb(servers) if servers is not None else None  # before the workers exit
         num_parts = client.num_parts
     result = summarize([stats for stats, _ in runs])
@@ -309,7 +314,8 @@ def transport_fields(channel, before: dict[str, int]) -> dict:
         return {"channel": channel.kind, "shm_batches": None, "rpc_batches": None, "shm_grown": None}
     shm = counts["shm"] - before.get("shm", 0)
     rpc = sum(counts[k] - before.get(k, 0) for k in ("rpc", "too_big", "slot_wait"))
-    kind = "shm+torch-rpc" if shm and rpc else ("shm" if shm else "torch-rpc")
+    over = getattr(getattr(channel, "calls", None), "kind", "torch-rpc")   # what carries what shared memory cannot
+    kind = f"shm+{over}" if shm and rpc else ("shm" if shm else over)
     return {"channel": kind, "shm_batches": shm, "rpc_batches": rpc, "shm_grown": counts.get("grown", 0)}
 
 
@@ -355,8 +361,19 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
             _check_parts(cfg.graph_folder, cfg.servers)
             env = {"GRAPHFEED_COLOCATED_READS": "false"} if cfg.peer_path == "rpc" else {}
             env["GRAPHFEED_DEVICE"] = cfg.server_device
+            if cfg.transport != "auto":
+                env["GRAPHFEED_DATA_PATH"] = cfg.transport
+            if cfg.tls_cert and cfg.tls_key:
+                env.update(GRAPHFEED_TLS_CERT=cfg.tls_cert, GRAPHFEED_TLS_KEY=cfg.tls_key)
             log_dir = stack.enter_context(server_logs("graphfeed-bench-remote-"))
-            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env, log_dir=log_dir))
+            probe = None
+            if cfg.tls_cert and cfg.tls_key:
+                import grpc
+
+                with open(cfg.tls_cert, "rb") as f:   # the health probe trusts the servers' own certificate
+                    probe = grpc.ssl_channel_credentials(root_certificates=f.read())
+            local = stack.enter_context(LocalCluster(cfg.graph_folder, cfg.servers, env=env, log_dir=log_dir,
+                                                     tls=probe))
             result = measure(local.addresses, cfg, local)
         else:
             result = measure(cfg.servers, cfg)

@@ -80,7 +80,14 @@ def _add_remote(sub) -> None:
                    help="with --servers N: auto = servers read the other parts from the shared files on this host "
                         "(default), rpc = peer workers call each other over torch RPC, as across hosts")
     p.add_argument("--channel", default="auto", choices=("auto", "rpc"),
-                   help="batch channel: auto = shared memory with servers on this host (default), rpc = torch RPC")
+                   help="batch channel: auto = shared memory with servers on this host (default), rpc = over the "
+                        "data path's network transport only")
+    p.add_argument("--transport", default="auto", choices=("auto", "secure", "torch-rpc"),
+                   help="the data path: auto = what the servers ask for (default), secure = authenticated (TLS with "
+                        "--tls-cert), torch-rpc = torch RPC (servers without a token or TLS)")
+    p.add_argument("--tls-cert", default=None, help="with --servers N: TLS on the started servers with this PEM "
+                                                    "certificate (self-signed: it is the client's CA too)")
+    p.add_argument("--tls-key", default=None, help="the private key of --tls-cert")
     p.add_argument("--feature-dtype", default=None, choices=("bf16", "fp16"),
                    help="features cast on the servers before they are sent (default: as stored)")
     p.add_argument("--feature-cache-mb", type=float, default=0.0,
@@ -160,6 +167,7 @@ def _run_remote(args) -> int:
     servers = _servers(args.servers) if args.servers is not None else max(1, args.hosts - 1)
     cfg = RemoteBenchConfig(servers=servers, graph=args.graph, prefetch=args.prefetch,
                             compare=args.compare, channel=args.channel, peer_path=args.peer_path,
+                            transport=args.transport, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
                             server_device=args.server_device, trainer_device=args.trainer_device,
                             pin_memory=args.pin_memory, step_ms=args.step_ms, **_workload(args))

@@ -21,7 +21,7 @@ HELP = "run a sampler-server daemon for one partition"
 # flag -> config key (every flag is optional: None means "not given")
 FLAG_KEYS = ("partition", "part", "host", "port", "data_address", "metrics_port", "lease_seconds",
              "drain_grace_seconds", "log_format", "log_level", "tls_cert", "tls_key", "tls_client_ca", "token_file",
-             "device")
+             "device", "data_path")
 
 
 def add_arguments(parser) -> None:
@@ -34,7 +34,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--part", type=int, default=None, help="the part this server holds")
     parser.add_argument("--host", default=None, help="control-plane bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="control-plane port (default 50051; 0 = any free)")
-    parser.add_argument("--data-address", default=None, help="interface of the torch RPC data path (default: host)")
+    parser.add_argument("--data-address", default=None, help="interface the data path listens on (default: host)")
+    parser.add_argument("--data-path", default=None, choices=("auto", "secure", "torch-rpc"),
+                        help="auto (default): the authenticated data path when a token or TLS is configured, torch "
+                             "RPC (trusted networks only) otherwise; secure: always authenticated")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
     parser.add_argument("--lease-seconds", type=float, default=None, help="reap a trainer group after this "
                                                                           "long without Heartbeat (default 15)")

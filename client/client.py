@@ -42,7 +42,7 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
             lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
             tls_ca=None, tls_cert=None, tls_key=None,
             reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT, channel: str = "auto", shm_slots: int = 8,
-            shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0) -> "Client":
+            shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0, transport: str = "auto") -> "Client":
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
@@ -72,6 +72,12 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
     ``tls: {ca:, cert:, key:}``) and ``GRAPHFEED_TOKEN``.
 
+    ``transport``: the data path.  ``"auto"`` takes what the servers ask for: ``"secure"`` when a
+    server has a token or TLS (or ``data_path: secure``) -- every connection proves the group's
+    key, nothing is unpickled, TLS when this client uses TLS -- else ``"torch-rpc"`` (trusted
+    networks only).  ``"secure"`` forces the authenticated path; ``"torch-rpc"`` is refused by a
+    server that asks for ``"secure"``.
+
     Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
     a server fails, RuntimeError if this process already has an open client.
     """
@@ -83,7 +89,7 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     try:
         group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
                           lease_seconds=lease_seconds, channel=channel, shm_slots=shm_slots,
-                          shm_slot_mb=shm_slot_mb, shm_max_slot_mb=shm_max_slot_mb)
+                          shm_slot_mb=shm_slot_mb, shm_max_slot_mb=shm_max_slot_mb, transport=transport)
         group.start()
     except BaseException:
         for s in servers:
@@ -335,7 +341,7 @@ class Client:
             group = DataGroup(self.servers, advertise_host=old.host, timeout=self.timeout,
                               rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request,
                               channel=old.channel_choice, shm_slots=old.shm_slots, shm_slot_mb=old.shm_slot_mb,
-                              shm_max_slot_mb=old.shm_max_slot_mb)
+                              shm_max_slot_mb=old.shm_max_slot_mb, transport=old.transport_choice)
             try:
                 group.start()
                 self.group = group

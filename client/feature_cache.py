@@ -13,10 +13,8 @@ import numbers
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.rpc as rpc
 
 from graphfeed.core.feature_cache import MB, FeatureCache
-from graphfeed.transport import rpc_group
 
 if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
@@ -123,8 +121,7 @@ def _call(client: ClientView, part: int, ntype: str, start: int, count: int,
     """One ``hot_rows`` call to part ``part``'s worker; CacheUnavailable naming the server when it fails."""
     server = client.servers[part].name
     try:
-        value = rpc.rpc_sync(rpc_group.worker_name(part), rpc_group.HOT_ROWS, timeout=client.rpc_timeout,
-                             args=(ntype, start, count, dtype))
+        value = client.group.calls.call_sync(part, "hot_rows", (ntype, start, count, dtype), client.rpc_timeout)
     except Exception as exc:  # noqa: BLE001 -- an older server, a featureless type, a lost peer: all mean "no cache"
         text = str(exc).strip().splitlines()
         raise CacheUnavailable(f"{server} cannot serve feature rows: {text[0] if text else type(exc).__name__}") \

@@ -1,8 +1,17 @@
-"""The trainer's data-path group: one torch RPC group with one session worker per server.
+"""The trainer's data-path group: one session worker per server, reached over one of two transports.
 
-Set-up: pick a rendezvous port on the advertised host, ``OpenGroup`` on every server (in
-parallel: each starts a worker process), then join as rank 0 ``"trainer"`` -- the join
-returns when every worker is in, or fails after ``timeout`` seconds.  Once joined, the
+* ``secure`` (what a server with a token or TLS demands, or ``connect(transport="secure")``):
+  the trainer makes the group's key (32 random bytes) and sends it in ``OpenGroup`` over the
+  authenticated control plane; each reply names the address its worker listens on; ``JoinGroup``
+  tells every worker where its peers are; the trainer then connects to each worker and both
+  sides prove the key (:mod:`graphfeed.transport.secure`; TLS when the client uses TLS).  The
+  trainer listens on nothing.
+* ``torch-rpc`` (servers without security, trusted networks): pick a rendezvous port on the
+  advertised host, ``OpenGroup`` on every server (in parallel: each starts a worker process),
+  then join as rank 0 ``"trainer"`` -- the join returns when every worker is in, or fails after
+  ``timeout`` seconds.  Every call names the group's key.
+
+Once formed, the
 group opens its :class:`~graphfeed.transport.channel.BatchChannel` (:attr:`DataGroup.channel`),
 the one way its loaders pull batches; closing the group closes it.  A heartbeat thread
 per server renews the group's lease; a failed heartbeat is remembered so a waiting pull
@@ -24,12 +33,14 @@ from graphfeed.client.cluster import ServerConn
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import rpc_group
-from graphfeed.transport.channel import BatchChannel
+from graphfeed.transport.calls import DataCalls, TorchRpcCalls
+from graphfeed.transport.channel import BatchChannel, CallsChannel
+from graphfeed.transport.secure import SecureCalls, client_tls, new_group_key
 from graphfeed.transport.shm import ShmChannel, ShmUnavailable
-from graphfeed.transport.torch_rpc import TorchRpcChannel
 
 log = logging.getLogger(__name__)
 CHANNELS = ("auto", "rpc")
+TRANSPORTS = ("auto", "secure", "torch-rpc")
 _ACTIVE_LOCK = threading.Lock()
 _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
@@ -58,7 +69,7 @@ def free_port(host: str) -> int:
 class DataGroup:
     def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
                  rpc_timeout: float, lease_seconds: float | None, channel: str = "auto", shm_slots: int = 8,
-                 shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0):
+                 shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0, transport: str = "auto"):
         if channel not in CHANNELS:
             raise ValueError(f"channel must be 'auto' (shared memory with same-host servers, else torch RPC) or "
                              f"'rpc' (torch RPC only), got {channel!r}")
@@ -68,6 +79,10 @@ class DataGroup:
         if not shm_max_slot_mb > 0:
             raise ValueError(f"shm_max_slot_mb must be > 0 (MiB: the largest a growing slot gets), "
                              f"got {shm_max_slot_mb}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be 'auto' (secure when a server asks for it), 'secure' (authenticated, "
+                             f"TLS when the client uses TLS) or 'torch-rpc' (trusted networks), got {transport!r}")
+        self.transport_choice = transport
         self.channel_choice, self.shm_slots = channel, int(shm_slots)
         self.shm_slot_mb = None if shm_slot_mb is None else float(shm_slot_mb)
         self.shm_max_slot_mb = float(shm_max_slot_mb)
@@ -83,6 +98,23 @@ class DataGroup:
         self.opened: list[ServerConn] = []
         self.joined = False
         self._channel: BatchChannel | None = None   # opened once the group formed
+        self.group_key = new_group_key()
+        self.data_path = self._data_path()
+        self.endpoints: dict[int, str] = {}          # secure: part -> its worker's listener
+        self._calls: DataCalls | None = None
+
+    def _data_path(self) -> str:
+        if self.transport_choice != "auto":
+            return self.transport_choice
+        wanted = {getattr(s.info, "data_path", "") for s in self.servers if s.info is not None}
+        return "secure" if "secure" in wanted else "torch-rpc"
+
+    @property
+    def calls(self) -> DataCalls:
+        """Calls to the group's workers (after :meth:`start`): online samples, the hot-feature cache, the ring."""
+        if self._calls is None:
+            raise RuntimeError("the data group has not formed yet: no data path to call")
+        return self._calls
 
     @property
     def channel(self) -> BatchChannel:
@@ -118,15 +150,23 @@ class DataGroup:
             self._threads.append(t)
 
     def _open_all(self) -> None:
-        self.rendezvous = f"{self.host}:{free_port(self.host)}"
+        secure = self.data_path == "secure"
+        self.rendezvous = "" if secure else f"{self.host}:{free_port(self.host)}"
         world = len(self.servers) + 1
 
         def open_one(s: ServerConn):
             req = pb.OpenGroupRequest(group_id=self.group_id, rendezvous=self.rendezvous, world_size=world,
-                                      rank=1 + s.part, lease_seconds=self.lease_request)
+                                      rank=1 + s.part, lease_seconds=self.lease_request, group_key=self.group_key,
+                                      data_path=self.data_path)
             reply = s.call("OpenGroup", req, timeout=self.timeout)
             s.group_lease = reply.lease_seconds
             s.extra["worker_pid"] = reply.worker_pid
+            if secure:
+                if reply.data_path != "secure" or not reply.data_endpoint:
+                    raise ServerError(s.name, "the server did not open a secure data path (an older graphfeed "
+                                              "server?); upgrade it, or connect with transport='torch-rpc' on a "
+                                              "trusted network")
+                self.endpoints[s.part] = reply.data_endpoint
             return s
 
         with ThreadPoolExecutor(len(self.servers)) as pool:
@@ -141,6 +181,9 @@ class DataGroup:
             raise errors[0]
 
     def _join(self) -> None:
+        if self.data_path == "secure":
+            self._join_secure()
+            return
         try:
             rpc_group.join_group(rpc_group.TRAINER, 0, len(self.servers) + 1, self.rendezvous,
                                 rpc_timeout=self.rpc_timeout, join_timeout=self.timeout, data_address=self.host)
@@ -156,12 +199,37 @@ class DataGroup:
                               f"the data-path group did not form within {self.timeout:g} s at {self.rendezvous} "
                               f"({who}); {fix}; cause: {_first_line(exc)}") from None
         self.joined = True
+        self._calls = TorchRpcCalls(self.group_key)
+
+    def _join_secure(self) -> None:
+        """Tell every worker where its peers listen, then connect to each and prove the group key."""
+        endpoints = [self.endpoints[p] for p in range(len(self.servers))]
+
+        def join_one(s: ServerConn) -> None:
+            s.call("JoinGroup", pb.JoinGroupRequest(group_id=self.group_id, endpoints=endpoints), timeout=self.timeout)
+
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(join_one, self.servers))
+        security = self.servers[0].security
+        tls = None
+        if security is not None and getattr(security, "tls", False):
+            tls = client_tls(ca=getattr(security, "tls_ca", None), cert=getattr(security, "tls_cert", None),
+                             key=getattr(security, "tls_key", None))
+        calls = SecureCalls(self.group_key, self.endpoints, tls=tls, name=lambda p: self.servers[p].name)
+        try:
+            calls.connect()
+        except ConnectionError as exc:
+            calls.close()
+            raise ServerError(", ".join(s.name for s in self.servers),
+                              f"the secure data path did not form: {exc}; is the servers' data address reachable "
+                              f"from this host?") from None
+        self._calls = calls
 
     def _open_channel(self) -> BatchChannel:
         """The batch channel of this group: shared-memory rings with the servers on this host (``channel="auto"``),
         torch RPC over the group just joined for the others, or for all when no ring can be set up (one log line)."""
         if self.channel_choice == "rpc":
-            return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+            return CallsChannel(self.calls, self.rpc_timeout)
         max_bytes: int | None = None
         if self.shm_slot_mb is None:   # slots grow to the batches, from SHM_START_MB up to shm_max_slot_mb
             max_bytes = int(self.shm_max_slot_mb * 2**20)
@@ -171,13 +239,14 @@ class DataGroup:
         try:
             return ShmChannel.open([s.part for s in self.servers], rpc_timeout=self.rpc_timeout,
                                    slots=self.shm_slots, slot_bytes=slot_bytes, max_slot_bytes=max_bytes,
-                                   slot_wait=min(SHM_SLOT_WAIT, self.rpc_timeout / 2), group=self.group_id)
+                                   slot_wait=min(SHM_SLOT_WAIT, self.rpc_timeout / 2), group=self.group_id,
+                                   calls=self.calls)
         except ShmUnavailable as exc:
             log.log(logging.WARNING if exc.no_room else logging.INFO,
-                    "batch channel: torch RPC (no shared-memory ring: %s)", exc)
+                    "batch channel: %s (no shared-memory ring: %s)", self.calls.label, exc)
         except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
-            log.warning("batch channel: torch RPC (shared-memory ring could not be allocated: %s)", exc)
-        return TorchRpcChannel(rpc_timeout=self.rpc_timeout)
+            log.warning("batch channel: %s (shared-memory ring could not be allocated: %s)", self.calls.label, exc)
+        return CallsChannel(self.calls, self.rpc_timeout)
 
     # ---- liveness -------------------------------------------------------------------------------
 
@@ -217,6 +286,8 @@ class DataGroup:
         self._stop.set()
         if self._channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
             self._channel.close()
+        if self._calls is not None:
+            self._calls.close()
         if self.joined:
             rpc_group.leave_group()   # not graceful (a dead worker would hang it), without TensorPipe's
             self.joined = False       # warnings about the pipes it closes

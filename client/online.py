@@ -28,14 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed.rpc as rpc
 
 from graphfeed.client.errors import InvalidRequest, ServerError
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.spec import LoaderSpec, NodeInput, check_sample_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
-from graphfeed.transport import rpc_group
 
 if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
@@ -97,8 +95,8 @@ class OnlineSampler:
         part = next(self._next) % len(client.servers)
         server = client.servers[part].name
         try:
-            value = rpc.rpc_async(rpc_group.worker_name(part), rpc_group.SAMPLE, timeout=client.rpc_timeout,
-                                  args=(sessions.ids[part], sessions.secrets[part], ids, int(seed))).wait()
+            value = client.group.calls.call_sync(part, "sample", (sessions.ids[part], sessions.secrets[part], ids,
+                                                                  int(seed)), client.rpc_timeout)
         except ValueError as exc:      # the worker refused the ids: the server's INVALID_ARGUMENT
             raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
         except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample

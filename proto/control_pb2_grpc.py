@@ -44,6 +44,11 @@ class ControlStub:
                 request_serializer=graphfeed_dot_proto_dot_control__pb2.OpenGroupRequest.SerializeToString,
                 response_deserializer=graphfeed_dot_proto_dot_control__pb2.OpenGroupReply.FromString,
                 _registered_method=True)
+        self.JoinGroup = channel.unary_unary(
+                '/graphfeed.control.v1.Control/JoinGroup',
+                request_serializer=graphfeed_dot_proto_dot_control__pb2.JoinGroupRequest.SerializeToString,
+                response_deserializer=graphfeed_dot_proto_dot_control__pb2.JoinGroupReply.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/graphfeed.control.v1.Control/Heartbeat',
                 request_serializer=graphfeed_dot_proto_dot_control__pb2.HeartbeatRequest.SerializeToString,
@@ -90,7 +95,16 @@ class ControlServicer:
         """A trainer process joins: this server starts a session worker for it that
         joins the trainer's own static torch RPC group (rendezvous hosted by the
         trainer).  The group lives while the trainer renews its lease (Heartbeat).
+        With the secure data path (data_path "secure"), the worker instead listens on the
+        data address for holders of the group key and the reply says where; JoinGroup then
+        tells every worker where its peers listen.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,6 +159,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.OpenGroup,
                     request_deserializer=graphfeed_dot_proto_dot_control__pb2.OpenGroupRequest.FromString,
                     response_serializer=graphfeed_dot_proto_dot_control__pb2.OpenGroupReply.SerializeToString,
+            ),
+            'JoinGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinGroup,
+                    request_deserializer=graphfeed_dot_proto_dot_control__pb2.JoinGroupRequest.FromString,
+                    response_serializer=graphfeed_dot_proto_dot_control__pb2.JoinGroupReply.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -231,6 +250,33 @@ class Control:
             '/graphfeed.control.v1.Control/OpenGroup',
             graphfeed_dot_proto_dot_control__pb2.OpenGroupRequest.SerializeToString,
             graphfeed_dot_proto_dot_control__pb2.OpenGroupReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.control.v1.Control/JoinGroup',
+            graphfeed_dot_proto_dot_control__pb2.JoinGroupRequest.SerializeToString,
+            graphfeed_dot_proto_dot_control__pb2.JoinGroupReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,12 +8,16 @@ returns a :class:`~graphfeed.transport.pending.Pending` at once, so the loader k
 while it waits (``Pending.wait_done`` in slices).  A failed pull -- the worker's error, a
 timeout, a lost peer -- is the pending batch's exception; the loader names the server.
 
-Implementations: :class:`graphfeed.transport.torch_rpc.TorchRpcChannel` (torch RPC, any host).
+Implementations: :class:`CallsChannel` over any :class:`~graphfeed.transport.calls.DataCalls` --
+:class:`graphfeed.transport.torch_rpc.TorchRpcChannel` (torch RPC, trusted networks) and
+:class:`graphfeed.transport.secure.SecureCalls` (authenticated, TLS when configured) -- and
+:class:`graphfeed.transport.shm.ShmChannel` (same host, shared memory).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.pending import Pending
 
 
@@ -47,3 +51,16 @@ class BatchChannel(ABC):
         if self.closed:
             raise ChannelClosed(f"the {self.kind} batch channel was closed with its trainer group: "
                                 f"connect a new client to pull more batches")
+
+
+class CallsChannel(BatchChannel):
+    """A pull is the worker's ``pull`` function called through ``calls``, bounded by ``rpc_timeout`` seconds."""
+
+    def __init__(self, calls: DataCalls, rpc_timeout: float):
+        super().__init__()
+        self.calls, self.rpc_timeout = calls, float(rpc_timeout)
+        self.kind = calls.kind
+
+    def request(self, part: int, session_id: str, secret: bytes, epoch: int, seq: int) -> Pending:
+        self._check_open()
+        return self.calls.call(part, "pull", (session_id, int(epoch), int(seq), secret), self.rpc_timeout)

@@ -2,7 +2,7 @@
 
 * Names and ranks: the trainer is rank 0 ``"trainer"``; part ``K``'s worker is rank
   ``1 + K`` named :func:`worker_name` ``(K)``.
-* Rendezvous: the trainer hosts a TCPStore at ``host:port``.  torch's ``tcp://`` method
+* Rendezvous: the trainer hosts a TCPStore at ``host:port``, listening on that address only.  torch's ``tcp://`` method
   waits for the others for 30 minutes; graphfeed registers its own ``graphfeed-tcp://``
   scheme whose store waits only ``join_timeout`` seconds, so a trainer or worker whose
   peers never come fails within that bound.
@@ -64,8 +64,12 @@ def _rendezvous_handler(url: str, **kwargs):
     q = {k: v[0] for k, v in parse_qs(u.query).items()}
     rank, world_size = int(q["rank"]), int(q["world_size"])
     timeout = timedelta(seconds=float(q.get("join_timeout", "60")))
+    listen_fd = None
+    if rank == 0:   # the store listens on the rendezvous address only (torch's own server listens on every one)
+        listener = socket.create_server((u.hostname, u.port), backlog=max(64, world_size))
+        listen_fd = listener.detach()   # the store owns the socket from here on
     store = dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout, wait_for_workers=True,
-                          multi_tenant=True)
+                          multi_tenant=True, master_listen_fd=listen_fd)
     _bound_gloo(_join_deadline[0] or time.monotonic() + timeout.total_seconds())
     yield store, rank, world_size
     raise RuntimeError(f"{SCHEME}:// cannot re-rendezvous: open a new group")
@@ -205,29 +209,61 @@ def interface_for(address: str) -> str | None:
 # ---- naming a worker's RPC function without importing the server ----------------------------------
 
 WORKER_RPC_MODULE = "graphfeed.server.worker.rpc_api"
-WORKER_RPC_FUNCTIONS = ("pull", "one_hop", "gather", "pull_into", "attach", "detach", "sample", "hot_rows")
+#: what a trainer calls on its session workers
+TRAINER_FUNCTIONS = ("pull", "pull_into", "attach", "detach", "sample", "hot_rows")
+#: what a session worker calls on its peers
+PEER_FUNCTIONS = ("one_hop", "gather", "has_edges", "edge_attr", "to_global", "part_identity")
+WORKER_RPC_FUNCTIONS = TRAINER_FUNCTIONS + PEER_FUNCTIONS
+#: the functions that answer with a future (torch's async execution)
+ASYNC_FUNCTIONS = frozenset({"pull", "pull_into", "sample"})
+
+_group_key: bytes | None = None   # set in a session worker: the key every call to it must name
 
 
-def remote_function(module: str, name: str):
-    """Unpickling side of :class:`RemoteFunction`: only the worker's allow-listed functions resolve."""
+def serve_group(key: bytes) -> None:
+    """This process (a session worker) answers calls that carry ``key`` -- its trainer group's key."""
+    global _group_key
+    _group_key = bytes(key)
+
+
+class Verified:
+    """A worker function whose caller named the group's key (what :func:`remote_function` resolves to)."""
+
+    def __init__(self, func):
+        self.func = func
+        self.__name__ = self.__qualname__ = func.__name__
+        self.__module__ = func.__module__
+
+    def __call__(self, *args, **kwargs):
+        return self.func(*args, **kwargs)
+
+
+def remote_function(module: str, name: str, key: bytes = b""):
+    """Unpickling side of :class:`RemoteFunction`: only the worker's allow-listed functions resolve, and
+    only for a caller that names this worker's group key (PermissionError otherwise)."""
+    import hmac
     import importlib
 
     if module != WORKER_RPC_MODULE or name not in WORKER_RPC_FUNCTIONS:
         raise PermissionError(f"{module}.{name} is not a graphfeed worker RPC function")
-    return getattr(importlib.import_module(module), name)
+    if _group_key is None or not isinstance(key, bytes) or not hmac.compare_digest(key, _group_key):
+        raise PermissionError(f"{name}: the call does not carry this worker's trainer group key (only the "
+                              f"trainer and the workers of the group may call it)")
+    return Verified(getattr(importlib.import_module(module), name))
 
 
 class RemoteFunction:
-    """A worker RPC function as the trainer names it (the client never imports ``graphfeed.server``).
+    """A worker RPC function as the trainer (or a peer) names it (the client never imports ``graphfeed.server``).
 
-    Pickles to a reference that the worker resolves with :func:`remote_function`; carries
-    torch's async-execution marker so the worker may answer with a future.
+    Pickles to a reference that the worker resolves with :func:`remote_function`, carrying the
+    group key the worker checks; carries torch's async-execution marker so the worker may answer
+    with a future.
     """
 
-    def __init__(self, name: str, is_async: bool = False):
+    def __init__(self, name: str, is_async: bool = False, key: bytes = b""):
         if name not in WORKER_RPC_FUNCTIONS:
             raise ValueError(f"unknown worker RPC function {name!r}")
-        self.name = name
+        self.name, self.key = name, bytes(key)
         if is_async:
             self._wrapped_async_rpc_function = self  # torch checks for this attribute when sending
 
@@ -235,15 +271,12 @@ class RemoteFunction:
         raise RuntimeError(f"{WORKER_RPC_MODULE}.{self.name} runs on a session worker: call it with torch RPC")
 
     def __reduce__(self):
-        return remote_function, (WORKER_RPC_MODULE, self.name)
+        return remote_function, (WORKER_RPC_MODULE, self.name, self.key)
 
 
-PULL = RemoteFunction("pull", is_async=True)
-PULL_INTO = RemoteFunction("pull_into", is_async=True)   # the shared-memory channel's pull
-ATTACH = RemoteFunction("attach")                        # the shared-memory channel's set-up (and growth)
-DETACH = RemoteFunction("detach")                        # ... and its retired slots
-SAMPLE = RemoteFunction("sample", is_async=True)         # online sampling (Client.sample)
-HOT_ROWS = RemoteFunction("hot_rows")                     # a loader's hot-feature cache (chunks of rows)
+def remote(name: str, key: bytes = b"") -> RemoteFunction:
+    """The :class:`RemoteFunction` of worker function ``name`` carrying group key ``key``."""
+    return RemoteFunction(name, is_async=name in ASYNC_FUNCTIONS, key=key)
 
 
 # TensorPipe's C++ agent warns about every pipe its own shutdown closes ("... encountered error when

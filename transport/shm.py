@@ -41,6 +41,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 import weakref
@@ -51,10 +52,10 @@ from typing import Sequence
 import torch
 
 from graphfeed.core.process import pid_alive
-from graphfeed.transport import rpc_group
-from graphfeed.transport.channel import BatchChannel
+from graphfeed.transport import wire
+from graphfeed.transport.calls import DataCalls, TorchRpcCalls
+from graphfeed.transport.channel import BatchChannel, CallsChannel
 from graphfeed.transport.pending import Pending
-from graphfeed.transport.torch_rpc import TorchRpcChannel, settle
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +114,14 @@ def create_segment(name: str, size: int) -> mmap.mmap:
 
 def open_segment(name: str, size: int) -> mmap.mmap:
     """Map the existing segment ``name``; OSError (FileNotFoundError on another host) if it cannot."""
-    fd = os.open(segment_path(name), os.O_RDWR)
+    fd = os.open(segment_path(name), os.O_RDWR | os.O_NOFOLLOW)
     try:
-        if os.fstat(fd).st_size != size:
-            raise OSError(f"segment {name} has {os.fstat(fd).st_size} bytes, expected {size}")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.geteuid():
+            raise PermissionError(f"segment {name} is not a private (0600) file of this user (uid {st.st_uid}, mode "
+                                  f"{stat.S_IMODE(st.st_mode):o}): refusing to map it")
+        if st.st_size != size:
+            raise OSError(f"segment {name} has {st.st_size} bytes, expected {size}")
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
@@ -151,6 +156,7 @@ def sweep_stale() -> list[str]:
 
 # ---- the layout of a batch in a slot ---------------------------------------------------------------
 
+@wire.register_record
 @dataclass(frozen=True)
 class Placed:
     """Where one tensor of a batch lies in a slot: byte ``offset`` from the slot's start, ``nbytes`` long."""
@@ -173,7 +179,10 @@ def place(batch: dict[str, torch.Tensor], capacity: int) -> list[Placed] | None:
 
 
 def _view(buf, p: Placed) -> torch.Tensor:
-    dtype = getattr(torch, p.dtype)
+    dtype = wire.DTYPES.get(p.dtype)
+    if dtype is None:
+        raise ValueError(f"a shared-memory slot's tensor {p.key!r} has dtype {p.dtype!r}, not one of "
+                         f"{', '.join(wire.DTYPES)}")
     if p.nbytes == 0:
         return torch.empty(p.shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=torch.uint8, count=p.nbytes, offset=p.offset).view(dtype).view(p.shape)
@@ -373,9 +382,11 @@ class ShmChannel(BatchChannel):
 
     kind = "shm"
 
-    def __init__(self, rpc_timeout: float, slot_wait: float, max_slot_bytes: int | None = None, tag: str = ""):
+    def __init__(self, rpc_timeout: float, slot_wait: float, max_slot_bytes: int | None = None, tag: str = "",
+                 calls: DataCalls | None = None):
         super().__init__()
-        self.rpc = TorchRpcChannel(rpc_timeout=rpc_timeout)
+        self.calls = calls if calls is not None else TorchRpcCalls()
+        self.rpc = CallsChannel(self.calls, rpc_timeout)   # parts without a ring, batches too big for a slot
         self.rpc_timeout, self.slot_wait = float(rpc_timeout), float(slot_wait)
         self.max_slot_bytes, self.tag = max_slot_bytes, tag
         self.rings: dict[int, _Ring] = {}
@@ -386,19 +397,21 @@ class ShmChannel(BatchChannel):
 
     @classmethod
     def open(cls, parts: Sequence[int], *, rpc_timeout: float, slots: int = 8, slot_bytes: int = 64 << 20,
-             max_slot_bytes: int | None = None, slot_wait: float = 10.0, group: str = "") -> ShmChannel:
-        """Set up a ring with every part's worker that can map it; :class:`ShmUnavailable` if none can."""
+             max_slot_bytes: int | None = None, slot_wait: float = 10.0, group: str = "",
+             calls: DataCalls | None = None) -> ShmChannel:
+        """Set up a ring with every part's worker that can map it; :class:`ShmUnavailable` if none can.
+        ``calls``: how the workers are reached (default torch RPC); parts without a ring are pulled through it."""
         if slots < 1 or slot_bytes <= HEADER:
             raise ValueError(f"a ring needs at least 1 slot of more than {HEADER} bytes, got {slots} x {slot_bytes}")
         if max_slot_bytes is not None and max_slot_bytes < slot_bytes:
             raise ValueError(f"max_slot_bytes ({max_slot_bytes}) must be at least slot_bytes ({slot_bytes})")
         sweep_stale()
         tag = (re.sub(r"[^0-9a-f]", "", group.lower()) or secrets.token_hex(4))[-12:]
-        channel = cls(rpc_timeout, slot_wait, max_slot_bytes, tag)
+        channel = cls(rpc_timeout, slot_wait, max_slot_bytes, tag, calls)
         problems, no_room = {}, False
         for part in parts:
             try:
-                maps = _attach(part, tag, list(range(slots)), slot_bytes, rpc_timeout)
+                maps = _attach(channel.calls, part, tag, list(range(slots)), slot_bytes, rpc_timeout)
                 channel.rings[part] = _Ring(channel, part, maps, slot_bytes)
             except Exception as exc:  # noqa: BLE001 -- any failure: this part is pulled over torch RPC
                 problems[part] = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -407,8 +420,8 @@ class ShmChannel(BatchChannel):
             raise ShmUnavailable("; ".join(f"part {p}: {why}" for p, why in problems.items()), no_room)
         if problems:
             log.log(logging.WARNING if no_room else logging.INFO,
-                    "batch channel: shared memory with parts %s, torch RPC with parts %s (%s)",
-                    sorted(channel.rings), sorted(problems), "; ".join(problems.values()))
+                    "batch channel: shared memory with parts %s, %s with parts %s (%s)",
+                    sorted(channel.rings), channel.calls.label, sorted(problems), "; ".join(problems.values()))
         channel._watch = threading.Thread(target=channel._watch_rings, name="graphfeed-shm-watch", daemon=True)
         channel._watch.start()
         return channel
@@ -427,18 +440,14 @@ class ShmChannel(BatchChannel):
         """Send ``pull_into`` for ``ask`` naming ``slot``; its answer settles ``ask.pending``."""
         session_id, secret, epoch, seq = ask.args
         try:
-            fut = torch.distributed.rpc.rpc_async(rpc_group.worker_name(ring.part), rpc_group.PULL_INTO,
-                                                  args=(session_id, epoch, seq, secret, slot),
-                                                  timeout=self.rpc_timeout)
+            answer = self.calls.call(ring.part, "pull_into", (session_id, epoch, seq, secret, slot), self.rpc_timeout)
         except Exception as exc:  # noqa: BLE001 -- e.g. the group is shut down: the pull fails, the slot is free
             ring.release(slot)
             ask.pending.set_exception(exc)
             return
-        fut.add_done_callback(lambda f: self._settle(ring, slot, ask.pending, f))
+        answer.add_done_callback(lambda p: self._settle(ring, slot, ask.pending, p))
 
-    def _settle(self, ring: _Ring, slot: int, pending: Pending, fut) -> None:
-        inner = Pending()
-        settle(inner, fut)
+    def _settle(self, ring: _Ring, slot: int, pending: Pending, inner: Pending) -> None:
         try:
             answer = inner.result()
         except Exception as exc:  # noqa: BLE001 -- the pull's error goes to the loader, which names the server
@@ -460,12 +469,13 @@ class ShmChannel(BatchChannel):
         ring to grow (it grows on this channel's thread, never in a torch RPC callback), or say what to raise."""
         what = f"a batch of {needed / MIB:.1f} MiB does not fit a shared-memory slot of {size / MIB:.1f} MiB"
         if self.max_slot_bytes is None:
-            self._tell("too_big", f"{what} and came over torch RPC: raise shm_slot_mb in connect() (or leave it "
-                                  f"unset: slots then grow to the batches) to keep such batches in shared memory")
+            self._tell("too_big", f"{what} and came over {self.calls.label}: raise shm_slot_mb in connect() (or "
+                                  f"leave it unset: slots then grow to the batches) to keep such batches in shared "
+                                  f"memory")
         elif not ring.ask_growth(needed, self.max_slot_bytes):
             self._tell("too_big", f"{what} nor the largest slot allowed ({self.max_slot_bytes / MIB:.0f} MiB) and "
-                                  f"came over torch RPC: raise shm_max_slot_mb in connect() to keep such batches "
-                                  f"in shared memory")
+                                  f"came over {self.calls.label}: raise shm_max_slot_mb in connect() to keep such "
+                                  f"batches in shared memory")
 
     def _watch_rings(self) -> None:
         """The channel's thread: requests that waited too long for a slot, growths, and retired slots."""
@@ -483,7 +493,7 @@ class ShmChannel(BatchChannel):
             self.counts["slot_wait"] += 1
             self._tell("slot_wait", f"every shared-memory slot of part {ring.part} is held by a batch the "
                                     f"trainer still references after {self.slot_wait:g} s; pulling over "
-                                    f"torch RPC meanwhile (drop batches sooner or raise shm_slots)")
+                                    f"{self.calls.label} meanwhile (drop batches sooner or raise shm_slots)")
             pulled = self.rpc.request(ring.part, *ask.args)
             pulled.add_done_callback(functools.partial(_forward, dst=ask.pending))
 
@@ -494,7 +504,7 @@ class ShmChannel(BatchChannel):
             return
         old = ring.slot_bytes
         try:
-            maps = _attach(ring.part, self.tag, ids, size, self.rpc_timeout)
+            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout)
         except Exception as exc:  # noqa: BLE001 -- any failure: the part stays on its slots, batches too big use RPC
             with ring.lock:
                 ring.can_grow = False
@@ -503,8 +513,8 @@ class ShmChannel(BatchChannel):
                 return
             self.counts["grow_failed"] += 1
             log.warning("shared-memory ring of part %d: could not grow its slots from %.0f to %.0f MiB (%s); batches "
-                        "over %.0f MiB keep coming over torch RPC", ring.part, old / MIB, size / MIB,
-                        f"{type(exc).__name__}: {exc}".splitlines()[0], old / MIB)
+                        "over %.0f MiB keep coming over %s", ring.part, old / MIB, size / MIB,
+                        f"{type(exc).__name__}: {exc}".splitlines()[0], old / MIB, self.calls.label)
             return
         ring.swap(maps, size)
         self.counts["grown"] += 1
@@ -518,12 +528,11 @@ class ShmChannel(BatchChannel):
         if not ids:
             return
         try:
-            fut = torch.distributed.rpc.rpc_async(rpc_group.worker_name(ring.part), rpc_group.DETACH, args=(ids,),
-                                                  timeout=self.rpc_timeout)
+            answer = self.calls.call(ring.part, "detach", (ids,), self.rpc_timeout)
         except Exception as exc:  # noqa: BLE001 -- the group is gone: so are the worker's maps
             log.debug("detach of part %d's slots %s not sent: %s", ring.part, ids, exc)
             return
-        fut.add_done_callback(lambda f: _ignore_error(f, ring.part))
+        answer.add_done_callback(lambda p: _ignore_error(p, ring.part))
 
     def _tell(self, what: str, message: str) -> None:
         if what not in self._told:
@@ -546,7 +555,8 @@ class ShmChannel(BatchChannel):
             ring.retire_all()
 
 
-def _attach(part: int, tag: str, ids: list[int], slot_bytes: int, timeout: float) -> dict[int, mmap.mmap]:
+def _attach(calls: DataCalls, part: int, tag: str, ids: list[int], slot_bytes: int,
+            timeout: float) -> dict[int, mmap.mmap]:
     """Create one segment per slot id (:class:`NoRoom` when they cannot be reserved), have part ``part``'s
     worker map them, check the tokens, unlink the names; ``{slot id: map}``."""
     names = [f"{PREFIX}{os.getpid()}-{tag}-p{part}-s{k}" for k in ids]
@@ -562,8 +572,7 @@ def _attach(part: int, tag: str, ids: list[int], slot_bytes: int, timeout: float
             maps.append(mm)
             tokens.append(secrets.token_bytes(TOKEN_BYTES))
             mm[:TOKEN_BYTES] = tokens[-1]
-        got = torch.distributed.rpc.rpc_sync(rpc_group.worker_name(part), rpc_group.ATTACH,
-                                              args=(names, slot_bytes, ids), timeout=timeout)
+        got = calls.call_sync(part, "attach", (names, slot_bytes, ids), timeout)
         if not got:
             raise ShmUnavailable("its worker is on another host (no such segment in its /dev/shm)")
         if list(got) != tokens:
@@ -581,8 +590,8 @@ def _forward(src: Pending, dst: Pending) -> None:
         dst.set_exception(exc)
 
 
-def _ignore_error(fut, part: int) -> None:
+def _ignore_error(answer: Pending, part: int) -> None:
     try:
-        fut.wait()
+        answer.result()
     except Exception as exc:  # noqa: BLE001 -- the worker (and its maps) may be gone
         log.debug("detach on part %d failed: %s", part, exc)

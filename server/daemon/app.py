@@ -305,6 +305,11 @@ class Daemon:
     def _add_port(self, server: grpc.aio.Server) -> int:
         c = self.config
         credentials = security.server_credentials(c)
+        if not c.secure_data_path:
+            self.log.info("data_path", transport="torch-rpc",
+                          cause="no token or TLS configured: batches travel over torch RPC, which unpickles "
+                                "every request before any check -- trusted networks only (a token, TLS or "
+                                "data_path: secure switches to the authenticated data path)")
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")

@@ -52,6 +52,9 @@ PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "chang
 SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
 
 
+DATA_PATHS = ("auto", "secure", "torch-rpc")
+
+
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key, its source and the fix."""
 
@@ -93,10 +96,18 @@ class ServerConfig:
     tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
+    # the data path: "auto" = "secure" when a token or TLS is configured, else torch RPC (trusted networks);
+    # "secure" = always the authenticated transport; "torch-rpc" = never it (refused with a token or TLS)
+    data_path: str = "auto"
 
     @property
     def tls(self) -> bool:
         return self.tls_cert is not None
+
+    @property
+    def secure_data_path(self) -> bool:
+        """Whether this daemon's workers use the secure data path (and never open a torch RPC listener)."""
+        return self.data_path == "secure" or (self.data_path == "auto" and (self.tls or bool(self.token)))
 
     @property
     def effective_data_address(self) -> str:
@@ -112,7 +123,8 @@ class ServerConfig:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
                 f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g} "
                 f"device={self.device} tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
-                f"token={'on' if self.token else 'off'}")
+                f"token={'on' if self.token else 'off'} "
+                f"data_path={'secure' if self.secure_data_path else 'torch-rpc'}")
 
 
 # ---- per-key parsing: each returns the value or raises ValueError("expected ...") -----------------
@@ -301,6 +313,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_client_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
     "token": _optional(_token),
     "token_file": _optional(_token_file),
+    "data_path": _choice(DATA_PATHS),
 }
 KEYS = tuple(f.name for f in fields(ServerConfig))
 REQUIRED = ("partition", "part")
@@ -419,6 +432,10 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
             values["token"] = _token(Path(path).read_text(errors="replace"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
+    if values.get("data_path") == "torch-rpc" and (cert is not None or values.get("token") is not None):
+        raise ConfigError(f"{origin['data_path']}: data_path = 'torch-rpc' with a token or TLS configured: torch RPC "
+                          f"unpickles every request before any check, so it would undo them; use data_path 'auto' "
+                          f"or 'secure' (the authenticated data path), or drop the token and TLS on a trusted network")
 
 
 def token_file_exposure(path: str | None) -> str | None:

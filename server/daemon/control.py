@@ -39,6 +39,7 @@ from graphfeed.server.worker.commands import (
     CloseSession,
     Command,
     GroupSpec,
+    JoinPeers,
     NotFound,
     NotReady,
     OpenSession,
@@ -53,6 +54,9 @@ MAX_EPOCH = 1 << 40
 MAX_LEASE_SECONDS = 3600.0
 MAX_ID_LENGTH = 256
 SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry (see rpc_api.pull)
+MIN_GROUP_KEY_BYTES = 16   # the trainer group's data-path key (the client makes 32 random bytes)
+MAX_GROUP_KEY_BYTES = 1024
+DATA_PATHS = ("secure", "torch-rpc")
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
 CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
 IDLE_SCAN_MIN, IDLE_SCAN_MAX = 0.5, 60.0   # seconds between idle-session scans (a quarter of the limit)
@@ -195,7 +199,11 @@ class ControlServicer(pb_grpc.ControlServicer):
             local_split_sizes=dict(self.served.local_split_sizes), topologies=list(meta.topologies),
             data_address=self.config.effective_data_address, node_types=list(meta.node_types),
             edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta),
-            num_nodes_by_type={t: int(r[-1]) for t, r in meta.node_ranges.items()})
+            num_nodes_by_type={t: int(r[-1]) for t, r in meta.node_ranges.items()},
+            data_path=self._default_data_path())
+
+    def _default_data_path(self) -> str:
+        return "secure" if self.config.secure_data_path else "torch-rpc"
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -203,7 +211,21 @@ class ControlServicer(pb_grpc.ControlServicer):
         num_parts, part = self.served.meta.num_parts, self.served.part_id
         if not request.group_id or len(request.group_id) > MAX_ID_LENGTH:
             raise _invalid(f"group_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-        _check_rendezvous(request.rendezvous)
+        data_path = request.data_path or self._default_data_path()
+        if data_path not in DATA_PATHS:
+            raise _invalid(f"data_path = {request.data_path!r} is unknown: give 'secure', 'torch-rpc' or '' "
+                           f"(the server's default)")
+        if data_path == "torch-rpc" and self.config.secure_data_path:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "this server serves the secure data path only (it has a token, TLS or data_path: "
+                               "secure): torch RPC would unpickle requests from anyone who reaches the port; "
+                               "connect with a graphfeed client that asks for data_path 'secure'")
+        if not MIN_GROUP_KEY_BYTES <= len(request.group_key) <= MAX_GROUP_KEY_BYTES:
+            raise _invalid(f"group_key has {len(request.group_key)} bytes: the trainer group's data-path key must be "
+                           f"{MIN_GROUP_KEY_BYTES}..{MAX_GROUP_KEY_BYTES} random bytes (graphfeed clients send 32; "
+                           f"upgrade an older client)")
+        if data_path == "torch-rpc":
+            _check_rendezvous(request.rendezvous)
         if request.world_size != num_parts + 1:
             raise _invalid(f"world_size = {request.world_size} is wrong: the group is 1 trainer + {num_parts} "
                            f"workers (one per part), so world_size must be {num_parts + 1}")
@@ -221,7 +243,8 @@ class ControlServicer(pb_grpc.ControlServicer):
                          num_producers=c.num_producers, buffer_batches=c.buffer_batches,
                          buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
                          colocated_reads=c.colocated_reads, device=c.device, gpu_cache_bytes=c.gpu_cache_bytes,
-                         gpu_topology=self.gpu_topology, budget=c.work_budget)
+                         gpu_topology=self.gpu_topology, budget=c.work_budget, data_path=data_path,
+                         group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key)
         return spec, float(lease)
 
     @rpc
@@ -230,8 +253,9 @@ class ControlServicer(pb_grpc.ControlServicer):
         spec, lease = self._group_spec(request)
         self.registry.reserve_group(spec.group_id)
         try:
-            await asyncio.to_thread(check_dial_back, spec.rendezvous, context.peer(),
-                                    self.config.effective_data_address)
+            if spec.data_path == "torch-rpc":   # the secure path dials no trainer: the trainer connects to it
+                await asyncio.to_thread(check_dial_back, spec.rendezvous, context.peer(),
+                                        self.config.effective_data_address)
         except BaseException:
             self.registry.release_group(spec.group_id)
             raise
@@ -248,12 +272,28 @@ class ControlServicer(pb_grpc.ControlServicer):
         group = Group(group_id=spec.group_id, handle=handle, peer=context.peer(), lease_seconds=lease,
                       deadline=self.registry.clock() + lease, worker_name=member)
         self.registry.add_group(group)
+        endpoint = str(getattr(handle, "endpoint", "") or "")
         self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
-                      rendezvous=spec.rendezvous, lease_seconds=lease)
+                      data_path=spec.data_path, rendezvous=spec.rendezvous or None, endpoint=endpoint or None,
+                      lease_seconds=lease)
         if self.is_draining():  # the drain began while the worker was starting
             self.registry.remove_group(spec.group_id, event="group_close", cause="server is draining")
             self._refuse_if_draining()
-        return pb.OpenGroupReply(worker_name=member, worker_pid=int(handle.pid or 0), lease_seconds=lease)
+        return pb.OpenGroupReply(worker_name=member, worker_pid=int(handle.pid or 0), lease_seconds=lease,
+                                 data_path=spec.data_path, data_endpoint=endpoint)
+
+    @rpc
+    async def JoinGroup(self, request, context):
+        group = self.registry.group(request.group_id)
+        num_parts = self.served.meta.num_parts
+        if len(request.endpoints) != num_parts:
+            raise _invalid(f"endpoints has {len(request.endpoints)} entries: give one per part ({num_parts}), the "
+                           f"OpenGroupReply.data_endpoint of every server in part order")
+        for address in request.endpoints:
+            _check_endpoint(address)
+        group.renew(self.registry.clock())
+        await self._call(group, JoinPeers(tuple(request.endpoints)))
+        return pb.JoinGroupReply()
 
     @rpc
     async def Heartbeat(self, request, context):
@@ -537,6 +577,12 @@ def check_dial_back(rendezvous: str, peer: str, data_address: str) -> None:
                        f"rendezvous = {rendezvous!r} is not the address this OpenGroup came from ({shown}) nor "
                        f"this server's data address ({data_address}): the server dials back only its caller; "
                        f"set advertise_host to the address this trainer reaches the server from, or leave it unset")
+
+
+def _check_endpoint(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not (sep and host.strip("[]") and len(address) <= MAX_ID_LENGTH and port.isdigit() and 1 <= int(port) <= 65535):
+        raise _invalid(f"endpoint {address[:80]!r} is not host:port (an OpenGroupReply.data_endpoint)")
 
 
 def _check_rendezvous(address: str) -> None:

@@ -32,7 +32,9 @@ PREFIX = "graphfeed_"
 SESSION_KINDS = ("train", "val", "test", "nodes", "other")
 STAGES = ("local_sample", "remote_sample", "feature_gather", "encode", "batch")
 REMOTE_CALLS = ("one_hop", "gather")
-WORKER_ERROR_KINDS = ("produce", "remote", "worker_gone", "metrics_timeout")
+# data_path_refused: connections to a worker's secure data-path listener that failed the group handshake (or a
+# frame's MAC): outsiders without the trainer group's key (graphfeed.transport.secure)
+WORKER_ERROR_KINDS = ("produce", "remote", "worker_gone", "metrics_timeout", "data_path_refused")
 
 METRICS: dict[str, MetricSpec] = {
     # ---- the process -----------------------------------------------------------------------------
@@ -363,6 +365,7 @@ class ServerCollector:
 
     def _errors(self, figures: dict, age: float):
         counts = dict(figures["errors"])
+        counts.setdefault("data_path_refused", 0)   # exposed at 0 too, so an alert on its rate has a series
         control = getattr(self.daemon, "control", None)
         for kind, n in _copy(getattr(control, "errors", {})).items():
             counts[kind] = counts.get(kind, 0) + n

@@ -13,6 +13,7 @@ Commands and their replies:
 :class:`CloseSession` (session id)               :class:`SessionClosed`
 :class:`Stats`                                   :class:`SessionRows` (one row per session)
 :class:`Metrics`                                 :class:`MetricsSnapshot` (cumulative figures)
+:class:`JoinPeers` (every worker's data address)   :class:`PeersJoined` (secure data path only)
 :class:`Stop`                                    :class:`Stopped`
 ==============================================  ======================================
 
@@ -54,6 +55,12 @@ class GroupSpec:
     gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
     budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
+    # the data path: "torch-rpc" (join the trainer's torch RPC group at ``rendezvous``) or "secure"
+    # (listen on ``data_address`` for holders of ``group_key``; TLS with ``tls_cert``/``tls_key``)
+    data_path: str = "torch-rpc"
+    group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 # ---- errors ---------------------------------------------------------------------------------------
@@ -86,6 +93,7 @@ class Started:
     """The worker mapped its partition and serves commands."""
 
     pid: int
+    endpoint: str = ""    # "host:port" of the secure data-path listener ("" under torch RPC)
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,11 @@ class MetricsSnapshot:
 
 @dataclass(frozen=True)
 class Stopped:
+    pass
+
+
+@dataclass(frozen=True)
+class PeersJoined:
     pass
 
 
@@ -168,6 +181,14 @@ class Metrics(Command):
 
 
 @dataclass(frozen=True)
+class JoinPeers(Command):
+    """The secure data path's group is formed: ``endpoints[p]`` is part ``p``'s worker listener."""
+
+    reply: ClassVar[type] = PeersJoined
+    endpoints: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Stop(Command):
     """Leave the group and exit (the worker answers, then ends its command loop)."""
 
@@ -181,6 +202,7 @@ HANDLERS: dict[type[Command], str] = {
     CloseSession: "close_session",
     Stats: "stats",
     Metrics: "metrics",
+    JoinPeers: "join_peers",
     Stop: "stop",
 }
 

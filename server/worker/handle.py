@@ -81,6 +81,7 @@ class SessionWorkerHandle:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._broken: str | None = None
+        self.endpoint = ""
 
     @classmethod
     def start(cls, spec: GroupSpec, start_timeout: float = START_TIMEOUT,
@@ -105,7 +106,8 @@ class SessionWorkerHandle:
         handle = cls(proc, Connection(ours.detach()), spec)
         try:
             handle._conn.send_bytes(pickle.dumps(spec))
-            handle._expect(START_ID, Started, start_timeout, "start")
+            started = handle._expect(START_ID, Started, start_timeout, "start")
+            handle.endpoint = started.endpoint   # the secure data path's listener ("" under torch RPC)
         except WorkerError:
             handle._kill()
             raise

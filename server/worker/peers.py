@@ -2,26 +2,26 @@
 
 :func:`worker_graph` builds the worker's :class:`graphfeed.server.sampling.graph.PartitionedGraph`:
 a :class:`graphfeed.server.sampling.source.LocalSource` for its own part and a
-:class:`RemoteSource` for every peer.  A remote request is a torch ``rpc_async`` to the peer
-worker (:func:`graphfeed.server.worker.rpc_api.one_hop` / ``gather``), so the graph sends all
-of a hop's remote pieces at once and samples the local piece meanwhile.
+:class:`RemoteSource` for every peer.  A remote request is an asynchronous call to the peer
+worker (:func:`graphfeed.server.worker.rpc_api.one_hop` / ``gather``) through the group's
+:class:`~graphfeed.transport.calls.DataCalls` -- torch RPC, or the secure data path -- so the
+graph sends all of a hop's remote pieces at once and samples the local piece meanwhile.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
-import torch.distributed.rpc as rpc
 
-from graphfeed.core.constants import worker_name
 from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
 from graphfeed.server.sampling.types import OneHop
-from graphfeed.server.worker import rpc_api
 from graphfeed.server.worker.telemetry import WorkerTelemetry
+from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.pending import Pending
 
 T = TypeVar("T")
 
@@ -31,13 +31,17 @@ class PeerError(RuntimeError):
 
 
 def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry | None = None,
-                 own: PartSource | None = None) -> PartitionedGraph:
+                 own: PartSource | None = None, calls: DataCalls | None = None) -> PartitionedGraph:
     """The graph a session worker samples: ``part`` here (``own``: its source, e.g. a
     :class:`~graphfeed.server.sampling.gpu.GpuSource`; default a CPU :class:`LocalSource`), every other
-    part on its peer worker."""
+    part on its peer worker (reached through ``calls``; default torch RPC)."""
     telemetry = telemetry if telemetry is not None else WorkerTelemetry()
+    if calls is None:
+        from graphfeed.transport.calls import TorchRpcCalls
+
+        calls = TorchRpcCalls()
     mine = own if own is not None else LocalSource(part)
-    sources: list[PartSource] = [mine if p == part.part_id else RemoteSource(p, rpc_timeout, telemetry)
+    sources: list[PartSource] = [mine if p == part.part_id else RemoteSource(p, rpc_timeout, telemetry, calls)
                                  for p in range(part.meta.num_parts)]
     return PartitionedGraph(sources, telemetry)
 
@@ -56,14 +60,14 @@ def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
     """
     local = []
     for source in list(graph.sources):
-        if source.local:
+        if source.local or not isinstance(source, RemoteSource):
             continue
         p = source.part_id
         mine = part_files_identity(part.paths.root, p)
         if mine is None:
             continue
         try:
-            theirs = rpc.rpc_sync(worker_name(p), rpc_api.part_identity, timeout=timeout)
+            theirs = source.calls.call_sync(p, "part_identity", (), timeout)
         except Exception:  # noqa: BLE001 -- no answer: the peer stays on RPC
             continue
         if theirs is None or tuple(theirs) != mine:
@@ -75,7 +79,7 @@ def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
 
 
 class RemoteSource:
-    """Part ``part_id`` on its worker in the group, over torch RPC.
+    """Part ``part_id`` on its worker in the group, through ``calls``.
 
     Each call's latency and outcome are recorded on ``telemetry`` when it completes; a failed
     call raises :class:`PeerError` naming the peer when waited for.
@@ -84,8 +88,8 @@ class RemoteSource:
     local = False
     device = torch.device("cpu")     # where its answers arrive (torch RPC sends host tensors)
 
-    def __init__(self, part_id: int, rpc_timeout: float, telemetry: WorkerTelemetry):
-        self.part_id = part_id
+    def __init__(self, part_id: int, rpc_timeout: float, telemetry: WorkerTelemetry, calls: DataCalls):
+        self.part_id, self.calls = part_id, calls
         self.rpc_timeout = float(rpc_timeout)
         self.telemetry = telemetry
 
@@ -95,32 +99,32 @@ class RemoteSource:
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int, seed_time: torch.Tensor | None = None) -> PeerCall[OneHop]:
         temporal = () if spec.time_attr is None else (spec.time_attr, spec.temporal_strategy, seed_time)
-        fut = self._call("one_hop", rpc_api.one_hop, tuple(etype), gids, fanout, spec.replace, spec.direction,
+        fut = self._call("one_hop", tuple(etype), gids, fanout, spec.replace, spec.direction,
                          seed, hop, spec.weight_attr, *temporal)
         return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
-        return PeerCall(self, self._call("gather", rpc_api.gather, ntype, gids), "gather", tuple)
+        return PeerCall(self, self._call("gather", ntype, gids), "gather", tuple)
 
     def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> PeerCall[torch.Tensor]:
-        return PeerCall(self, self._call("has_edges", rpc_api.has_edges, pairs, kind, etype), "has_edges", _same)
+        return PeerCall(self, self._call("has_edges", pairs, kind, etype), "has_edges", _same)
 
     def start_edge_attr(self, pairs: torch.Tensor, kind: str) -> PeerCall[torch.Tensor]:
-        return PeerCall(self, self._call("edge_attr", rpc_api.edge_attr, pairs, kind), "edge_attr", _same)
+        return PeerCall(self, self._call("edge_attr", pairs, kind), "edge_attr", _same)
 
     def start_to_global(self, orig_ids: torch.Tensor,
                         ntype: str | None = None) -> PeerCall[tuple[torch.Tensor, torch.Tensor]]:
-        return PeerCall(self, self._call("to_global", rpc_api.to_global, orig_ids, ntype), "to_global", tuple)
+        return PeerCall(self, self._call("to_global", orig_ids, ntype), "to_global", tuple)
 
-    def _call(self, call: str, func, *args) -> torch.futures.Future:
-        """``func(*args)`` on the peer; its latency and outcome are recorded when it completes."""
+    def _call(self, call: str, *args) -> Pending:
+        """Worker function ``call(*args)`` on the peer; its latency and outcome are recorded when it completes."""
         tel, part = self.telemetry, self.part_id
         t0 = tel.clock()
-        fut = rpc.rpc_async(worker_name(part), func, args=args, timeout=self.rpc_timeout)
+        fut = self.calls.call(part, call, args, self.rpc_timeout)
 
-        def done(f) -> None:
+        def done(f: Pending) -> None:
             try:
-                f.wait()
+                f.result()
                 ok = True
             except Exception:  # noqa: BLE001 -- the waiter raises it; here it is only counted
                 ok = False
@@ -133,13 +137,13 @@ class RemoteSource:
 class PeerCall(Generic[T]):
     """A request in flight to a peer worker (the handle :class:`RemoteSource` starts)."""
 
-    def __init__(self, source: RemoteSource, fut: torch.futures.Future, what: str, convert: Callable[[Any], T]):
+    def __init__(self, source: RemoteSource, fut: Pending, what: str, convert: Callable[[Any], T]):
         self.source, self.fut, self.what, self.convert = source, fut, what, convert
 
     def wait(self) -> T:
         """The peer's answer; :class:`PeerError` (counted as a ``remote`` error) when the call failed."""
         try:
-            res = self.fut.wait()
+            res = self.fut.result()
         except Exception as exc:  # RPC errors arrive as RuntimeError with the peer's message
             self.source.telemetry.count_error("remote")
             raise PeerError(f"{self.what} on peer worker part{self.source.part_id} failed: {_first_line(exc)}") \

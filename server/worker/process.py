@@ -1,10 +1,16 @@
 """The session worker process: ``python -m graphfeed.server.worker.process --fd N``.
 
 Started by :class:`graphfeed.server.worker.handle.SessionWorkerHandle`.  It reads its
-:class:`GroupSpec` from the private pipe (fd ``N``), maps its partition, joins the
-trainer's torch RPC group in a background thread (bounded by ``join_timeout``) and serves
-the daemon's commands (:mod:`.commands`) on the pipe in the main thread.  Batches go to
-the trainer over torch RPC (:mod:`.rpc_api`).
+:class:`GroupSpec` from the private pipe (fd ``N``), maps its partition and serves the
+daemon's commands (:mod:`.commands`) on the pipe in the main thread.  The data path
+(:mod:`.rpc_api` answers it) is one of:
+
+* ``secure``: before it answers :class:`Started`, the worker listens on its data address
+  (port 0) for holders of the group key (:mod:`graphfeed.transport.secure`, TLS with the
+  daemon's certificate) and reports the address; :class:`JoinPeers` later tells it where its
+  peers listen.  No torch RPC agent, no TCPStore.
+* ``torch-rpc``: it joins the trainer's torch RPC group in a background thread (bounded by
+  ``join_timeout``); only calls naming the group key are answered.
 
 It exits when told to :class:`Stop`, when the pipe closes (the daemon died: no orphans),
 or when joining the group fails (exit code :data:`EXIT_JOIN_FAILED`).
@@ -17,6 +23,7 @@ import hmac
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -32,11 +39,13 @@ from graphfeed.server.worker.commands import (
     CloseSession,
     EpochStarted,
     GroupSpec,
+    JoinPeers,
     Metrics,
     MetricsSnapshot,
     NotFound,
     NotReady,
     OpenSession,
+    PeersJoined,
     SessionClosed,
     SessionOpened,
     SessionRows,
@@ -52,7 +61,9 @@ from graphfeed.server.worker.peers import colocate, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import rpc_group
+from graphfeed.transport.calls import DataCalls, TorchRpcCalls
 from graphfeed.transport.pending import Pending
+from graphfeed.transport.secure import RefusalLog, SecureCalls, SecureServer, TlsServer, client_tls
 
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
@@ -83,7 +94,15 @@ class SessionWorker:
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
         self.gpu_sources: list[GpuSource] = []   # device: cuda -- their feature cache counts go to the metrics
-        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part))
+        self.secure = spec.data_path == "secure"
+        self.calls: DataCalls
+        if self.secure:   # peers verify nothing about this end but the group key (no CA here for their certificates)
+            tls = client_tls(verify=False) if spec.tls_cert else None
+            self.calls = SecureCalls(spec.group_key, tls=tls, name=rpc_group.worker_name)
+        else:
+            self.calls = TorchRpcCalls(spec.group_key)
+        self.server: SecureServer | None = None
+        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
         self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
@@ -97,6 +116,45 @@ class SessionWorker:
 
     # ---- the group --------------------------------------------------------------------------------
 
+    def listen(self) -> str:
+        """Secure data path: start the listener on the data address; its ``host:port``."""
+        s = self.spec
+        tls = TlsServer(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
+        refused = RefusalLog(say=lambda line: print(f"graphfeed session worker part{s.part_id} group {s.group_id}: "
+                                                    f"{line}", file=sys.stderr, flush=True),
+                             count=lambda: self.telemetry.count_error("data_path_refused"))
+        from graphfeed.server.worker import rpc_api
+
+        self.server = SecureServer(s.data_address, s.group_key, rpc_api.secure_functions(),
+                                   name=f"part{s.part_id}-dp", tls=tls, on_refused=refused).start()
+        host = self.server.host
+        if host in ("0.0.0.0", "::"):   # a wildcard bind: peers reach this host by its name
+            host = socket.gethostbyname(socket.gethostname())
+        return f"[{host}]:{self.server.port}" if ":" in host else f"{host}:{self.server.port}"
+
+    def join_peers(self, cmd: JoinPeers) -> PeersJoined:
+        """Secure data path: every worker listens; note where, then read same-host peers' files (in the background)."""
+        if not self.secure:
+            raise BadRequest("JoinPeers is for the secure data path; this worker joined a torch RPC group")
+        if len(cmd.endpoints) != self.part.meta.num_parts:
+            raise BadRequest(f"JoinPeers names {len(cmd.endpoints)} workers; the graph has "
+                             f"{self.part.meta.num_parts} parts")
+        assert isinstance(self.calls, SecureCalls)
+        self.calls.set_endpoints({p: str(a) for p, a in enumerate(cmd.endpoints) if p != self.spec.part_id})
+        threading.Thread(target=self._colocate, name="colocate", daemon=True).start()
+        return PeersJoined()
+
+    def _colocate(self) -> None:
+        s = self.spec
+        if s.colocated_reads and self.part.meta.num_parts > 1:
+            local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT),
+                             None if s.device == "cpu" else self._source)
+            if local:
+                print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
+                      f"{', '.join(map(str, local))} from their files on this host, not over the data path "
+                      f"(colocated_reads: false turns this off)", file=sys.stderr, flush=True)
+        self.joined.set()
+
     def join(self) -> None:
         s = self.spec
         try:
@@ -108,14 +166,7 @@ class SessionWorker:
             print(f"graphfeed session worker part{s.part_id} group {s.group_id}: {self.join_error}",
                   file=sys.stderr, flush=True)
             os._exit(EXIT_JOIN_FAILED)
-        if s.colocated_reads and self.part.meta.num_parts > 1:
-            local = colocate(self.graph, self.part, min(s.rpc_timeout, COLOCATE_TIMEOUT),
-                             None if s.device == "cpu" else self._source)
-            if local:
-                print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
-                      f"{', '.join(map(str, local))} from their files on this host, not over RPC "
-                      f"(colocated_reads: false turns this off)", file=sys.stderr, flush=True)
-        self.joined.set()
+        self._colocate()
 
     def _source(self, part: Partition) -> GpuSource | None:
         """:func:`own_source` of ``part`` (None on the CPU), kept for the metrics."""
@@ -126,6 +177,9 @@ class SessionWorker:
 
     def wait_joined(self) -> None:
         if not self.joined.wait(self.spec.join_timeout):
+            if self.secure:
+                raise NotReady(f"the trainer's data-path group did not form within {self.spec.join_timeout:g} s; "
+                               f"the trainer must send JoinGroup before StartEpoch")
             raise NotReady(f"the trainer's RPC group did not form within {self.spec.join_timeout:g} s; "
                            f"the trainer must join the group (rendezvous {self.spec.rendezvous}) before StartEpoch")
 
@@ -241,7 +295,11 @@ class SessionWorker:
         for s in sessions:
             s.close()
         self._online.shutdown(wait=False, cancel_futures=True)
-        if self.joined.is_set():
+        if self.secure:
+            if self.server is not None:
+                self.server.close()
+            self.calls.close()
+        elif self.joined.is_set():
             import torch.distributed.rpc as rpc
 
             # Not graceful: a graceful shutdown is a barrier over the whole group and would
@@ -300,17 +358,25 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 -- any start failure goes back to the daemon as its reason
         _reply(conn, START_ID, WorkerError(f"session worker cannot start: {exc}"))
         return EXIT_BAD_START
-    _reply(conn, START_ID, Started(os.getpid()))
+    from graphfeed.server.worker import rpc_api
+
+    try:
+        worker = SessionWorker(spec, part)
+        rpc_api.bind(worker)
+        endpoint = worker.listen() if worker.secure else ""
+    except Exception as exc:  # noqa: BLE001 -- e.g. the data address cannot be bound: the daemon says why
+        _reply(conn, START_ID, WorkerError(f"session worker cannot start its data path on {spec.data_address}: "
+                                           f"{type(exc).__name__}: {exc}"))
+        return EXIT_BAD_START
+    _reply(conn, START_ID, Started(os.getpid(), endpoint))
     # a batch's large buffers reuse pooled pages instead of fresh zeroed ones
     if not dispatch.use_block_pool() and dispatch.has_fused_sampler():
         print("graphfeed session worker: another CPU allocator outranks the block pool; large buffers come from "
               "it (fresh pages per batch)", file=sys.stderr, flush=True)
-    worker = SessionWorker(spec, part)
-    from graphfeed.server.worker import rpc_api
-
-    rpc_api.bind(worker)
-    rpc_api.install_guard()
-    threading.Thread(target=worker.join, name="join-group", daemon=True).start()
+    if not worker.secure:
+        rpc_group.serve_group(spec.group_key)
+        rpc_api.install_guard()
+        threading.Thread(target=worker.join, name="join-group", daemon=True).start()
     serve_commands(conn, worker)
     if not worker.joined.is_set():
         os._exit(0)  # the join thread may still be blocked in init_rpc

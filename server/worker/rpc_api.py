@@ -1,11 +1,19 @@
-"""The functions a session worker runs for others over torch RPC -- and nothing else.
+"""The functions a session worker runs for others -- and nothing else -- over either data path.
 
-Torch RPC lets a peer name any importable function; a worker process installs
-:func:`install_guard`, which refuses every function not in :data:`ALLOWED` (and not one
-of torch's own RPC helpers, which the group needs for start-up and shutdown).  Note the
-limit of this guard: the arguments are still unpickled, so the data port must only be
-reachable by trusted trainers (bind it to a private interface); the guard stops stray
-calls, it is not a sandbox.
+* The secure data path (:mod:`graphfeed.transport.secure`, a daemon with a token or TLS):
+  :func:`secure_functions` is the table the worker's listener answers; a caller reaches it only
+  after proving the trainer group's key, every frame is authenticated, nothing is unpickled.
+* torch RPC (trusted networks): torch lets a peer name any importable function; a worker
+  process installs :func:`install_guard`, which refuses every call that did not resolve
+  through :func:`graphfeed.transport.rpc_group.remote_function` -- an allow-listed name *and*
+  the group's key -- (torch's own RPC helpers aside, which the group needs for start-up and
+  shutdown).  The limit of this guard: torch unpickles a request before it runs, so the data
+  port must only be reachable by trusted hosts; the guard stops stray and cross-group calls, it
+  is not a sandbox.
+
+Credentials: every call carries the group key (the connection's proof on the secure path, the
+function reference under torch RPC); the session calls (``pull``, ``pull_into``, ``sample``)
+also carry the session's secret.
 
 * ``pull(session_id, epoch, seq, secret)`` -- the trainer takes batch ``seq`` of an epoch
   (async: completes when the batch is ready).  ``secret`` must be the session's secret
@@ -42,7 +50,9 @@ import torch.distributed.rpc.internal as rpc_internal
 from graphfeed.core.spec import feature_dtype
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.worker.hot_rows import HotRows
+from graphfeed.transport import rpc_group
 from graphfeed.transport.pending import Pending
+from graphfeed.transport.secure import Function
 from graphfeed.transport.shm import RingWriter
 
 _worker = None   # the process's SessionWorker (set once by bind())
@@ -70,12 +80,17 @@ def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.fu
     ``torch.futures.Future`` that async execution answers with.  PermissionError when
     ``secret`` is not the session's secret.
     """
+    return _as_remote_errors(pull_pending(session_id, epoch, seq, secret))
+
+
+def pull_pending(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> Pending:
+    """:func:`pull` in no transport's terms: the pending batch, or the PermissionError for a wrong secret."""
     worker = _bound()
     try:
         worker.authorize(session_id, secret)
-    except PermissionError as exc:  # through the future, so the caller gets the PermissionError itself
-        return _as_remote_errors(Pending.failed(exc))
-    return _as_remote_errors(worker.pull(session_id, int(epoch), int(seq)))
+    except PermissionError as exc:  # through the pending result, so the caller gets the PermissionError itself
+        return Pending.failed(exc)
+    return worker.pull(session_id, int(epoch), int(seq))
 
 
 @rpc.functions.async_execution
@@ -83,11 +98,16 @@ def pull_into(session_id: str, epoch: int, seq: int, secret: bytes, slot: int) -
     """:func:`pull`, with the batch copied into the trainer's shared-memory ``slot``: answers
     ``("shm", layout)``, or ``("inline", batch, bytes needed)`` when the batch does not fit the slot
     (:meth:`graphfeed.transport.shm.RingWriter.answer`).  PermissionError for a wrong ``secret``."""
+    return _as_remote_errors(pull_into_pending(session_id, epoch, seq, secret, slot))
+
+
+def pull_into_pending(session_id: str, epoch: int, seq: int, secret: bytes, slot: int) -> Pending:
+    """:func:`pull_into` in no transport's terms."""
     worker = _bound()
     try:
         worker.authorize(session_id, secret)
     except PermissionError as exc:
-        return _as_remote_errors(Pending.failed(exc))
+        return Pending.failed(exc)
     out = Pending()
 
     def fill(p: Pending) -> None:
@@ -97,7 +117,7 @@ def pull_into(session_id: str, epoch: int, seq: int, secret: bytes, slot: int) -
             out.set_exception(exc)
 
     worker.pull(session_id, int(epoch), int(seq)).add_done_callback(fill)
-    return _as_remote_errors(out)
+    return out
 
 
 @rpc.functions.async_execution
@@ -106,13 +126,19 @@ def sample(session_id: str, secret: bytes, node_ids: torch.Tensor, seed: int) ->
     ``session_id``'s sampling options and batch seed from ``seed``
     (:func:`graphfeed.server.sampling.producer.produce_online`).  ValueError (naming the bad id and the
     valid range) for bad ids; PermissionError for a wrong ``secret``."""
+    return _as_remote_errors(sample_pending(session_id, secret, node_ids, seed))
+
+
+def sample_pending(session_id: str, secret: bytes, node_ids: torch.Tensor, seed: int) -> Pending:
+    """:func:`sample` in no transport's terms."""
     worker = _bound()
     try:
         worker.authorize(session_id, secret)
-        pending = worker.sample(session_id, node_ids, int(seed))
-    except (PermissionError, LookupError) as exc:
-        pending = Pending.failed(exc)
-    return _as_remote_errors(pending)
+        if not isinstance(node_ids, torch.Tensor):
+            raise ValueError(f"node_ids must be a tensor of original node ids, got {type(node_ids).__name__}")
+        return worker.sample(session_id, node_ids, int(seed))
+    except (PermissionError, LookupError, ValueError) as exc:
+        return Pending.failed(exc)
 
 
 def attach(names: list[str], size: int, ids: list[int] | None = None) -> list[bytes]:
@@ -222,7 +248,16 @@ def part_identity() -> tuple | None:
 
 ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
                      hot_rows, part_identity})
+assert {f.__name__ for f in ALLOWED} == set(rpc_group.WORKER_RPC_FUNCTIONS)
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
+
+
+def secure_functions() -> dict[str, Function]:
+    """What the worker's secure listener answers: the same functions, async ones answering with a Pending."""
+    table = {f.__name__: Function(f) for f in ALLOWED}
+    table.update(pull=Function(pull_pending, True), pull_into=Function(pull_into_pending, True),
+                 sample=Function(sample_pending, True))
+    return table
 
 
 def install_guard() -> None:
@@ -237,7 +272,8 @@ def install_guard() -> None:
 
     def guarded(python_udf):
         func = getattr(python_udf, "func", None)
-        if (not isinstance(python_udf, AttributeError) and func not in ALLOWED
+        verified = isinstance(func, rpc_group.Verified) and func.func in ALLOWED
+        if (not isinstance(python_udf, AttributeError) and not verified
                 and getattr(func, "__module__", None) != _TORCH_INTERNAL):
             name = f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
             return rpc_internal.RemoteException(

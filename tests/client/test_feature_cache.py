@@ -19,7 +19,6 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.partition.store import Partition
-from graphfeed.transport import rpc_group
 
 N, F = 3000, 16
 FANOUTS = [5, 3]
@@ -109,7 +108,7 @@ def test_bad_budget_names_the_argument(bad):
 @pytest.mark.parametrize("dtype, channel", [(None, "auto"), ("bf16", "auto"), (None, "rpc")])
 def test_cached_batches_equal_uncached_on_every_key_with_fewer_bytes(cluster, dtype, channel, connect):
     with connect(cluster, timeout=60, channel=channel) as client:
-        assert client.group.channel.kind == ("shm" if channel == "auto" else "torch-rpc")
+        assert client.group.channel.kind == ("shm" if channel == "auto" else client.group.calls.kind)
         plain = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype, **KW)
         cached = client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype=dtype,
                                         feature_cache_mb=BUDGET_MB, **KW)
@@ -188,7 +187,9 @@ def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog,
         monkeypatch.undo()
         # a server that cannot serve rows (here: the worker answers the call with an error, as an older
         # graphfeed without hot_rows would)
-        monkeypatch.setattr(rpc_group, "HOT_ROWS", rpc_group.RemoteFunction("gather"))
+        calls = client.group.calls
+        monkeypatch.setattr(calls, "call_sync", lambda part, name, args, timeout, real=calls.call_sync:
+                            real(part, "gather" if name == "hot_rows" else name, args, timeout))
         loader, why = _fallback(client, caplog, feature_cache_mb=BUDGET_MB)
         assert "cannot serve feature rows" in why
         for a, b in zip(loader, want):

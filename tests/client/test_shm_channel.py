@@ -216,7 +216,7 @@ def test_ring_batches_equal_torch_rpc_batches_and_the_local_loader(cluster, part
     addresses = [s.address for s in cluster]
     local = list(LocalNeighborLoader(parts_dir, FANOUTS, feature_dtype="bf16", **KW))
     with gf.connect(addresses, timeout=60, channel="rpc") as client:
-        assert client.group.channel.kind == "torch-rpc"
+        assert client.group.channel.kind == client.group.calls.kind   # torch-rpc, or secure
         over_rpc = list(client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype="bf16", **KW))
     with gf.connect(addresses, timeout=60) as client:
         channel = client.group.channel
@@ -310,11 +310,11 @@ def test_no_room_for_the_ring_is_torch_rpc_with_one_log_line(cluster, parts_dir,
     mapped = _mapped_segments(os.getpid())
     with caplog.at_level(logging.INFO, logger="graphfeed"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:
-        assert client.group.channel.kind == "torch-rpc"
+        assert client.group.channel.kind == client.group.calls.kind   # torch-rpc, or secure
         assert _epoch(client.neighbor_loader("train", FANOUTS, **KW), LocalNeighborLoader(parts_dir, FANOUTS, **KW))
     lines = [r for r in caplog.records if "shared" in r.getMessage() or "shm" in r.name]
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING, [r.getMessage() for r in lines]
-    assert "No space left on device" in lines[0].getMessage() and "torch RPC" in lines[0].getMessage()
+    assert "No space left on device" in lines[0].getMessage() and client.group.calls.label in lines[0].getMessage()
     assert not _segments_of(os.getpid()) and _mapped_segments(os.getpid()) == mapped
 
 

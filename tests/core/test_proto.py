@@ -66,7 +66,7 @@ def test_edge_type_messages_round_trip():
 def test_control_service_surface():
     service = control_pb2.DESCRIPTOR.services_by_name["Control"]
     assert service.full_name == "graphfeed.control.v1.Control"
-    assert {m.name for m in service.methods} == {"GetClusterInfo", "OpenGroup", "Heartbeat", "CloseGroup",
+    assert {m.name for m in service.methods} == {"GetClusterInfo", "OpenGroup", "JoinGroup", "Heartbeat", "CloseGroup",
                                                   "OpenSession", "StartEpoch", "CloseSession", "GetStats"}
     # no RPC may stop a server: the daemon outlives its clients
     assert not any("shutdown" in m.name.lower() or "stop" in m.name.lower() for m in service.methods)

@@ -27,7 +27,6 @@ from graphfeed.server.daemon import healthcheck
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.testing.cluster import SERVE_COMMAND, ServerProcess, start_server
-from graphfeed.transport import rpc_group
 
 TOKEN = "gf-test-token-0123456789abcdef"
 CALL_TIMEOUT = 10.0
@@ -96,14 +95,16 @@ def test_tls_token_happy_path_epoch_and_session_secret(pki, mtls_server, tmp_pat
         assert len(batches) == len(loader) > 0
         seeds = torch.cat([b.n_id[:b.batch_size] for b in batches])
         assert seeds.numel() == client.split_sizes["train"] == seeds.unique().numel()
-        # Another process knowing the session id but not its secret cannot take batches.
+        # a server with a token and TLS serves the secure data path: no torch RPC agent in this process
+        assert client.group.data_path == "secure" and not rpc.api._is_current_rpc_agent_set()
+        # Another holder of the group's key knowing the session id but not its secret cannot take batches.
         session_id = loader.sessions[0]
-        # (torch re-raises a remote PermissionError as RuntimeError naming it)
+        calls = client.group.calls
         for bad in (b"\0" * 32, b""):
-            with pytest.raises((PermissionError, RuntimeError), match="PermissionError.*wrong session secret"):
-                rpc.rpc_sync(rpc_group.worker_name(0), rpc_group.PULL, args=(session_id, 1, 0, bad), timeout=20)
-        with pytest.raises((PermissionError, RuntimeError), match="PermissionError.*wrong session secret"):
-            rpc.rpc_sync(rpc_group.worker_name(0), rpc_group.PULL, args=(session_id, 1, 0), timeout=20)
+            with pytest.raises(PermissionError, match="PermissionError.*wrong session secret"):
+                calls.call_sync(0, "pull", (session_id, 1, 0, bad), 20)
+        with pytest.raises(PermissionError, match="PermissionError.*wrong session secret"):
+            calls.call_sync(0, "pull", (session_id, 1, 0), 20)
         assert len(list(loader)) == len(loader)  # the right secret still works afterwards
     assert not _rejections(mtls_server)
     assert TOKEN not in mtls_server.logs()

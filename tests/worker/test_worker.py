@@ -97,11 +97,13 @@ def _port() -> int:
 
 def _spec(root, port, **kw) -> GroupSpec:
     return GroupSpec(group_id="g-test", rendezvous=f"127.0.0.1:{port}", world_size=2, rank=1, part_id=0,
-                     partition_root=str(root), **kw)
+                     partition_root=str(root), group_key=KEY, **kw)
 
 
 LOADER = LoaderSpec(SamplingSpec((5, 3)), NodeInput(split="train"), batch_size=64, shuffle=True, seed=3)
 SECRET = b"k" * 32
+KEY = b"g" * 32
+PULL = rpc_group.remote("pull", KEY)
 
 
 def test_worker_serves_the_local_loaders_batches(one_part):
@@ -126,7 +128,7 @@ def test_worker_serves_the_local_loaders_batches(one_part):
             with pytest.raises(BadRequest, match="disagree"):
                 handle.call(StartEpoch("s1", 0, (7,)))
             assert handle.call(StartEpoch("s1", 0, (n_local,))) == EpochStarted(4)
-            futs = [rpc.rpc_async("part0", rpc_group.PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
+            futs = [rpc.rpc_async("part0", PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
             got = [to_pyg(f.wait()) for f in futs]
             want = list(LocalNeighborLoader(one_part, [5, 3], batch_size=64, shuffle=True, seed=3))
             for a, b in zip(got, want, strict=True):
@@ -134,11 +136,15 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                     assert torch.equal(a[key], b[key]), key
                 assert (a.batch_size, a.seq, a.epoch) == (b.batch_size, b.seq, 0)
             with pytest.raises(ValueError, match="already requested"):  # the remote type is kept
-                rpc.rpc_sync("part0", rpc_group.PULL, args=("s1", 0, 1, SECRET))
+                rpc.rpc_sync("part0", PULL, args=("s1", 0, 1, SECRET))
             with pytest.raises(ValueError, match="epoch 5 is not being served"):
-                rpc.rpc_sync("part0", rpc_group.PULL, args=("s1", 5, 0, SECRET))
+                rpc.rpc_sync("part0", PULL, args=("s1", 5, 0, SECRET))
             with pytest.raises(Exception, match="not callable on a graphfeed session worker"):
                 rpc.rpc_sync("part0", os.getpid)
+            # every call names the group key: a wrong or missing key is refused
+            for wrong in (b"", b"x" * 32):
+                with pytest.raises(Exception, match="does not carry this worker's trainer group key"):
+                    rpc.rpc_sync("part0", rpc_group.remote("gather", wrong), args=("_N", torch.arange(3)))
             [row] = handle.call(Stats()).rows
             assert (row["batches_served"], row["buffered_batches"], row["epoch"]) == (4, 0, 0)
             assert handle.call(CloseSession("s1")) == SessionClosed()

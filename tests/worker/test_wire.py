@@ -1,0 +1,135 @@
+"""The secure data path's pieces in one process: the codec, the handshake, frame MACs, the refusal log."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+
+from graphfeed.core.spec import SamplingSpec
+from graphfeed.transport import secure, wire
+from graphfeed.transport.pending import Pending
+from graphfeed.transport.secure import Function, RefusalLog, SecureCalls, SecureServer, new_group_key
+
+
+def _roundtrip(value):
+    header, buffers = wire.encode(value)
+    offsets, body_len = wire.layout(buffers)
+    body = torch.zeros(body_len, dtype=torch.uint8)
+    for o, b in zip(offsets, buffers):
+        body[o:o + b.numel()] = b
+    header = wire.loads_header(wire.dumps_header(header))
+    return wire.decode(header, body, [[o, int(b.numel())] for o, b in zip(offsets, buffers)])
+
+
+def test_values_tensors_and_records_round_trip():
+    value = {"x@_N": torch.randn(5, 3), ("a", "to", "b"): [1, 2.5, None, True, b"\x00k"],
+             "bf": torch.ones(2, 2, dtype=torch.bfloat16), "e": torch.empty(0, 4, dtype=torch.int64),
+             "flag": torch.tensor([True, False]), "spec": SamplingSpec((5, 3)), "t": (1, "two")}
+    got = _roundtrip(value)
+    assert got.keys() == value.keys()
+    for k, v in value.items():
+        assert torch.equal(got[k], v) if isinstance(v, torch.Tensor) else got[k] == v, k
+    assert isinstance(got["t"], tuple) and got["spec"] == SamplingSpec((5, 3))
+
+
+def test_what_is_not_allowed_does_not_travel_or_decode():
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with pytest.raises(wire.WireError, match="cannot travel"):
+        wire.encode(Evil())
+    with pytest.raises(wire.WireError, match="dtype"):
+        wire.encode(torch.zeros(2, dtype=torch.complex64))
+    body = torch.zeros(16, dtype=torch.uint8)
+    bad = [
+        ({"$R": "Popen", "f": {}}, "may not travel"),                          # not a registered record
+        ({"$R": "SamplingSpec", "f": {"num_neighbors": {"$t": [5]}, "evil": 1}}, "no field"),
+        ({"$T": 0, "d": "object", "s": [2]}, "not allowed"),                   # dtype outside the allow-list
+        ({"$T": 0, "d": "float32", "s": [5]}, "needs 20 bytes"),               # shape vs buffer length
+        ({"$T": 3, "d": "float32", "s": [1]}, "out of range"),
+        ({"__reduce__": 1}, "unknown header object"),
+        ({"$R": "SamplingSpec", "f": {"num_neighbors": {"$t": [-7]}}}, "does not validate"),
+    ]
+    for header, match in bad:
+        with pytest.raises(wire.WireError, match=match):
+            wire.decode(header, body, [[0, 16]])
+
+
+def _server(key, **functions):
+    refused: list[tuple[str, str]] = []
+    table = {"echo": Function(lambda *a: a), "later": Function(lambda: Pending(), True), **functions}
+    srv = SecureServer("127.0.0.1", key, table, name="t", on_refused=lambda p, r: refused.append((p, r))).start()
+    return srv, refused
+
+
+def test_calls_answer_holders_of_the_key_and_refuse_the_rest():
+    key = new_group_key()
+    srv, refused = _server(key, boom=Function(lambda: (_ for _ in ()).throw(ValueError("bad ids 7"))))
+    calls = SecureCalls(key, {0: srv.address})
+    try:
+        big = torch.randn(300_000)
+        assert torch.equal(calls.call_sync(0, "echo", (big,), 10)[0], big)
+        with pytest.raises(ValueError, match="On part0: ValueError: bad ids 7"):
+            calls.call_sync(0, "boom", (), 10)
+        with pytest.raises(PermissionError, match="'nope' is not callable"):
+            calls.call_sync(0, "nope", (), 10)
+        with pytest.raises(TimeoutError, match="timed out"):
+            calls.call_sync(0, "later", (), 0.3)
+        outsider = SecureCalls(new_group_key(), {0: srv.address})
+        with pytest.raises(ConnectionError, match="failed the group proof"):
+            outsider.call_sync(0, "echo", (1,), 10)
+        outsider.close()
+        with socket.create_connection((srv.host, srv.port)) as s:   # a pickle instead of a hello
+            s.sendall(b"\x80\x04\x95" + bytes(64))
+            try:
+                assert s.recv(100) == b""    # dropped unanswered ...
+            except ConnectionResetError:
+                pass                         # ... or reset (the server closed with bytes unread)
+        assert calls.call_sync(0, "echo", (1,), 10) == (1,)          # the group is undisturbed
+        for _ in range(50):
+            if len(refused) == 2:
+                break
+            threading.Event().wait(0.1)
+        assert len(refused) == 2 and any("not a graphfeed data-path hello" in why for _, why in refused)
+    finally:
+        calls.close()
+        srv.close()
+
+
+def test_a_tampered_frame_ends_the_connection():
+    a, b = socket.socketpair()
+    k1, k2 = b"1" * 32, b"2" * 32
+    sender, receiver = secure.Connection(a, k2, k1, True, "a"), secure.Connection(b, k1, k2, True, "b")
+    sender.send({"k": "ok", "id": 1}, torch.arange(4))
+    meta, value = receiver.recv()
+    assert meta["id"] == 1 and torch.equal(value, torch.arange(4))
+    sender.send({"k": "ok", "id": 2}, torch.arange(4))
+    raw = b.recv(1 << 16)          # take the frame off the wire, flip one body byte, put it back
+    c, d = socket.socketpair()
+    flipped = bytearray(raw)
+    flipped[-40] ^= 1
+    c.sendall(bytes(flipped))
+    replay = secure.Connection(d, k1, k2, True, "d")
+    replay._recv_seq = 1
+    with pytest.raises(secure.FrameError, match="body failed its MAC"):
+        replay.recv()
+    e, f = socket.socketpair()
+    e.sendall(raw)                  # the same frame again (counter 1 expected 0): a replay
+    with pytest.raises(secure.FrameError, match="header failed its MAC"):
+        secure.Connection(f, k1, k2, True, "f").recv()
+    for s in (a, b, c, d, e, f):
+        s.close()
+
+
+def test_refusals_are_counted_every_time_and_logged_once_per_interval():
+    now, lines, counted = [0.0], [], []
+    log = RefusalLog(lines.append, lambda: counted.append(1), interval=60.0, clock=lambda: now[0])
+    for _ in range(5):
+        log("10.0.0.9:1234", "wrong group proof")
+    now[0] = 61.0
+    log("10.0.0.9:1235", "wrong group proof")
+    assert len(counted) == 6 and log.total == 6
+    assert len(lines) == 2 and "(1 refused since" in lines[0] and "(5 refused since" in lines[1]
