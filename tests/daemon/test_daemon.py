@@ -40,6 +40,7 @@ from graphfeed.testing.cluster import (
     wait_for_health,
 )
 
+KEY = b"k" * 32   # a trainer group's data-path key (OpenGroupRequest.group_key)
 FAKE_SERVE = (sys.executable, str(TESTS / "helpers" / "fake_worker.py"))
 SERVE = (sys.executable, "-m", "graphfeed.cli", "serve")
 RPC_TIMEOUT = 10.0
@@ -90,7 +91,8 @@ _group_counter = iter(range(1_000_000))
 
 def open_group(stub, lease: float = 0.0, group_id: str | None = None, part: int = 1, num_parts: int = 2):
     gid = group_id or f"g{next(_group_counter)}-{os.getpid()}"
-    reply = stub.OpenGroup(pb.OpenGroupRequest(group_id=gid, rendezvous="127.0.0.1:29500", world_size=num_parts + 1,
+    reply = stub.OpenGroup(pb.OpenGroupRequest(group_key=KEY,
+                                               group_id=gid, rendezvous="127.0.0.1:29500", world_size=num_parts + 1,
                                                rank=1 + part, lease_seconds=lease), timeout=RPC_TIMEOUT)
     return gid, reply
 
@@ -291,7 +293,8 @@ def test_port_file_and_sigterm_drain_with_open_group(partition_dir, tmp_path):
             server.signal(signal.SIGTERM)
             wait_for_health(server.address, NOT_SERVING, timeout=20)
             wait_for_health(server.address, NOT_SERVING, CONTROL_SERVICE, timeout=20)
-            code, details = _status(stub.OpenGroup, pb.OpenGroupRequest(group_id="late", rendezvous="h:1",
+            code, details = _status(stub.OpenGroup, pb.OpenGroupRequest(group_key=KEY,
+                                                                        group_id="late", rendezvous="h:1",
                                                                         world_size=3, rank=1))
             assert code == grpc.StatusCode.UNAVAILABLE and "draining" in details
             code, details = _status(stub.OpenSession, session_request(gid))
@@ -347,7 +350,7 @@ def test_second_signal_forces_exit_130(partition_dir, tmp_path):
     (dict(lease_seconds=-1), "lease_seconds"),
 ])
 def test_open_group_invalid(stub, fake_server, overrides, expect):
-    fields = dict(group_id="bad-group", rendezvous="127.0.0.1:29500", world_size=3, rank=2)
+    fields = dict(group_id="bad-group", rendezvous="127.0.0.1:29500", world_size=3, rank=2, group_key=KEY)
     fields.update(overrides)
     code, details = _status(stub.OpenGroup, pb.OpenGroupRequest(**fields))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and expect in details, details
@@ -433,7 +436,8 @@ def test_session_lifecycle_stats_and_logs(stub, fake_server, partition_dir):
     before = stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT)
     gid, reply = open_group(stub, lease=30)
     assert (reply.worker_name, reply.lease_seconds) == ("part1", 30.0) and reply.worker_pid > 0
-    code, details = _status(stub.OpenGroup, pb.OpenGroupRequest(group_id=gid, rendezvous="h:1", world_size=3, rank=2))
+    code, details = _status(stub.OpenGroup, pb.OpenGroupRequest(group_key=KEY,
+                                                                group_id=gid, rendezvous="h:1", world_size=3, rank=2))
     assert code == grpc.StatusCode.ALREADY_EXISTS and gid in details
     s1 = stub.OpenSession(session_request(gid), timeout=RPC_TIMEOUT)
     assert s1.local_input_nodes == part.split("train").numel()
@@ -547,7 +551,7 @@ def test_real_worker_group_is_reaped_when_trainer_never_joins(partition_dir, tmp
             with socket.socket() as s:  # a port nobody serves: the worker cannot join
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            reply = stub.OpenGroup(pb.OpenGroupRequest(group_id="real", rendezvous=f"127.0.0.1:{port}",
+            reply = stub.OpenGroup(pb.OpenGroupRequest(group_key=KEY, group_id="real", rendezvous=f"127.0.0.1:{port}",
                                                        world_size=3, rank=1, lease_seconds=1.0), timeout=RPC_TIMEOUT)
             assert reply.worker_pid > 0 and reply.worker_name == "part0"
             assert stub.GetStats(pb.StatsRequest(), timeout=RPC_TIMEOUT).groups_open == 1

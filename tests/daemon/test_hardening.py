@@ -23,6 +23,7 @@ from graphfeed.server.partition import builder, synth
 from graphfeed.server.sampling.budget import BudgetExceeded, WorkBudget, estimate
 from graphfeed.testing.cluster import running_cluster
 
+KEY = b"k" * 32   # a trainer group's data-path key (OpenGroupRequest.group_key)
 FANOUTS = [4, 2]
 WAIT = 30.0   # seconds: bound of every poll below
 
@@ -126,7 +127,8 @@ def _wait_for(predicate, what: str, timeout: float = WAIT):
 def test_a_foreign_rendezvous_address_is_refused(servers):
     with grpc.insecure_channel(servers[0].address) as channel:
         stub = pb_grpc.ControlStub(channel)
-        req = pb.OpenGroupRequest(group_id="foreign", rendezvous="192.0.2.77:29500", world_size=3, rank=1)
+        req = pb.OpenGroupRequest(group_key=KEY,
+                                  group_id="foreign", rendezvous="192.0.2.77:29500", world_size=3, rank=1)
         with pytest.raises(grpc.RpcError) as err:
             stub.OpenGroup(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -310,7 +312,8 @@ def test_a_truncated_part_file_turns_health_not_serving_with_a_clear_error(parts
         wait_for_health(server.address, NOT_SERVING, CONTROL_SERVICE, timeout=WAIT)
         assert "partition_unreadable" in server.logs() and "truncated or replaced" in server.logs()
         with grpc.insecure_channel(server.address) as channel:
-            req = pb.OpenGroupRequest(group_id="after", rendezvous="127.0.0.1:29500", world_size=3, rank=1)
+            req = pb.OpenGroupRequest(group_key=KEY,
+                                      group_id="after", rendezvous="127.0.0.1:29500", world_size=3, rank=1)
             with pytest.raises(grpc.RpcError) as err:
                 pb_grpc.ControlStub(channel).OpenGroup(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
