@@ -264,7 +264,9 @@ class GpuSource(LocalSource):
         return Ready(self.gather(ntype, gids))
 
     def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None:
-        for dst, src in zip(out, self.gather(ntype, gids.to(self.device))):
+        rows = self.gather(ntype, gids.to(self.device))
+        for name, dst in out.items():
+            src = getattr(rows, name)
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, None, dst, pos)
 

@@ -28,7 +28,7 @@ from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
 from graphfeed.server.sampling.source import Handle, HeldPart, LocalSource, PartSource, Rows, center_type
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
+from graphfeed.server.sampling.types import NodeRows, OneHop, SampledSubgraph, TypedSubgraph
 
 T = TypeVar("T")
 Start = Callable[[PartSource, torch.Tensor], Handle[T]]   # starts a request for some ids at one source
@@ -167,7 +167,8 @@ class PartitionedGraph:
                             budget=self.budget)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
+        """The :class:`NodeRows` (x, y, n_id) of the nodes ``gids`` of type ``ntype`` (x / y None where the type
+        has none)."""
         with self.telemetry.stage("feature_gather"):
             if self._whole is not None:
                 return self._whole.gather(ntype, gids.to(self._whole.device))
@@ -334,8 +335,8 @@ class PartitionedGraph:
         if only is not None and only.device == gids.device:
             return only.gather(ntype, gids)
         n, store, device = gids.numel(), self._like.part.nodes(ntype), gids.device
-        x, y = (None if t is None else dispatch.empty_rows(t, n, device) for t in (store.x, store.y))
-        out = (x, y, torch.empty(n, dtype=torch.int64, device=device))
+        out = NodeRows.read(store, lambda column: dispatch.empty_rows(column, n, device)).with_fields(
+            n_id=torch.empty(n, dtype=torch.int64, device=device))
         remote = [(pos, self.sources[p].start_gather(ntype, gids[pos].to(self.sources[p].device)))
                   for p, pos in split if self.sources[p].held() is None]
         for p, pos in split:
@@ -344,7 +345,8 @@ class PartitionedGraph:
                 held.gather_to(ntype, gids[pos], out, pos)
         for pos, handle in remote:
             rows = handle.wait()
-            for dst, src in zip(out, rows):
+            for name, dst in out.items():
+                src = getattr(rows, name)
                 if dst is not None and src is not None:
                     dispatch.gather_rows_to(src.to(device, non_blocking=True), None, dst, pos)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
