@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn, Sequence
 
 from typing_extensions import Unpack
@@ -17,6 +18,7 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
+from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
 from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
@@ -116,9 +118,16 @@ class Client:
         self.split_sizes = dict(info.split_sizes)
         self._loaders: weakref.WeakSet[RemoteNeighborLoader] = weakref.WeakSet()   # a dropped loader is collected
         self._orphans: collections.deque[tuple[int, str]] = collections.deque()   # (part, session) of dropped loaders
+        # re-opened by recover() after the group is re-formed (weak: a dropped loader's set goes with it)
+        self._session_sets: weakref.WeakSet[SessionSet] = weakref.WeakSet()
+        self._track_lock = threading.Lock()
+        # every control call to all servers at once (SessionSet), at most CONTROL_THREADS in flight
+        self.control_pool = ThreadPoolExecutor(max_workers=max(1, min(CONTROL_THREADS, len(self.servers))),
+                                               thread_name_prefix="graphfeed-control")
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
+        group.on_failure = self.fail_pulls
 
     def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None,
                         **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
@@ -210,7 +219,8 @@ class Client:
             if not self._close_orphans():
                 raise
             loader = RemoteNeighborLoader(self, spec, **options)
-        self._loaders.add(loader)
+        with self._track_lock:
+            self._loaders.add(loader)
         return loader
 
     def _close_orphans(self) -> int:
@@ -243,11 +253,34 @@ class Client:
         self._broken = ServerError(server, message)
         raise self._broken from cause
 
-    def _recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int:
-        """After a failed pull seen at ``generation``: re-form the group once the dead servers are back.
+    def track(self, sessions: SessionSet) -> None:
+        """Re-open ``sessions`` whenever :meth:`recover` re-forms the group (until :meth:`untrack`)."""
+        with self._track_lock:
+            self._session_sets.add(sessions)
+
+    def untrack(self, sessions: SessionSet) -> None:
+        with self._track_lock:
+            self._session_sets.discard(sessions)
+
+    def remove_loader(self, loader: RemoteNeighborLoader) -> None:
+        """Forget a closed loader (``close()`` no longer closes it; group failures no longer reach it)."""
+        with self._track_lock:
+            self._loaders.discard(loader)
+
+    def fail_pulls(self, server: str, reason: str) -> None:
+        """Fail every loader's pulls in flight at once: ``server`` is gone for ``reason`` (the data group's
+        heartbeat calls it) or the group is being re-formed.  The loaders then :meth:`recover`."""
+        with self._track_lock:
+            loaders = list(self._loaders)
+        for loader in loaders:
+            loader.fail_pulls(server, reason)
+
+    def recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int:
+        """After a failed pull or control call seen at ``generation``: re-form the group once the dead
+        servers are back, and re-open every tracked :class:`SessionSet` on it.
 
         Returns the new generation (another loader's thread may already have re-formed it).
-        Fails the client (:meth:`_fail`, naming the server) when resuming is off
+        Fails the client (naming the server) when resuming is off
         (``reconnect_timeout=0``), when no server is gone (the pull failed for another reason),
         or when a server does not come back in time or comes back with another partition.
         """
@@ -296,7 +329,9 @@ class Client:
         refuses (still starting); ServerError when it passes.
         """
         old = self.group
+        old.on_failure = None
         old.close()
+        self.fail_pulls(", ".join(dead), "the group is being re-formed")
         while True:
             for s in self.servers:
                 if s.name in dead:
@@ -309,8 +344,11 @@ class Client:
             try:
                 group.start()
                 self.group = group
-                for loader in list(self._loaders):
-                    loader._reopen_sessions()
+                with self._track_lock:
+                    session_sets = list(self._session_sets)
+                for sessions in session_sets:
+                    sessions.reopen()
+                group.on_failure = self.fail_pulls
                 return
             except (ServerError, NotFound) as exc:
                 if time.monotonic() >= deadline:
@@ -321,8 +359,6 @@ class Client:
                 dead = {s.name: "" for s in self.servers}
                 time.sleep(RECONNECT_RETRY)
 
-    def _forget(self, loader) -> None:
-        self._loaders.discard(loader)
 
     def close(self) -> None:
         """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
@@ -332,9 +368,11 @@ class Client:
         for loader in list(self._loaders):
             loader.close()
         self._orphans.clear()   # the group's close frees them on every server
+        self._online.close()
         try:
             self.group.close()
         finally:
+            self.control_pool.shutdown(wait=False)
             for s in self.servers:
                 s.close()
 

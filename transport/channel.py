@@ -8,7 +8,12 @@ returns a :class:`~graphfeed.transport.pending.Pending` at once, so the loader k
 while it waits (``Pending.wait_done`` in slices).  A failed pull -- the worker's error, a
 timeout, a lost peer -- is the pending batch's exception; the loader names the server.
 
-Implementations: :class:`graphfeed.transport.torch_rpc.TorchRpcChannel` (torch RPC, any host).
+Besides pulls, the channel carries the trainer's other data-path calls to a worker: online
+sampling (:meth:`BatchChannel.sample`) and the feature-cache fill (:meth:`BatchChannel.hot_rows`),
+so the client never names a transport.
+
+Implementations: :class:`graphfeed.transport.torch_rpc.TorchRpcChannel` (torch RPC, any host) and
+:class:`graphfeed.transport.shm.ShmChannel` (same-host shared memory for pulls; the rest over torch RPC).
 """
 from __future__ import annotations
 
@@ -38,6 +43,17 @@ class BatchChannel(ABC):
         once; the pending result is the batch's wire dict (:mod:`graphfeed.core.batch`) or
         the error that the pull failed with.
         """
+
+    @abstractmethod
+    def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
+        """Online sampling: one batch for original ids ``node_ids`` made by part ``part``'s worker with
+        session ``session_id``'s sampling options (``rpc_api.sample``).  Returns at once; the pending result
+        is the batch's wire dict, or the worker's error (ValueError for bad ids)."""
+
+    @abstractmethod
+    def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
+        """A trainer's feature-cache fill: ``(original ids, x rows)`` of part ``part``'s ``ntype`` nodes ranked
+        ``start .. start + count - 1`` by in-degree, rows cast to ``dtype`` (``rpc_api.hot_rows``)."""
 
     def close(self) -> None:
         """Refuse further requests (pulls in flight end with the group's transport)."""

@@ -25,9 +25,18 @@ class TorchRpcChannel(BatchChannel):
         self.rpc_timeout = float(rpc_timeout)
 
     def request(self, part: int, session_id: str, secret: bytes, epoch: int, seq: int) -> Pending:
+        return self._call(part, rpc_group.PULL, (session_id, epoch, seq, secret))
+
+    def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
+        return self._call(part, rpc_group.SAMPLE, (session_id, secret, node_ids, int(seed)))
+
+    def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
+        return self._call(part, rpc_group.HOT_ROWS, (ntype, int(start), int(count), dtype))
+
+    def _call(self, part: int, func, args: tuple) -> Pending:
+        """``func(*args)`` on part ``part``'s worker, bounded by ``rpc_timeout``; its answer as a Pending."""
         self._check_open()
-        fut = self._rpc.rpc_async(rpc_group.worker_name(part), rpc_group.PULL, args=(session_id, epoch, seq, secret),
-                                  timeout=self.rpc_timeout)
+        fut = self._rpc.rpc_async(rpc_group.worker_name(part), func, args=args, timeout=self.rpc_timeout)
         pending = Pending()
         fut.add_done_callback(lambda f: settle(pending, f))
         return pending

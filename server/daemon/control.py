@@ -444,7 +444,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         out = []
         for row in reply.rows:
             fields = {k: v for k, v in row.as_fields().items() if k in STATS_FIELDS}
-            fields.setdefault("group_id", group.group_id)
+            fields["group_id"] = fields.get("group_id") or group.group_id
             out.append(pb.SessionStats(**fields))
         return out
 
