@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict, cast
 
@@ -119,7 +119,7 @@ def fanouts(num_neighbors) -> Fanouts | TypedFanouts:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample: per-hop fanouts (``-1`` = all neighbors), replacement, direction.
+    """How to sample: per-hop fanouts (``-1`` = all neighbors), replacement (for every hop or per hop), direction.
 
     ``num_neighbors`` is one list for every edge type, stored as a tuple of ints (``len`` is
     the number of hops), or a dict ``{(src, rel, dst): [f0, f1, ...]}``, stored as its canonical
@@ -145,7 +145,7 @@ class SamplingSpec:
     """
 
     num_neighbors: Fanouts | TypedFanouts
-    replace: bool = False
+    replace: bool | tuple[bool, ...] = False
     direction: str = "in"
     weight_attr: str | None = None
     time_attr: str | None = None
@@ -154,6 +154,7 @@ class SamplingSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
+        object.__setattr__(self, "replace", _replace(self.replace, self.num_hops))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
         if self.weight_attr is not None:
@@ -172,6 +173,19 @@ class SamplingSpec:
     @property
     def temporal(self) -> bool:
         return self.time_attr is not None
+
+    @property
+    def per_hop_replace(self) -> bool:
+        """True when ``replace`` was given per hop (a tuple): only the per-hop driver samples it."""
+        return isinstance(self.replace, tuple)
+
+    def replace_at(self, hop: int) -> bool:
+        """Whether hop ``hop`` (0 = the seeds' hop) samples with replacement."""
+        return self.replace[hop] if isinstance(self.replace, tuple) else self.replace
+
+    def at_hop(self, hop: int) -> SamplingSpec:
+        """This spec as hop ``hop`` samples it: ``replace`` that hop's bool (itself when it is one already)."""
+        return self if not self.per_hop_replace else dataclasses.replace(self, replace=self.replace_at(hop))
 
     @property
     def weighted(self) -> bool:
@@ -209,6 +223,21 @@ class SamplingSpec:
                              f"types are {', '.join(map(str, known))}: use those as the dict's keys")
         zeros = (0,) * self.num_hops
         return {etype: given.get(etype, zeros) for etype in known}
+
+
+def _replace(value, num_hops: int) -> bool | tuple[bool, ...]:
+    """``replace`` as stored: one bool for every hop, or a tuple of one bool per hop (PyG takes one bool;
+    per hop, e.g. ``[False, True]``, samples the hops named True with replacement).  ValueError naming
+    the fix for anything else."""
+    if not isinstance(value, (tuple, list)):
+        return value     # one value for every hop, stored as given (as before per-hop replace existed)
+    if all(isinstance(v, bool) for v in value):
+        if len(value) != num_hops:
+            raise ValueError(f"replace has {len(value)} entries for {num_hops} hops: give one bool per hop "
+                             f"(e.g. [False, True]) or one bool for every hop")
+        hops = tuple(value)
+        return hops[0] if len(set(hops)) == 1 else hops   # the same for every hop: stored as one bool
+    raise ValueError(f"replace must be a bool or a list of one bool per hop, e.g. [False, True], got {value!r}")
 
 
 WEIGHT_SOURCE = "edge_attr"
@@ -782,7 +811,8 @@ class LoaderSpec:
 class SamplingOptions(TypedDict, total=False):
     """How to sample; each key is the :class:`SamplingSpec` field of that name (see it for the forms).
 
-    * ``replace`` (False): sample with replacement.
+    * ``replace`` (False): sample with replacement; a list of one bool per hop (e.g. ``[False, True]``) sets it
+      per hop.
     * ``direction`` ("in"): ``"in"`` samples in-edges (PyG's default), ``"out"`` out-edges.
     * ``weight_attr`` (None): ``"edge_attr"``, ``"edge_attr:K"`` or ``"edge_weight"``: neighbors drawn with
       probability proportional to that edge weight.
@@ -791,7 +821,7 @@ class SamplingOptions(TypedDict, total=False):
     * ``disjoint`` (False): every seed grows its own subgraph (``batch.batch``).
     """
 
-    replace: bool
+    replace: bool | Sequence[bool]
     direction: str
     weight_attr: str | None
     time_attr: str | None

@@ -64,11 +64,11 @@ def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingS
     The fused native op when loaded; otherwise the multi-hop driver over
     :func:`dispatch.one_hop`.  Same result either way.  ``seeds`` must be distinct global ids.
     """
-    if dispatch.has_fused_sampler():
+    if dispatch.has_fused_sampler() and not spec.per_hop_replace:
         return dispatch.fused_sample_subgraph(topo, node_offset, seeds, spec, seed)
 
     def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
-        return dispatch.one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)
+        return dispatch.one_hop(topo, gids - node_offset, gids, fanout, spec.replace_at(hop), seed, hop)
 
     return sample_subgraph(seeds, spec, hop_fn)
 
@@ -160,7 +160,8 @@ class PartitionedGraph:
 
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int,
                     seed_time: torch.Tensor | None = None) -> OneHop:
-            return self._one_hop(etype, gids, spec, fanout, seed, rng_hop, seed_time)
+            hop_spec = spec.at_hop(rng_hop // len(fanouts))   # the driver's rng_hop = hop * edge types + k
+            return self._one_hop(etype, gids, hop_spec, fanout, seed, rng_hop, seed_time)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
                             subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes,
@@ -219,7 +220,8 @@ class PartitionedGraph:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
             topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
-            if not spec.weighted and dispatch.has_fused_typed_sampler(topos):   # the fused ops sample uniformly
+            if not spec.weighted and not spec.per_hop_replace and dispatch.has_fused_typed_sampler(topos):
+                # the fused ops sample uniformly, with one replace for every hop
                 stores = {t: part.nodes(t) for t in self.node_types}
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
                                                    spec.direction, spec.replace, seed, input_type,
@@ -233,7 +235,7 @@ class PartitionedGraph:
         assert whole is not None
 
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
-            return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
+            return whole.one_hop(etype, gids, spec.at_hop(rng_hop // len(fanouts)), fanout, seed, rng_hop)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
