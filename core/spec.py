@@ -181,7 +181,15 @@ class SamplingSpec:
 
     def replace_at(self, hop: int) -> bool:
         """Whether hop ``hop`` (0 = the seeds' hop) samples with replacement."""
-        return self.replace[hop] if isinstance(self.replace, tuple) else self.replace
+        return self.replace[hop] if isinstance(self.replace, tuple) else bool(self.replace)
+
+    @property
+    def hop_replace(self) -> bool:
+        """``replace`` of a spec that is one hop's (:meth:`at_hop`), what a source samples with; ValueError for a
+        spec with per-hop ``replace`` (the driver resolves it per hop first)."""
+        if isinstance(self.replace, tuple):
+            raise ValueError("this spec gives replace per hop: sample a hop with spec.at_hop(hop)")
+        return bool(self.replace)
 
     def at_hop(self, hop: int) -> SamplingSpec:
         """This spec as hop ``hop`` samples it: ``replace`` that hop's bool (itself when it is one already)."""

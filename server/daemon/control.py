@@ -218,11 +218,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         c = self.config
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
-                         data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
-                         num_producers=c.num_producers, buffer_batches=c.buffer_batches,
-                         buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
-                         colocated_reads=c.colocated_reads, device=c.device, gpu_cache_bytes=c.gpu_cache_bytes,
-                         gpu_topology=self.gpu_topology, budget=c.work_budget)
+                         data_address=c.effective_data_address, gpu_topology=self.gpu_topology,
+                         budget=c.work_budget, **GroupSpec.settings_of(c))
         return spec, float(lease)
 
     @rpc

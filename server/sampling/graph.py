@@ -224,7 +224,7 @@ class PartitionedGraph:
                 # the fused ops sample uniformly, with one replace for every hop
                 stores = {t: part.nodes(t) for t in self.node_types}
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
-                                                   spec.direction, spec.replace, seed, input_type,
+                                                   spec.direction, spec.replace_at(0), seed, input_type,
                                                    node_bounds={t: n.stop for t, n in stores.items()})
             return self._driver_one_part(seeds, spec, fanouts, seed, input_type)
 

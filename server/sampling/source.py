@@ -185,11 +185,11 @@ class LocalSource:
                 raise ValueError("temporal sampling needs a seed time per frontier node")
             edge_time = self.part.edge_times(etype, spec.topology, spec.time_attr)
             sample = dispatch.temporal_one_hop if spec.temporal_strategy == "uniform" else dispatch.last_one_hop
-            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.replace, seed, hop)
+            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.hop_replace, seed, hop)
         if spec.weight_attr is not None:
             weight = self.part.edge_weights(etype, spec.topology, spec.weight_attr)
-            return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.replace, seed, hop)
-        return dispatch.one_hop(topo, gids - start, gids, fanout, spec.replace, seed, hop)
+            return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.hop_replace, seed, hop)
+        return dispatch.one_hop(topo, gids - start, gids, fanout, spec.hop_replace, seed, hop)
 
     def edge_attr(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
         """Edge features of ``pairs[i] = (center node, original edge id)``, in order: the edges of the

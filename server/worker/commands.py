@@ -55,6 +55,18 @@ class GroupSpec:
     gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
     budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
 
+    # the fields the daemon sets itself, per group or derived (the rest are daemon settings: settings_of copies
+    # each from the config attribute of the same name, so a new worker setting is one field here and one on
+    # ServerConfig)
+    PER_GROUP: ClassVar[frozenset[str]] = frozenset({"group_id", "rendezvous", "world_size", "rank", "part_id",
+                                                     "partition_root", "data_address", "gpu_topology", "budget"})
+
+    @classmethod
+    def settings_of(cls, config) -> dict[str, Any]:
+        """The daemon settings a worker is started with: every field not in :attr:`PER_GROUP`, read from the
+        daemon's config (``ServeConfig``) attribute of the same name."""
+        return {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in cls.PER_GROUP}
+
 
 # ---- errors ---------------------------------------------------------------------------------------
 
