@@ -13,7 +13,14 @@
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
 They cross the control plane through :mod:`graphfeed.proto.convert` (the one protobuf
-conversion) and torch RPC / the worker pipe as themselves (pickled).
+conversion) and torch RPC / the worker pipe as themselves: a :class:`SamplingSpec` travels whole
+to the peer workers that sample a hop (which check it again).  What crosses the data path stays a
+frozen dataclass of ints, floats, bools, strings, tuples, None and tensors (nested records allowed):
+no callables, no arbitrary objects, so a plain-record codec can carry it.
+
+The loaders' keywords are declared once here too: the options tables (:class:`SamplingOptions`,
+:class:`LoaderOptions`, :class:`LocalLoaderOptions`, :class:`RemoteLoaderOptions`), see the comment
+above them for how to add one.
 """
 from __future__ import annotations
 
