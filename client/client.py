@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import NoReturn, Sequence
 
 from typing_extensions import Unpack
@@ -122,7 +122,7 @@ class Client:
         self._session_sets: weakref.WeakSet[SessionSet] = weakref.WeakSet()
         self._track_lock = threading.Lock()
         # every control call to all servers at once (SessionSet), at most CONTROL_THREADS in flight
-        self.control_pool = ThreadPoolExecutor(max_workers=max(1, min(CONTROL_THREADS, len(self.servers))),
+        self.control_pool: Executor = ThreadPoolExecutor(max_workers=max(1, min(CONTROL_THREADS, len(self.servers))),
                                                thread_name_prefix="graphfeed-control")
         self._broken: ServerError | None = None
         self._closed = False

@@ -18,8 +18,8 @@ from graphfeed.client.errors import ServerError
 from graphfeed.proto import control_pb2 as pb
 
 if TYPE_CHECKING:
-    from graphfeed.client.client import Client
     from graphfeed.client.cluster import ServerConn
+    from graphfeed.client.view import ClientView
 
 T = TypeVar("T")
 CLOSE_TIMEOUT = 5.0     # seconds for one CloseSession (a gone server's reaper cleans up after it)
@@ -48,7 +48,7 @@ class SessionSet:
     re-forming the group; :meth:`close` closes every session and stops the tracking.
     """
 
-    def __init__(self, client: Client, request: Callable[[], pb.OpenSessionRequest], *, track: bool = True):
+    def __init__(self, client: ClientView, request: Callable[[], pb.OpenSessionRequest], *, track: bool = True):
         self.client = client
         self._request = request
         self._track = track

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers_graphs import assert_same_batch
+from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.core.spec import LoaderSpec, SamplingSpec
