@@ -7,7 +7,10 @@ import logging
 import threading
 import time
 import weakref
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import NoReturn, Sequence
+
+from typing_extensions import Unpack
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
 from graphfeed.client.errors import NotFound, ServerError
@@ -15,7 +18,8 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
-from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
+from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
+from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
 
@@ -120,82 +124,59 @@ class Client:
         self.split_sizes = dict(info.split_sizes)
         self._loaders: weakref.WeakSet[RemoteNeighborLoader] = weakref.WeakSet()   # a dropped loader is collected
         self._orphans: collections.deque[tuple[int, str]] = collections.deque()   # (part, session) of dropped loaders
+        # re-opened by recover() after the group is re-formed (weak: a dropped loader's set goes with it)
+        self._session_sets: weakref.WeakSet[SessionSet] = weakref.WeakSet()
+        self._track_lock = threading.Lock()
+        # every control call to all servers at once (SessionSet), at most CONTROL_THREADS in flight
+        self.control_pool: Executor = ThreadPoolExecutor(max_workers=max(1, min(CONTROL_THREADS, len(self.servers))),
+                                               thread_name_prefix="graphfeed-control")
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
+        group.on_failure = self.fail_pulls
 
-    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *,
-                        batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
-                        seed: int = 0, replace: bool = False, direction: str = "in", rank: int | None = None,
-                        world_size: int | None = None, kind: str | None = None,
-                        weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-                        input_time=None, temporal_strategy: str = "uniform",
-                        disjoint: bool = False, ordered: bool = False,
-                        feature_cache_mb: float | None = None, pin_memory: bool = False,
-                        device=None) -> RemoteNeighborLoader:
+    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None,
+                        **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
         original node ids or ``None`` (every node), or on a typed graph a tuple
         ``(node_type, split | ids | None)``; ``num_neighbors`` one list of per-hop fanouts or a dict
-        ``{(src, rel, dst): [...]}``; ``rank``/``world_size`` default to
-        ``torch.distributed``'s; ``kind`` labels the loader's metrics (default: the split's
-        name, else ``"nodes"``).  ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype; None = as
-        stored) has the servers cast the features before sending them (half the bytes for bf16/fp16
-        of float32 features); labels and ids are untouched.  ``disjoint``, ``time_attr``, ``input_time``
-        and ``temporal_strategy`` as :class:`~graphfeed.server.loader.local.LocalNeighborLoader`'s.
-        ``ordered=True`` (with ``shuffle=False``; ids, or None = every node in original id order) delivers
-        the seeds in input order.  ``feature_cache_mb`` (MiB; None/0 = off): the loader caches the feature
-        rows of the label type's highest in-degree nodes, which the servers then leave out of its batches
-        (same batches, fewer bytes; see :class:`RemoteNeighborLoader`).  ``pin_memory`` / ``device`` (PyG's):
-        batches in pinned memory / on that device, copied one batch ahead.  They become one
-        :class:`LoaderSpec` (:meth:`open_loader`).
+        ``{(src, rel, dst): [...]}``; the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions`
+        (documented there once: ``batch_size``, ``shuffle``, ``replace``, ``feature_dtype``, ``ordered``,
+        ``feature_cache_mb``, ...).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
         """
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
-                             drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, kind=kind or "", weight_attr=weight_attr,
-                             feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
-                             disjoint=disjoint, input_time=input_time, ordered=ordered)
-        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
-                                device=device)
+        own, spec_options = split_options(options, RemoteLoaderOptions, "neighbor_loader")
+        spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
+        return self.open_loader(spec, **own)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
-                             edge_label=None, neg_sampling=None, neg_sampling_ratio=None, batch_size: int = 1,
-                             shuffle: bool = False, drop_last: bool = False, prefetch: int = 4, seed: int = 0,
-                             replace: bool = False, direction: str = "in", rank: int | None = None,
-                             world_size: int | None = None, kind: str | None = None,
-                             weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-                             edge_label_time=None, temporal_strategy: str = "uniform",
-                             disjoint: bool = False, feature_cache_mb: float | None = None, pin_memory: bool = False,
-                             device=None) -> RemoteNeighborLoader:
+                             edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
+                             **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
-        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
-        ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy``, ``feature_cache_mb``,
-        ``pin_memory``, ``device`` as :meth:`neighbor_loader`,
-        ``edge_label_time`` one time per seed edge.  ValueError (one line, naming the argument) for bad input."""
+        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge;
+        the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``batch_size`` counts seed edges).
+        ValueError (one line, naming the argument) for bad input."""
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
+        own, spec_options = split_options(options, RemoteLoaderOptions, "link_neighbor_loader")
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
-        spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                             replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype,
-                             time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
+        spec = LoaderSpec.of(link, num_neighbors, **spec_options)
         if link.split is None and link.edge_type is None and list(self.node_types) != [self.label_type]:
             raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
                              f"with one of {', '.join(map(str, self.edge_types))}")
         spec.check_schema(self.node_types, self.edge_types)
         if link.split is None:
             check_link_ids(link, self.num_nodes_of)
-        return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
-                                device=device)
+        return self.open_loader(spec, **own)
 
     def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
                direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
@@ -228,25 +209,24 @@ class Client:
                              f"are {', '.join(map(repr, self.node_types))}")
         return int(self.num_nodes_by_type[ntype])
 
-    def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None,
-                    pin_memory: bool = False, device=None) -> RemoteNeighborLoader:
-        """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
-        in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off),
-        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.core.delivery.Delivery`)."""
+    def open_loader(self, spec: LoaderSpec, **options) -> RemoteNeighborLoader:
+        """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``options`` are the loader's
+        own keywords of :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``prefetch``: pulls in flight per
+        server; ``feature_cache_mb``: the loader's feature cache, MiB, None/0 = off; ``pin_memory`` / ``device``:
+        how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`)."""
         self._check_usable()
         self._close_orphans()
         try:
-            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
-                                          pin_memory=pin_memory, device=device)
+            loader = RemoteNeighborLoader(self, spec, **options)
         except ServerError as exc:
             if "max_sessions_per_group" not in str(exc):
                 raise
             gc.collect()   # loaders dropped in reference cycles (e.g. with a live iterator) are collected now
             if not self._close_orphans():
                 raise
-            loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
-                                          pin_memory=pin_memory, device=device)
-        self._loaders.add(loader)
+            loader = RemoteNeighborLoader(self, spec, **options)
+        with self._track_lock:
+            self._loaders.add(loader)
         return loader
 
     def _close_orphans(self) -> int:
@@ -279,11 +259,34 @@ class Client:
         self._broken = ServerError(server, message)
         raise self._broken from cause
 
-    def _recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int:
-        """After a failed pull seen at ``generation``: re-form the group once the dead servers are back.
+    def track(self, sessions: SessionSet) -> None:
+        """Re-open ``sessions`` whenever :meth:`recover` re-forms the group (until :meth:`untrack`)."""
+        with self._track_lock:
+            self._session_sets.add(sessions)
+
+    def untrack(self, sessions: SessionSet) -> None:
+        with self._track_lock:
+            self._session_sets.discard(sessions)
+
+    def remove_loader(self, loader: RemoteNeighborLoader) -> None:
+        """Forget a closed loader (``close()`` no longer closes it; group failures no longer reach it)."""
+        with self._track_lock:
+            self._loaders.discard(loader)
+
+    def fail_pulls(self, server: str, reason: str) -> None:
+        """Fail every loader's pulls in flight at once: ``server`` is gone for ``reason`` (the data group's
+        heartbeat calls it) or the group is being re-formed.  The loaders then :meth:`recover`."""
+        with self._track_lock:
+            loaders = list(self._loaders)
+        for loader in loaders:
+            loader.fail_pulls(server, reason)
+
+    def recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int:
+        """After a failed pull or control call seen at ``generation``: re-form the group once the dead
+        servers are back, and re-open every tracked :class:`SessionSet` on it.
 
         Returns the new generation (another loader's thread may already have re-formed it).
-        Fails the client (:meth:`_fail`, naming the server) when resuming is off
+        Fails the client (naming the server) when resuming is off
         (``reconnect_timeout=0``), when no server is gone (the pull failed for another reason),
         or when a server does not come back in time or comes back with another partition.
         """
@@ -332,7 +335,9 @@ class Client:
         refuses (still starting); ServerError when it passes.
         """
         old = self.group
+        old.on_failure = None
         old.close()
+        self.fail_pulls(", ".join(dead), "the group is being re-formed")
         while True:
             for s in self.servers:
                 if s.name in dead:
@@ -345,8 +350,11 @@ class Client:
             try:
                 group.start()
                 self.group = group
-                for loader in list(self._loaders):
-                    loader._reopen_sessions()
+                with self._track_lock:
+                    session_sets = list(self._session_sets)
+                for sessions in session_sets:
+                    sessions.reopen()
+                group.on_failure = self.fail_pulls
                 return
             except (ServerError, NotFound) as exc:
                 if time.monotonic() >= deadline:
@@ -357,8 +365,6 @@ class Client:
                 dead = {s.name: "" for s in self.servers}
                 time.sleep(RECONNECT_RETRY)
 
-    def _forget(self, loader) -> None:
-        self._loaders.discard(loader)
 
     def close(self) -> None:
         """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
@@ -368,9 +374,11 @@ class Client:
         for loader in list(self._loaders):
             loader.close()
         self._orphans.clear()   # the group's close frees them on every server
+        self._online.close()
         try:
             self.group.close()
         finally:
+            self.control_pool.shutdown(wait=False)
             for s in self.servers:
                 s.close()
 

@@ -2,7 +2,8 @@
 
 ``feature_cache_mb`` is the budget of one loader: ``K = budget // row bytes`` rows (in the loader's
 feature dtype), split evenly over the parts (a part with fewer nodes gives what it has).  Each part's
-worker sends its highest in-degree nodes of the label type (``rpc_api.hot_rows``) in chunks of at most
+worker sends its highest in-degree nodes of the label type (``rpc_api.hot_rows``, through the group's
+:class:`~graphfeed.transport.channel.BatchChannel`) in chunks of at most
 :data:`CHUNK_BYTES`.  When the cache cannot be had -- the budget holds no row, the rows cannot be
 allocated, a server cannot serve them -- the loader runs without it after one warning; it never fails.
 """
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
 
 CHUNK_BYTES = 4 * MB   # rows per hot_rows call: bounded in bytes, so one answer never grows with the budget
+WAIT_SLACK = 30.0      # seconds beyond rpc_timeout one call may take (the channel bounds it by rpc_timeout)
 log = logging.getLogger("graphfeed.client")
 
 
@@ -121,7 +123,8 @@ def _call(client: ClientView, part: int, ntype: str, start: int, count: int,
     """One ``hot_rows`` call to part ``part``'s worker; CacheUnavailable naming the server when it fails."""
     server = client.servers[part].name
     try:
-        value = client.group.calls.call_sync(part, "hot_rows", (ntype, start, count, dtype), client.rpc_timeout)
+        value = client.group.channel.hot_rows(part, ntype, start, count, dtype).result(
+            timeout=client.rpc_timeout + WAIT_SLACK)
     except Exception as exc:  # noqa: BLE001 -- an older server, a featureless type, a lost peer: all mean "no cache"
         text = str(exc).strip().splitlines()
         raise CacheUnavailable(f"{server} cannot serve feature rows: {text[0] if text else type(exc).__name__}") \

@@ -27,7 +27,7 @@ import socket
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence
 
 from graphfeed.client.cluster import ServerConn
 from graphfeed.client.errors import NotFound, ServerError
@@ -93,6 +93,8 @@ class DataGroup:
         self.group_id = f"trainer-{uuid.uuid4().hex[:16]}"
         self.lease_request = float(lease_seconds or 0.0)
         self.failures: dict[str, str] = {}   # server name -> why its heartbeat failed
+        # called as on_failure(server name, reason) when a heartbeat fails (the client fails its pulls in flight)
+        self.on_failure: Callable[[str, str], None] | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
@@ -259,11 +261,21 @@ class DataGroup:
                 self.failures.pop(s.name, None)
                 misses = 0
             except NotFound:
-                self.failures[s.name] = "the server no longer knows this trainer's group (it was reaped or restarted)"
+                self._failed(s.name, "the server no longer knows this trainer's group (it was reaped or restarted)")
             except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
                 misses += 1
                 if misses >= HEARTBEAT_MISSES:  # one slow answer on a loaded host is not a dead server
-                    self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
+                    self._failed(s.name, f"its control port does not answer ({_first_line(exc)})")
+
+    def _failed(self, server: str, reason: str) -> None:
+        """Record a failed heartbeat and push it to :attr:`on_failure` (pulls waiting on the server fail at once)."""
+        self.failures[server] = reason
+        listener = self.on_failure
+        if listener is not None and not self._stop.is_set():
+            try:
+                listener(server, reason)
+            except Exception:  # noqa: BLE001 -- the heartbeat thread keeps running whatever a listener does
+                log.exception("graphfeed: a failure listener raised")
 
     def probe(self) -> dict[str, str]:
         """Servers that fail a heartbeat now (name -> reason), checked in parallel."""

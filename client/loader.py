@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Iterator
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
+from graphfeed.client.sessions import SessionSet
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.delivery import Delivery
@@ -31,8 +32,17 @@ from graphfeed.transport.pending import Pending
 if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
 
-WAIT_SLICE = 0.5   # seconds between liveness checks while waiting for a batch
+WAIT_SLACK = 30.0  # seconds beyond the channel's own bounds that a wait for a pull may last
 log = logging.getLogger("graphfeed.client")
+
+
+class GroupFailure(Exception):
+    """A pull abandoned because ``server`` is gone (``reason``) or the group was re-formed: pushed into the
+    loader's pulls in flight by :meth:`RemoteNeighborLoader.fail_pulls`."""
+
+    def __init__(self, server: str, reason: str):
+        super().__init__(f"{server}: {reason}")
+        self.server, self.reason = server, reason
 
 
 class PullFailed(Exception):
@@ -86,25 +96,27 @@ class RemoteNeighborLoader:
         self.prefetch = prefetch
         self._progress = EpochProgress()
         self._closed = False
-        req = self._session_request()
         self._stats = LoaderStats(self.spec.kind, len(client.servers))
-        self.sessions: list[str] = []
-        self._secrets: list[bytes] = []   # per server: the session secret every pull carries
+        self._inflight: set[Pending] = set()   # this loader's pulls in flight (failed at once by group failures)
+        spec = self.spec   # the request must not reference the loader (its finalizer runs when it is dropped)
+        self.session_set = SessionSet(client, lambda: open_session_request(spec, client.group.group_id))
         self.counts: list[int] = []
         try:
-            for s in client.servers:
-                reply = s.call("OpenSession", req, timeout=client.timeout)
-                self.sessions.append(reply.session_id)
-                self._secrets.append(bytes(reply.session_secret))
-                self.counts.append(int(reply.local_input_nodes))
+            self.session_set.open()
+            self.counts = list(self.session_set.counts)
             check_ranks_agree(self.spec, self.counts)
         except BaseException:
             self.close()
             raise
         # dropped without close() (garbage-collected, or with an abandoned iterator): its sessions are handed
         # to the client, which closes them (Client._close_orphans); the list is updated in place on a re-open
-        self._finalizer = weakref.finalize(self, client._orphans.extend, _orphaned(self.sessions))
+        self._finalizer = weakref.finalize(self, client._orphans.extend, _orphaned(self.session_set.live_ids))
         self._len_cache: tuple[int, int] | None = None
+
+    @property
+    def sessions(self) -> list[str]:
+        """This loader's session id on every server (part order)."""
+        return list(self.session_set.ids)
 
     def _session_request(self) -> pb.OpenSessionRequest:
         return open_session_request(self.spec, self.client.group.group_id)
@@ -143,7 +155,7 @@ class RemoteNeighborLoader:
 
     def _start_epoch(self, plan: EpochPlan, start: int, generation: int) -> int:
         """:meth:`_start_on_servers`, re-forming the client's group when a server is gone (see
-        :meth:`Client._recover`); returns the client's generation it started under."""
+        :meth:`Client.recover`); returns the client's generation it started under."""
         reopened = False
         while True:
             try:
@@ -151,22 +163,19 @@ class RemoteNeighborLoader:
                 return generation
             except (ServerError, NotFound) as exc:
                 if not reopened and _session_expired(exc):   # idle too long (session_idle_seconds): open again
-                    self._reopen_sessions(close_old=True)
+                    self.session_set.reopen(close_old=True)
                     reopened = True
                     continue
                 where = (getattr(exc, "server", "cluster"), f"StartEpoch of epoch {plan.epoch} failed: {exc}")
-                generation = self.client._recover(where, exc, generation)
+                generation = self.client.recover(where, exc, generation)
 
     def _start_on_servers(self, plan: EpochPlan, start: int) -> None:
-        """StartEpoch on every server: each produces its batches at positions ``>= start``."""
-        epoch = plan.epoch
-        for s, session_id in zip(self.client.servers, self.sessions):
-            req = pb.StartEpochRequest(session_id=session_id, epoch=epoch, part_input_counts=self.counts,
-                                       start_seq=start)
-            reply = s.call("StartEpoch", req, timeout=self.client.timeout)
+        """StartEpoch on every server at once: each produces its batches at positions ``>= start``."""
+        planned = self.session_set.start_epoch(plan.epoch, start)
+        for s, num_batches in zip(self.client.servers, planned):
             expected = sum(1 for seq, _ in plan.owned_by(s.part) if seq >= start)
-            if reply.num_batches != expected:
-                raise ServerError(s.name, f"plans {reply.num_batches} batches for epoch {epoch} from batch {start}, "
+            if num_batches != expected:
+                raise ServerError(s.name, f"plans {num_batches} batches for epoch {plan.epoch} from batch {start}, "
                                           f"the client expects {expected}: client and server disagree on the "
                                           f"epoch contract (is the server an older graphfeed?)")
 
@@ -175,7 +184,7 @@ class RemoteNeighborLoader:
         :attr:`_progress` up to date.
 
         When a pull fails, the client re-forms its group once the dead server is back
-        (:meth:`Client._recover`, bounded by ``reconnect_timeout``) and the epoch continues at
+        (:meth:`Client.recover`, bounded by ``reconnect_timeout``) and the epoch continues at
         the first batch the trainer has not received; otherwise the ServerError propagates.
         """
         progress = self._progress
@@ -189,9 +198,9 @@ class RemoteNeighborLoader:
                         del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
                 except PullFailed as failure:
                     if _session_expired(failure.__cause__) and self.client.generation == generation:
-                        self._reopen_sessions(close_old=True)   # the servers expired an idle session
+                        self.session_set.reopen(close_old=True)   # the servers expired an idle session
                     else:
-                        generation = self.client._recover(failure.where, failure.__cause__, generation)
+                        generation = self.client.recover(failure.where, failure.__cause__, generation)
                     log.warning("graphfeed loader %s: resuming epoch %d at batch %d of %d", self.spec.kind,
                                 plan.epoch, progress.delivered, len(plan))
                     self._stats.resumed()
@@ -271,56 +280,63 @@ class RemoteNeighborLoader:
     def _pull(self, part: int, epoch: int, seq: int) -> Pending:
         """Request batch ``seq`` of ``epoch`` from part ``part``'s worker over the group's batch channel
         (:class:`PullFailed` when even sending it fails, e.g. the peer is gone)."""
+        sessions = self.session_set
         try:
-            return self._filled(self.client.group.channel.request(part, self.sessions[part], self._secrets[part],
-                                                                  epoch, seq))
+            return self._watched(self._filled(self.client.group.channel.request(
+                part, sessions.ids[part], sessions.secrets[part], epoch, seq)))
         except Exception as exc:  # noqa: BLE001 -- any failure to send is a failed pull, named like one
             where = self._failure_text(part, epoch, seq, f"could not be sent: {_first_line(exc)}", {})
             raise PullFailed(where) from exc
 
+    def _watched(self, pending: Pending) -> Pending:
+        """``pending`` as a pull the client's failures reach: the returned Pending completes with the batch,
+        or at once with :class:`GroupFailure` when a server's heartbeat fails or the group is re-formed
+        (:meth:`fail_pulls`), whichever comes first."""
+        out = Pending()
+        self._inflight.add(out)
+
+        def forward(p: Pending) -> None:
+            try:
+                out.try_set_result(p.result())
+            except Exception as exc:  # noqa: BLE001 -- the pull's error, to the waiting trainer
+                out.try_set_exception(exc)
+
+        pending.add_done_callback(forward)
+        out.add_done_callback(self._inflight.discard)
+        failures = dict(self.client.group.failures)
+        if failures:   # a heartbeat failed before this pull was sent: it fails as the others did
+            server = next(iter(failures))
+            out.try_set_exception(GroupFailure(server, failures[server]))
+        return out
+
+    def fail_pulls(self, server: str, reason: str) -> None:
+        """Complete every pull of this loader still in flight with :class:`GroupFailure` (``server`` is gone
+        for ``reason``): the client calls it when a heartbeat fails or the group is re-formed, so a waiting
+        trainer learns of it at once."""
+        for pending in list(self._inflight):
+            pending.try_set_exception(GroupFailure(server, reason))
+
     def _wait(self, pending: Pending, part: int, epoch: int, seq: int, generation: int) -> dict:
-        """The batch of ``pending``; checks the group's heartbeats every WAIT_SLICE s while waiting.
-        :class:`PullFailed` naming the server when a server went away, the pull failed, or the
-        group was re-formed (by another loader) since the pull was sent."""
+        """The batch of ``pending``.  :class:`PullFailed` naming the server when a server went away (pushed
+        by :meth:`fail_pulls`), the pull failed, the group was re-formed since the pull was sent, or no
+        answer came within the channel's bounds (``rpc_timeout``, plus the slot wait and slack)."""
         client = self.client
-        group = client.group
-        while not pending.wait_done(WAIT_SLICE):
-            if group.failures:  # a heartbeat failed meanwhile: do not wait for the channel's timeout
-                raise PullFailed(self._failure_text(part, epoch, seq, "is still pending", dict(group.failures)))
-            if client.generation != generation:
-                raise PullFailed((client.servers[part].name, "the group was re-formed"))
+        bound = 2 * client.rpc_timeout + WAIT_SLACK
+        if not pending.wait_done(bound):
+            raise PullFailed(self._failure_text(part, epoch, seq, f"had no answer within {bound:g} s", {}))
         try:
             return pending.result()
+        except GroupFailure as gone:
+            if client.generation != generation:
+                raise PullFailed((client.servers[part].name, "the group was re-formed")) from gone
+            raise PullFailed(self._failure_text(part, epoch, seq, "is still pending", {gone.server: gone.reason})) \
+                from gone
         except Exception as exc:  # noqa: BLE001 -- a failed pull: the worker's error, a timeout, a lost peer
             if client.generation != generation:
                 raise PullFailed((client.servers[part].name, "the group was re-formed")) from exc
-            dead = group.probe()
+            dead = client.group.probe()
             raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead)) from exc
 
-    def _reopen_sessions(self, close_old: bool = False) -> None:
-        """Open this loader's sessions again on the client's (re-formed) group; the servers must report
-        the same input counts as before (same partition, same inputs).  ``close_old``: the group is the
-        same (a server expired one of the sessions): close the others first, so none is left behind."""
-        if self._closed:
-            return
-        if close_old:
-            for s, session_id in zip(self.client.servers, self.sessions):
-                try:
-                    s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
-                except Exception:  # noqa: BLE001 -- the expired one is gone already
-                    pass
-        req = self._session_request()
-        sessions, secrets, counts = [], [], []
-        for s in self.client.servers:
-            reply = s.call("OpenSession", req, timeout=self.client.timeout)
-            sessions.append(reply.session_id)
-            secrets.append(bytes(reply.session_secret))
-            counts.append(int(reply.local_input_nodes))
-        if counts != self.counts:
-            raise ServerError(", ".join(s.name for s in self.client.servers),
-                              f"after the restart the servers report input counts {counts}, before {self.counts}: "
-                              f"the partition changed; cannot resume")
-        self.sessions[:], self._secrets = sessions, secrets   # in place: the finalizer holds the list
 
     def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
         source = self.client.servers[part].name
@@ -337,12 +353,8 @@ class RemoteNeighborLoader:
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer.detach()
-        for s, session_id in zip(self.client.servers, self.sessions):
-            try:
-                s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
-            except Exception:  # noqa: BLE001 -- the server may be gone; its reaper cleans up
-                pass
-        self.client._forget(self)
+        self.session_set.close()
+        self.client.remove_loader(self)
 
     def __enter__(self):
         return self

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from graphfeed.client.errors import InvalidRequest, ServerError
+from graphfeed.client.sessions import SessionSet
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.spec import LoaderSpec, NodeInput, check_sample_ids
-from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 
 if TYPE_CHECKING:
@@ -40,24 +39,16 @@ if TYPE_CHECKING:
 
 ONLINE_KIND = "online"   # the sessions' metrics label
 MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
+WAIT_SLACK = 30.0        # seconds beyond rpc_timeout a sample may take (the channel bounds it by rpc_timeout)
 
 
 class _ServerLost(Exception):
     """A sample failed and a server is gone (or the group was re-formed meanwhile); ``where`` = (server,
-    message) for :meth:`Client._recover`."""
+    message) for :meth:`Client.recover`."""
 
     def __init__(self, where: tuple[str, str]):
         super().__init__(f"{where[0]}: {where[1]}")
         self.where = where
-
-
-@dataclass(frozen=True)
-class _Sessions:
-    """One option set's session on every server (part order), valid for one group generation."""
-
-    generation: int
-    ids: tuple[str, ...]
-    secrets: tuple[bytes, ...]
 
 
 class OnlineSampler:
@@ -66,14 +57,14 @@ class OnlineSampler:
     def __init__(self, client: ClientView):
         self.client = client
         self._lock = threading.Lock()
-        self._sessions: dict[tuple, _Sessions] = {}
+        self._sessions: dict[tuple, SessionSet] = {}
         self._next = itertools.count()   # round robin over the servers that run the samples
 
     def sample(self, node_ids, spec: LoaderSpec, seed: int) -> dict[str, torch.Tensor]:
         """The wire batch for original ids ``node_ids`` (label type) sampled as ``spec.sampling``.
 
         When a server went away meanwhile, the client re-forms its group as a running loader does
-        (:meth:`Client._recover`, bounded by ``reconnect_timeout``) and the call is made once more."""
+        (:meth:`Client.recover`, bounded by ``reconnect_timeout``) and the call is made once more."""
         client = self.client
         what = "node" if len(client.node_types) == 1 else f"{client.label_type!r} node"
         ids = check_sample_ids(node_ids, client.num_nodes, what)
@@ -82,7 +73,7 @@ class OnlineSampler:
             return self._call(ids, spec, seed)
         except _ServerLost as lost:
             if client.generation == generation:   # not yet re-formed by another caller
-                client._recover(lost.where, lost.__cause__, generation)
+                client.recover(lost.where, lost.__cause__, generation)
         try:
             return self._call(ids, spec, seed)
         except _ServerLost as again:
@@ -95,8 +86,8 @@ class OnlineSampler:
         part = next(self._next) % len(client.servers)
         server = client.servers[part].name
         try:
-            value = client.group.calls.call_sync(part, "sample", (sessions.ids[part], sessions.secrets[part], ids,
-                                                                  int(seed)), client.rpc_timeout)
+            pending = client.group.channel.sample(part, sessions.ids[part], sessions.secrets[part], ids, int(seed))
+            value = pending.result(timeout=client.rpc_timeout + WAIT_SLACK)
         except ValueError as exc:      # the worker refused the ids: the server's INVALID_ARGUMENT
             raise InvalidRequest(f"{server}: sample: {_remote_message(exc)}") from None
         except Exception as exc:       # noqa: BLE001 -- a lost server, a timeout, a failed sample
@@ -109,11 +100,9 @@ class OnlineSampler:
             if client.generation != generation or client.group.probe():
                 raise _ServerLost((server, message)) from exc
             raise ServerError(server, message) from exc
-        if isinstance(value, BaseException):
-            raise ServerError(server, f"sample failed: {value}")
         return value
 
-    def _sessions_for(self, spec: LoaderSpec) -> _Sessions:
+    def _sessions_for(self, spec: LoaderSpec) -> SessionSet:
         key = (spec.sampling, spec.feature_dtype)
         with self._lock:
             have = self._sessions.get(key)
@@ -126,27 +115,22 @@ class OnlineSampler:
                 self._close(self._sessions.pop(next(iter(self._sessions))))
             return opened
 
-    def _open(self, spec: LoaderSpec) -> _Sessions:
+    def _open(self, spec: LoaderSpec) -> SessionSet:
+        """The option set's session on every server, opened at once (not tracked: a set of an earlier group
+        is replaced by a new one at its next use)."""
         client = self.client
-        generation = client.generation
-        req = open_session_request(spec, client.group.group_id)
-        ids, secrets = [], []
-        for s in client.servers:
-            reply = s.call("OpenSession", req, timeout=client.timeout)
-            ids.append(reply.session_id)
-            secrets.append(bytes(reply.session_secret))
-        return _Sessions(generation, tuple(ids), tuple(secrets))
+        return SessionSet(client, lambda: open_session_request(spec, client.group.group_id), track=False).open()
 
-
-    def _close(self, sessions: _Sessions) -> None:
+    def _close(self, sessions: SessionSet) -> None:
         """Close an evicted option set's sessions (those of an earlier group are gone with its workers)."""
-        if sessions.generation != self.client.generation:
-            return
-        for s, session_id in zip(self.client.servers, sessions.ids):
-            try:
-                s.call("CloseSession", pb.CloseSessionRequest(session_id=session_id), timeout=5.0)
-            except Exception:  # noqa: BLE001 -- the server may be gone; its reaper cleans up
-                pass
+        sessions.close()
+
+    def close(self) -> None:
+        """Close every option set's sessions (the client is closing)."""
+        with self._lock:
+            sets, self._sessions = list(self._sessions.values()), {}
+        for sessions in sets:
+            sessions.close()
 
 
 def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: str | None,

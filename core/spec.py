@@ -13,18 +13,26 @@
 
 Records are frozen and validated on construction, so a spec that exists is a valid one.
 They cross the control plane through :mod:`graphfeed.proto.convert` (the one protobuf
-conversion) and torch RPC / the worker pipe as themselves (pickled).
+conversion) and torch RPC / the worker pipe as themselves: a :class:`SamplingSpec` travels whole
+to the peer workers that sample a hop (which check it again).  What crosses the data path stays a
+frozen dataclass of ints, floats, bools, strings, tuples, None and tensors (nested records allowed):
+no callables, no arbitrary objects, so a plain-record codec can carry it.
+
+The loaders' keywords are declared once here too: the options tables (:class:`SamplingOptions`,
+:class:`LoaderOptions`, :class:`LocalLoaderOptions`, :class:`RemoteLoaderOptions`), see the comment
+above them for how to add one.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypedDict, cast
 
 import torch
+from typing_extensions import Unpack
 
 from graphfeed.core.constants import (
     DIRECTIONS,
@@ -118,7 +126,7 @@ def fanouts(num_neighbors) -> Fanouts | TypedFanouts:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample: per-hop fanouts (``-1`` = all neighbors), replacement, direction.
+    """How to sample: per-hop fanouts (``-1`` = all neighbors), replacement (for every hop or per hop), direction.
 
     ``num_neighbors`` is one list for every edge type, stored as a tuple of ints (``len`` is
     the number of hops), or a dict ``{(src, rel, dst): [f0, f1, ...]}``, stored as its canonical
@@ -144,7 +152,7 @@ class SamplingSpec:
     """
 
     num_neighbors: Fanouts | TypedFanouts
-    replace: bool = False
+    replace: bool | tuple[bool, ...] = False
     direction: str = "in"
     weight_attr: str | None = None
     time_attr: str | None = None
@@ -153,6 +161,7 @@ class SamplingSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
+        object.__setattr__(self, "replace", _replace(self.replace, self.num_hops))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
         if self.weight_attr is not None:
@@ -171,6 +180,27 @@ class SamplingSpec:
     @property
     def temporal(self) -> bool:
         return self.time_attr is not None
+
+    @property
+    def per_hop_replace(self) -> bool:
+        """True when ``replace`` was given per hop (a tuple): only the per-hop driver samples it."""
+        return isinstance(self.replace, tuple)
+
+    def replace_at(self, hop: int) -> bool:
+        """Whether hop ``hop`` (0 = the seeds' hop) samples with replacement."""
+        return self.replace[hop] if isinstance(self.replace, tuple) else bool(self.replace)
+
+    @property
+    def hop_replace(self) -> bool:
+        """``replace`` of a spec that is one hop's (:meth:`at_hop`), what a source samples with; ValueError for a
+        spec with per-hop ``replace`` (the driver resolves it per hop first)."""
+        if isinstance(self.replace, tuple):
+            raise ValueError("this spec gives replace per hop: sample a hop with spec.at_hop(hop)")
+        return bool(self.replace)
+
+    def at_hop(self, hop: int) -> SamplingSpec:
+        """This spec as hop ``hop`` samples it: ``replace`` that hop's bool (itself when it is one already)."""
+        return self if not self.per_hop_replace else dataclasses.replace(self, replace=self.replace_at(hop))
 
     @property
     def weighted(self) -> bool:
@@ -208,6 +238,21 @@ class SamplingSpec:
                              f"types are {', '.join(map(str, known))}: use those as the dict's keys")
         zeros = (0,) * self.num_hops
         return {etype: given.get(etype, zeros) for etype in known}
+
+
+def _replace(value, num_hops: int) -> bool | tuple[bool, ...]:
+    """``replace`` as stored: one bool for every hop, or a tuple of one bool per hop (PyG takes one bool;
+    per hop, e.g. ``[False, True]``, samples the hops named True with replacement).  ValueError naming
+    the fix for anything else."""
+    if not isinstance(value, (tuple, list)):
+        return value     # one value for every hop, stored as given (as before per-hop replace existed)
+    if all(isinstance(v, bool) for v in value):
+        if len(value) != num_hops:
+            raise ValueError(f"replace has {len(value)} entries for {num_hops} hops: give one bool per hop "
+                             f"(e.g. [False, True]) or one bool for every hop")
+        hops = tuple(value)
+        return hops[0] if len(set(hops)) == 1 else hops   # the same for every hop: stored as one bool
+    raise ValueError(f"replace must be a bool or a list of one bool per hop, e.g. [False, True], got {value!r}")
 
 
 WEIGHT_SOURCE = "edge_attr"
@@ -750,25 +795,130 @@ class LoaderSpec:
         self.sampling.fanouts_for(edge_types)
 
     @classmethod
-    def of(cls, input_nodes, num_neighbors, *, batch_size: int = 1, shuffle: bool = False,
-           drop_last: bool = False, replace: bool = False, direction: str = "in", seed: int = 0,
-           rank: int | None = None, world_size: int | None = None, kind: str = "",
-           weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-           temporal_strategy: str = "uniform", disjoint: bool = False, input_time=None,
-           ordered: bool = False) -> LoaderSpec:
+    def of(cls, input_nodes, num_neighbors, **options: Unpack[LoaderOptions]) -> LoaderSpec:
         """From PyG ``NeighborLoader``-style arguments (``input_nodes`` may be a :class:`LinkInput`:
-        a link loader); ``rank``/``world_size`` default to ``torch.distributed``'s
-        (:func:`resolve_rank`); ``feature_dtype`` as :func:`feature_dtype`; ``ordered`` as the field."""
-        rank, world_size = resolve_rank(rank, world_size)
-        sampling = SamplingSpec(fanouts(num_neighbors), replace=replace, direction=direction, weight_attr=weight_attr,
-                                time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint)
+        a link loader); ``options`` are :class:`LoaderOptions` (TypeError for another keyword): its
+        :class:`SamplingOptions` keys become the :class:`SamplingSpec`, the others this record's fields;
+        ``rank``/``world_size`` default to ``torch.distributed``'s (:func:`resolve_rank`)."""
+        check_options(options, LOADER_OPTIONS, "LoaderSpec.of")
+        rest: dict = dict(options)
+        rank, world_size = resolve_rank(rest.pop("rank", None), rest.pop("world_size", None))
+        input_time = rest.pop("input_time", None)
+        sampling = SamplingSpec(fanouts(num_neighbors), **{k: rest.pop(k) for k in SAMPLING_OPTIONS if k in rest})
         if input_time is not None:
             if isinstance(input_nodes, LinkInput):
                 raise ValueError("a link loader's seed times are edge_label_time, not input_time")
             input_nodes = NodeInput.of(input_nodes, input_time)
-        return cls(sampling, seed_input(input_nodes), batch_size=batch_size, shuffle=shuffle,
-                   drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, kind=kind,
-                   feature_dtype=feature_dtype, ordered=ordered)
+        rest["kind"] = rest.get("kind") or ""
+        return cls(sampling, seed_input(input_nodes), rank=rank, world_size=world_size, **rest)
+
+
+# ---- the loader options, declared once ----------------------------------------------------------
+#
+# Every loader (``Client.neighbor_loader`` / ``link_neighbor_loader``, ``LocalNeighborLoader``,
+# ``LocalLinkNeighborLoader``) and ``LoaderSpec.of`` take these keywords as ``**options:
+# Unpack[...]``.  Defaults are the record fields' defaults.  To add an option: a sampling option is
+# one key in SamplingOptions plus the SamplingSpec field of the same name (and its use where hops are
+# sampled); an epoch/batch option one key in LoaderOptions plus the LoaderSpec field; an option the
+# loader object keeps for itself (not sent to the servers) one key in RemoteLoaderOptions /
+# LocalLoaderOptions, popped by the loader before LoaderSpec.of.  Nothing else spells the keywords out.
+
+class SamplingOptions(TypedDict, total=False):
+    """How to sample; each key is the :class:`SamplingSpec` field of that name (see it for the forms).
+
+    * ``replace`` (False): sample with replacement; a list of one bool per hop (e.g. ``[False, True]``) sets it
+      per hop.
+    * ``direction`` ("in"): ``"in"`` samples in-edges (PyG's default), ``"out"`` out-edges.
+    * ``weight_attr`` (None): ``"edge_attr"``, ``"edge_attr:K"`` or ``"edge_weight"``: neighbors drawn with
+      probability proportional to that edge weight.
+    * ``time_attr`` (None): ``"time"`` (node times) or ``"edge_time"``: temporal sampling (disjoint).
+    * ``temporal_strategy`` ("uniform"): ``"uniform"`` or ``"last"`` (the most recent neighbours).
+    * ``disjoint`` (False): every seed grows its own subgraph (``batch.batch``).
+    """
+
+    replace: bool | Sequence[bool]
+    direction: str
+    weight_attr: str | None
+    time_attr: str | None
+    temporal_strategy: str
+    disjoint: bool
+
+
+class LoaderOptions(SamplingOptions, total=False):
+    """A loader's keywords besides its seeds and ``num_neighbors`` (PyG's ``NeighborLoader`` names);
+    the sampling ones are :class:`SamplingOptions`, the rest :class:`LoaderSpec` fields.
+
+    * ``batch_size`` (1): seeds (seed edges for a link loader) per batch, 1..MAX_BATCH_SIZE.
+    * ``shuffle`` (False), ``drop_last`` (False), ``seed`` (0, 0..2**64-1): the epoch contract
+      (:mod:`graphfeed.core.epoch`).
+    * ``rank`` / ``world_size`` (None: ``torch.distributed``'s, else 0 / 1): this rank's share of the seeds.
+    * ``kind`` (None: the input's label, e.g. the split's name): the metrics label.
+    * ``feature_dtype`` (None: as stored): ``"bf16"``, ``"fp16"``, ``"fp32"`` or a torch dtype; the servers
+      cast floating-point features to it before sending them (labels and ids untouched).
+    * ``ordered`` (False; node loaders, with ``shuffle=False`` and ids or None as input): seeds in input order.
+    * ``input_time`` (None; node loaders): one seed time per input id for temporal sampling (default: the
+      seeds' stored node times).  A link loader takes ``edge_label_time`` with its seed edges instead.
+    """
+
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    rank: int | None
+    world_size: int | None
+    kind: str | None
+    feature_dtype: str | torch.dtype | None
+    ordered: bool
+    input_time: object
+
+
+class LocalLoaderOptions(LoaderOptions, total=False):
+    """Every loader's keywords: :class:`LoaderOptions` and how batches are handed over
+    (:class:`~graphfeed.core.delivery.Delivery`, kept by the loader object, not sent to the servers).
+
+    * ``pin_memory`` (False): batches in page-locked memory (PyG's argument).
+    * ``device`` (None: as produced): batches moved to that device, one batch ahead.
+    """
+
+    pin_memory: bool
+    device: str | torch.device | None
+
+
+class RemoteLoaderOptions(LocalLoaderOptions, total=False):
+    """The remote loaders' keywords: :class:`LocalLoaderOptions` and what only the remote loader keeps.
+
+    * ``prefetch`` (4): pulls in flight per server.
+    * ``feature_cache_mb`` (None/0 = off): MiB of the label type's highest in-degree nodes' feature rows
+      the loader caches; the servers leave those rows out of its batches (same batches, fewer bytes).
+    """
+
+    prefetch: int
+    feature_cache_mb: float | None
+
+
+def option_keys(table) -> frozenset[str]:
+    """The keys of an options table (a TypedDict class), inherited ones included."""
+    return frozenset(table.__required_keys__) | frozenset(table.__optional_keys__)
+
+
+SAMPLING_OPTIONS = option_keys(SamplingOptions)
+LOADER_OPTIONS = option_keys(LoaderOptions)
+
+
+def check_options(options: Mapping, allowed: Iterable[str], where: str) -> None:
+    """TypeError, as Python words it, for the first keyword of ``options`` not in ``allowed``."""
+    unknown = [k for k in options if k not in set(allowed)]
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def split_options(options: Mapping, table, where: str) -> tuple[dict, LoaderOptions]:
+    """``options`` of a loader whose keywords are ``table`` (an options TypedDict extending
+    :class:`LoaderOptions`) as ``(the loader's own keywords, the ones for LoaderSpec.of)``; TypeError
+    (as Python words it, naming ``where``) for a keyword not in ``table``."""
+    check_options(options, option_keys(table), where)
+    own = {k: v for k, v in options.items() if k not in LOADER_OPTIONS}
+    return own, cast(LoaderOptions, {k: v for k, v in options.items() if k in LOADER_OPTIONS})
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -168,7 +168,7 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint", "replace_per_hop")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class SamplingSpec(_message.Message):
     TIME_ATTR_FIELD_NUMBER: _ClassVar[int]
     TEMPORAL_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     DISJOINT_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_PER_HOP_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
@@ -185,7 +186,8 @@ class SamplingSpec(_message.Message):
     time_attr: str
     temporal_strategy: str
     disjoint: bool
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ...) -> None: ...
+    replace_per_hop: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ..., replace_per_hop: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)

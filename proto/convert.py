@@ -38,7 +38,9 @@ def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
 
 
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    msg = pb.SamplingSpec(replace=spec.replace, direction=spec.direction, weight_attr=spec.weight_attr or "",
+    per_hop = list(spec.replace) if isinstance(spec.replace, tuple) else []
+    msg = pb.SamplingSpec(replace=bool(spec.replace) and not per_hop, replace_per_hop=per_hop,
+                          direction=spec.direction, weight_attr=spec.weight_attr or "",
                           time_attr=spec.time_attr or "", temporal_strategy=spec.temporal_strategy,
                           disjoint=spec.disjoint)
     if not spec.is_typed:
@@ -58,7 +60,10 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
     else:
         num_neighbors = tuple(msg.num_neighbors)
     try:
-        return SamplingSpec(num_neighbors, replace=msg.replace, direction=msg.direction or "in",
+        if msg.replace_per_hop and msg.replace:
+            raise ValueError("set replace (every hop) or replace_per_hop, not both")
+        replace = tuple(msg.replace_per_hop) if msg.replace_per_hop else msg.replace
+        return SamplingSpec(num_neighbors, replace=replace, direction=msg.direction or "in",
                             weight_attr=msg.weight_attr or None, time_attr=msg.time_attr or None,
                             temporal_strategy=msg.temporal_strategy or "uniform", disjoint=msg.disjoint)
     except ValueError as exc:

@@ -8,6 +8,10 @@ returns a :class:`~graphfeed.transport.pending.Pending` at once, so the loader k
 while it waits (``Pending.wait_done`` in slices).  A failed pull -- the worker's error, a
 timeout, a lost peer -- is the pending batch's exception; the loader names the server.
 
+Besides pulls, the channel carries the trainer's other data-path calls to a worker: online
+sampling (:meth:`BatchChannel.sample`) and the feature-cache fill (:meth:`BatchChannel.hot_rows`),
+so the client never names a transport.
+
 Implementations: :class:`CallsChannel` over any :class:`~graphfeed.transport.calls.DataCalls` --
 :class:`graphfeed.transport.torch_rpc.TorchRpcChannel` (torch RPC, trusted networks) and
 :class:`graphfeed.transport.secure.SecureCalls` (authenticated, TLS when configured) -- and
@@ -43,6 +47,17 @@ class BatchChannel(ABC):
         the error that the pull failed with.
         """
 
+    @abstractmethod
+    def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
+        """Online sampling: one batch for original ids ``node_ids`` made by part ``part``'s worker with
+        session ``session_id``'s sampling options (``rpc_api.sample``).  Returns at once; the pending result
+        is the batch's wire dict, or the worker's error (ValueError for bad ids)."""
+
+    @abstractmethod
+    def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
+        """A trainer's feature-cache fill: ``(original ids, x rows)`` of part ``part``'s ``ntype`` nodes ranked
+        ``start .. start + count - 1`` by in-degree, rows cast to ``dtype`` (``rpc_api.hot_rows``)."""
+
     def close(self) -> None:
         """Refuse further requests (pulls in flight end with the group's transport)."""
         self.closed = True
@@ -64,3 +79,11 @@ class CallsChannel(BatchChannel):
     def request(self, part: int, session_id: str, secret: bytes, epoch: int, seq: int) -> Pending:
         self._check_open()
         return self.calls.call(part, "pull", (session_id, int(epoch), int(seq), secret), self.rpc_timeout)
+
+    def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
+        self._check_open()
+        return self.calls.call(part, "sample", (session_id, secret, node_ids, int(seed)), self.rpc_timeout)
+
+    def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
+        self._check_open()
+        return self.calls.call(part, "hot_rows", (ntype, int(start), int(count), dtype), self.rpc_timeout)

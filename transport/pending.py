@@ -57,15 +57,29 @@ class Pending:
             raise TypeError(f"set_exception takes an exception, got {type(error).__name__}")
         self._settle(None, error)
 
-    def _settle(self, value: Any, error: BaseException | None) -> None:
+    def try_set_result(self, value: Any) -> bool:
+        """:meth:`set_result` unless already complete (then nothing happens); whether this call completed it.
+        For results that race (a batch and a failure pushed by the group): the first one wins."""
+        return self._settle(value, None, once=False)
+
+    def try_set_exception(self, error: BaseException) -> bool:
+        """:meth:`set_exception` unless already complete (then nothing happens); whether this call completed it."""
+        if not isinstance(error, BaseException):
+            raise TypeError(f"try_set_exception takes an exception, got {type(error).__name__}")
+        return self._settle(None, error, once=False)
+
+    def _settle(self, value: Any, error: BaseException | None, once: bool = True) -> bool:
         with self._lock:
             if self._done.is_set():
+                if not once:
+                    return False
                 raise RuntimeError("this pending result is already complete: a result is set exactly once")
             self._value, self._error = value, error
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             self._run(fn)
+        return True
 
     def add_done_callback(self, fn: Callable[["Pending"], None]) -> None:
         """Call ``fn(self)`` once complete: at once (in this thread) if it already is."""

@@ -436,6 +436,16 @@ class ShmChannel(BatchChannel):
         ring.submit(_Ask((session_id, secret, epoch, seq), pending, time.monotonic()))
         return pending
 
+    def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
+        """Online samples are small and rare: over the group's data-path calls, not a slot."""
+        self._check_open()
+        return self.rpc.sample(part, session_id, secret, node_ids, seed)
+
+    def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
+        """Feature-cache chunks (once per loader): over the group's data-path calls, not a slot."""
+        self._check_open()
+        return self.rpc.hot_rows(part, ntype, start, count, dtype)
+
     def dispatch(self, ring: _Ring, slot: int, ask: _Ask) -> None:
         """Send ``pull_into`` for ``ask`` naming ``slot``; its answer settles ``ask.pending``."""
         session_id, secret, epoch, seq = ask.args

@@ -43,6 +43,7 @@ from graphfeed.server.worker.commands import (
     NotFound,
     NotReady,
     OpenSession,
+    ServedCounts,
     StartEpoch,
     Stats,
     WorkerError,
@@ -239,12 +240,9 @@ class ControlServicer(pb_grpc.ControlServicer):
         c = self.config
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
-                         data_address=c.effective_data_address, rpc_timeout=c.rpc_timeout,
-                         num_producers=c.num_producers, buffer_batches=c.buffer_batches,
-                         buffer_bytes=c.buffer_bytes, join_timeout=c.join_timeout,
-                         colocated_reads=c.colocated_reads, device=c.device, gpu_cache_bytes=c.gpu_cache_bytes,
-                         gpu_topology=self.gpu_topology, budget=c.work_budget, data_path=data_path,
-                         group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key)
+                         data_address=c.effective_data_address, gpu_topology=self.gpu_topology,
+                         budget=c.work_budget, data_path=data_path, group_key=bytes(request.group_key),
+                         **GroupSpec.settings_of(c))
         return spec, float(lease)
 
     @rpc
@@ -447,12 +445,12 @@ class ControlServicer(pb_grpc.ControlServicer):
             except RequestError:
                 continue   # a busy or dead worker: the next scan (or the reaper) sees it
             for row in reply.rows:
-                sid, idle = row.get("session_id"), float(row.get("idle_seconds", 0.0))
+                sid, idle = row.session_id, float(row.idle_seconds)
                 if idle > limit and sid in group.sessions:
                     cause = f"expired: no StartEpoch, pull or sample for session_idle_seconds={limit:g} s"
                     self.registry.expire_session(sid, cause)
                     self.log.warning("session_expired", session=sid, group=group.group_id, peer=group.peer,
-                                     kind=row.get("kind", ""), idle_seconds=round(idle, 1), cause=cause)
+                                     kind=row.kind, idle_seconds=round(idle, 1), cause=cause)
                     try:
                         await self._call(group, CloseSession(sid), reap=False)
                     except RequestError:
@@ -482,8 +480,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             return []
         out = []
         for row in reply.rows:
-            fields = {k: v for k, v in dict(row).items() if k in STATS_FIELDS}
-            fields.setdefault("group_id", group.group_id)
+            fields = {k: v for k, v in row.as_fields().items() if k in STATS_FIELDS}
+            fields["group_id"] = fields.get("group_id") or group.group_id
             out.append(pb.SessionStats(**fields))
         return out
 
@@ -507,10 +505,9 @@ class ControlServicer(pb_grpc.ControlServicer):
             await asyncio.wait_for(asyncio.shield(self.figures.refresh()), STATS_TIMEOUT)
         except asyncio.TimeoutError:
             pass  # a busy worker: its cached figures answer
-        kinds = self.figures.merged()[0]["kinds"].values()
-        return {key: sum(k[field] for k in kinds) for key, field in (
-            ("batches_served_total", "batches_served"), ("bytes_served_total", "bytes_served"),
-            ("buffered_batches", "buffered_batches"), ("buffered_bytes", "buffered_bytes"))}
+        total = sum(self.figures.merged()[0]["kinds"].values(), ServedCounts())
+        return dict(batches_served_total=total.batches_served, bytes_served_total=total.bytes_served,
+                    buffered_batches=total.buffered_batches, buffered_bytes=total.buffered_bytes)
 
 
 def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:

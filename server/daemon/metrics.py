@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from graphfeed.core.metric_names import LATENCY_BUCKETS, MetricSpec
-from graphfeed.server.worker.commands import Metrics
+from graphfeed.server.worker.commands import Metrics, ServedCounts
 
 PREFIX = "graphfeed_"
 
@@ -118,8 +118,12 @@ def session_kind(kind: str) -> str:
 
 SCRAPE_REFRESH_WAIT = 0.3     # seconds a scrape waits for fresh worker figures before using the cache
 FINAL_FETCH_TIMEOUT = 2.0     # seconds for a stopping worker's last figures
-KIND_FIELDS = ("batches_produced", "batches_served", "bytes_served")
-KIND_GAUGES = ("buffered_batches", "buffered_bytes")
+
+
+def served_metric(key: str) -> str:
+    """The metric of a :class:`ServedCounts` field: ``graphfeed_<key>_total`` for a counter, ``graphfeed_<key>`` for
+    a gauge."""
+    return f"graphfeed_{key}" if key in ServedCounts.GAUGES else f"graphfeed_{key}_total"
 
 
 def _add_hist(into: dict, h: dict) -> None:
@@ -136,10 +140,9 @@ def empty_figures() -> dict:
 
 def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
     """Add worker snapshot ``snap`` into ``total`` (kinds folded to :func:`session_kind`)."""
-    for kind, row in (snap.get("kinds") or {}).items():
-        k = total["kinds"].setdefault(session_kind(kind), dict.fromkeys(KIND_FIELDS + KIND_GAUGES, 0))
-        for key in KIND_FIELDS + (KIND_GAUGES if gauges else ()):
-            k[key] += int(row.get(key, 0))
+    for kind, counts in (snap.get("kinds") or {}).items():
+        label = session_kind(kind)
+        total["kinds"][label] = total["kinds"].get(label, ServedCounts()) + (counts if gauges else counts.cumulative())
     for section in ("stages", "remote"):
         for key, h in (snap.get(section) or {}).items():
             _add_hist(total[section].setdefault(key, {}), h)
@@ -338,14 +341,10 @@ class ServerCollector:
 
     def _data_path(self, figures: dict):
         kinds = figures["kinds"]
-        for name, key in (("graphfeed_batches_produced_total", "batches_produced"),
-                          ("graphfeed_batches_served_total", "batches_served"),
-                          ("graphfeed_bytes_served_total", "bytes_served"),
-                          ("graphfeed_buffered_batches", "buffered_batches"),
-                          ("graphfeed_buffered_bytes", "buffered_bytes")):
-            f = _family(name)
+        for key in ServedCounts.names():   # graphfeed_<key>_total (cumulative) or graphfeed_<key> (gauge)
+            f = _family(served_metric(key))
             for kind in SESSION_KINDS:  # every kind always present: a fixed, small series set
-                f.add_metric([kind], kinds.get(kind, {}).get(key, 0))
+                f.add_metric([kind], getattr(kinds.get(kind, ServedCounts()), key))
             yield f
 
     def _latency(self, figures: dict):

@@ -11,9 +11,11 @@ import os
 from typing import Sequence
 
 import torch
+from typing_extensions import Unpack
 
+from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec
-from graphfeed.core.spec import LinkInput, LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, LocalLoaderOptions, split_options
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
@@ -43,18 +45,14 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
-                 edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
-                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
-                 direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-                 edge_label_time=None, temporal_strategy: str = "uniform", disjoint: bool = False):
+                 edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
+                 **options: Unpack[LocalLoaderOptions]):
+        own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
+        delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
-        spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                             replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
-                             weight_attr=weight_attr, feature_dtype=feature_dtype, time_attr=time_attr,
-                             temporal_strategy=temporal_strategy, disjoint=disjoint)
-        self._setup(graph, spec)
+        self._setup(graph, LoaderSpec.of(link, num_neighbors, **spec_options))
+        self.delivery = delivery
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,

@@ -9,13 +9,21 @@ import os
 from typing import Iterator, Sequence
 
 import torch
+from typing_extensions import Unpack
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
-from graphfeed.core.spec import LinkInput, LoaderSpec, SamplingSpec, SeedInput
+from graphfeed.core.spec import (
+    LinkInput,
+    LoaderSpec,
+    LocalLoaderOptions,
+    SamplingSpec,
+    SeedInput,
+    split_options,
+)
 from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import node_seed_time, planned_batches, produce_batch
@@ -31,23 +39,12 @@ class LocalNeighborLoader:
     or for a typed graph a tuple ``(node_type, split | ids | None)`` (a bare split or ``None``
     means the label type).  ``num_neighbors`` is one list of per-hop fanouts for every edge
     type, or a dict ``{(src, rel, dst): [...]}`` (edge types left out are not sampled).
+    The keywords are :class:`~graphfeed.core.spec.LocalLoaderOptions` (documented there once:
+    ``batch_size``, ``shuffle``, ``replace``, ``weight_attr``, ``time_attr``, ``input_time``, ``ordered``,
+    ``feature_dtype``, ...; TypeError for another keyword).
     Each ``iter()`` is one epoch; epochs count from 0 and advance by one per ``iter()`` unless
-    :meth:`set_epoch` is called (as with ``DistributedSampler``).  ``rank``/``world_size``
-    default to ``torch.distributed``'s; every rank gets ``len(loader)`` batches (see
-    :mod:`graphfeed.core.epoch` for ``drop_last``).
-    ``weight_attr`` (``"edge_attr"`` or ``"edge_attr:K"``) samples neighbors by edge weight
-    (homogeneous graphs so far).  ``disjoint=True`` gives every seed its own subgraph (``batch.batch``);
-    ``time_attr`` (``"time"`` or ``"edge_time"``), ``input_time`` (one per id of ``input_nodes``; default:
-    the seeds' stored node times) and ``temporal_strategy`` (``"uniform"``/``"last"``) sample
-    temporally, as PyG (disjoint, homogeneous graphs so far).
-
-    ``ordered=True`` (with ``shuffle=False``; ``input_nodes`` ids, or None = every node in original id
-    order) delivers the seeds in input order: batches are consecutive slices of the input, which may
-    span partitions (:mod:`graphfeed.core.epoch`).
-    ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
-    floating-point features as the servers do for a remote loader with the same argument.
-    ``pin_memory`` / ``device`` (PyG's): batches in pinned memory / moved to that device one batch
-    ahead (:class:`~graphfeed.core.delivery.Delivery`).
+    :meth:`set_epoch` is called (as with ``DistributedSampler``); every rank gets ``len(loader)`` batches
+    (see :mod:`graphfeed.core.epoch` for ``drop_last`` and ``ordered``).
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
@@ -55,21 +52,12 @@ class LocalNeighborLoader:
     lacks.
     """
 
-    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *,
-                 batch_size: int = 1, input_nodes="train",
-                 shuffle: bool = False, drop_last: bool = False, replace: bool = False,
-                 direction: str = "in", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
-                 time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
-                 disjoint: bool = False, ordered: bool = False, pin_memory: bool = False, device=None):
-        delivery = Delivery(pin_memory, device)   # first: a bad device fails before the parts are opened
+    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *, input_nodes="train",
+                 **options: Unpack[LocalLoaderOptions]):
+        own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
+        delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
-                             drop_last=drop_last, replace=replace, direction=direction, seed=seed,
-                             rank=rank, world_size=world_size, weight_attr=weight_attr, feature_dtype=feature_dtype,
-                             time_attr=time_attr, temporal_strategy=temporal_strategy, disjoint=disjoint,
-                             input_time=input_time, ordered=ordered)
-        self._setup(graph, spec)
+        self._setup(graph, LoaderSpec.of(input_nodes, num_neighbors, **spec_options))
         self.delivery = delivery
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:

@@ -79,7 +79,7 @@ class GpuPart:
 
     def sample(self, seeds: torch.Tensor, seed: int) -> SampledSubgraph:
         """The driver's multi-hop sample of ``seeds`` (global ids; moved to the device) with batch seed ``seed``."""
-        topo, offset, replace = self.topo, self.offset, self.spec.replace
+        topo, offset, replace = self.topo, self.offset, self.spec.hop_replace
 
         def hop(gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
             return dispatch.one_hop(topo, gids - offset, gids, fanout, replace, seed, rng_hop)
@@ -227,7 +227,7 @@ class GpuSource(LocalSource):
         topo = self._topos[(etype, spec.topology)]
         start = self.part.nodes(center_type(etype, spec.direction)).start
         g = gids.to(self.device, torch.int64)
-        return _moved(dispatch.one_hop(topo, g - start, g, fanout, spec.replace, seed, hop), gids.device)
+        return _moved(dispatch.one_hop(topo, g - start, g, fanout, spec.hop_replace, seed, hop), gids.device)
 
     def gather(self, ntype: str, gids: torch.Tensor) -> Rows:
         """``(x, y, original ids)`` of ``gids`` (checked to be the part's), on ``gids``' device."""
@@ -264,7 +264,9 @@ class GpuSource(LocalSource):
         return Ready(self.gather(ntype, gids))
 
     def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None:
-        for dst, src in zip(out, self.gather(ntype, gids.to(self.device))):
+        rows = self.gather(ntype, gids.to(self.device))
+        for name, dst in out.items():
+            src = getattr(rows, name)
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, None, dst, pos)
 

@@ -28,7 +28,7 @@ from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
 from graphfeed.server.sampling.source import Handle, HeldPart, LocalSource, PartSource, Rows, center_type
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph
+from graphfeed.server.sampling.types import NodeRows, OneHop, SampledSubgraph, TypedSubgraph
 
 T = TypeVar("T")
 Start = Callable[[PartSource, torch.Tensor], Handle[T]]   # starts a request for some ids at one source
@@ -64,11 +64,11 @@ def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingS
     The fused native op when loaded; otherwise the multi-hop driver over
     :func:`dispatch.one_hop`.  Same result either way.  ``seeds`` must be distinct global ids.
     """
-    if dispatch.has_fused_sampler():
+    if dispatch.has_fused_sampler() and not spec.per_hop_replace:
         return dispatch.fused_sample_subgraph(topo, node_offset, seeds, spec, seed)
 
     def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
-        return dispatch.one_hop(topo, gids - node_offset, gids, fanout, spec.replace, seed, hop)
+        return dispatch.one_hop(topo, gids - node_offset, gids, fanout, spec.replace_at(hop), seed, hop)
 
     return sample_subgraph(seeds, spec, hop_fn)
 
@@ -160,14 +160,16 @@ class PartitionedGraph:
 
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int,
                     seed_time: torch.Tensor | None = None) -> OneHop:
-            return self._one_hop(etype, gids, spec, fanout, seed, rng_hop, seed_time)
+            hop_spec = spec.at_hop(rng_hop // len(fanouts))   # the driver's rng_hop = hop * edge types + k
+            return self._one_hop(etype, gids, hop_spec, fanout, seed, rng_hop, seed_time)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
                             subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes,
                             budget=self.budget)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of the nodes ``gids`` of type ``ntype`` (x / y None where the type has none)."""
+        """The :class:`NodeRows` (x, y, n_id) of the nodes ``gids`` of type ``ntype`` (x / y None where the type
+        has none)."""
         with self.telemetry.stage("feature_gather"):
             if self._whole is not None:
                 return self._whole.gather(ntype, gids.to(self._whole.device))
@@ -218,10 +220,11 @@ class PartitionedGraph:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
             topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
-            if not spec.weighted and dispatch.has_fused_typed_sampler(topos):   # the fused ops sample uniformly
+            if not spec.weighted and not spec.per_hop_replace and dispatch.has_fused_typed_sampler(topos):
+                # the fused ops sample uniformly, with one replace for every hop
                 stores = {t: part.nodes(t) for t in self.node_types}
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,
-                                                   spec.direction, spec.replace, seed, input_type,
+                                                   spec.direction, spec.replace_at(0), seed, input_type,
                                                    node_bounds={t: n.stop for t, n in stores.items()})
             return self._driver_one_part(seeds, spec, fanouts, seed, input_type)
 
@@ -232,7 +235,7 @@ class PartitionedGraph:
         assert whole is not None
 
         def one_hop(etype: EdgeType, gids: torch.Tensor, fanout: int, rng_hop: int) -> OneHop:
-            return whole.one_hop(etype, gids, spec, fanout, seed, rng_hop)
+            return whole.one_hop(etype, gids, spec.at_hop(rng_hop // len(fanouts)), fanout, seed, rng_hop)
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type, num_nodes=self._num_nodes)
 
@@ -334,8 +337,8 @@ class PartitionedGraph:
         if only is not None and only.device == gids.device:
             return only.gather(ntype, gids)
         n, store, device = gids.numel(), self._like.part.nodes(ntype), gids.device
-        x, y = (None if t is None else dispatch.empty_rows(t, n, device) for t in (store.x, store.y))
-        out = (x, y, torch.empty(n, dtype=torch.int64, device=device))
+        out = NodeRows.read(store, lambda column: dispatch.empty_rows(column, n, device)).with_fields(
+            n_id=torch.empty(n, dtype=torch.int64, device=device))
         remote = [(pos, self.sources[p].start_gather(ntype, gids[pos].to(self.sources[p].device)))
                   for p, pos in split if self.sources[p].held() is None]
         for p, pos in split:
@@ -344,7 +347,8 @@ class PartitionedGraph:
                 held.gather_to(ntype, gids[pos], out, pos)
         for pos, handle in remote:
             rows = handle.wait()
-            for dst, src in zip(out, rows):
+            for name, dst in out.items():
+                src = getattr(rows, name)
                 if dst is not None and src is not None:
                     dispatch.gather_rows_to(src.to(device, non_blocking=True), None, dst, pos)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)

@@ -121,11 +121,11 @@ def sample_nodes(graph: PartitionedGraph, node_ids, spec: SamplingSpec, seed: in
 def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
     """One node type's batch fields: gathered rows of its sampled nodes (empty when none was sampled)."""
     gids = sub.nodes.get(ntype, torch.empty(0, dtype=torch.int64))
-    x, y, orig = graph.gather_typed(ntype, gids)
+    rows = graph.gather_typed(ntype, gids)
     counts = sub.num_sampled_nodes.get(ntype, [0] * (1 + max((len(c) for c in sub.num_sampled_edges.values()),
                                                             default=0)))
     batch = None if sub.subgraph is None else sub.subgraph.get(ntype, torch.empty(0, dtype=torch.int64))
-    return {"x": x, "y": y, "n_id": orig, "num_sampled_nodes": counts, "batch": batch}
+    return {**dict(rows.items()), "num_sampled_nodes": counts, "batch": batch}
 
 
 def node_seed_time(graph, node_input, spec: SamplingSpec, input_type: str, seeds: torch.Tensor,

@@ -14,20 +14,21 @@ read names its node type.  A homogeneous graph is the one-type case (``"_N"``,
 """
 from __future__ import annotations
 
-from typing import Generic, Optional, Protocol, TypeVar
+import dataclasses
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
 from graphfeed.server.partition.store import NodeStore, Partition
 from graphfeed.server.sampling import dispatch
-from graphfeed.server.sampling.types import OneHop
+from graphfeed.server.sampling.types import NodeRows, OneHop
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
-# (x, y, original ids) of some nodes of one type; x / y are None for a type without features / labels
-Rows = tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]
+# the rows of some nodes of one type, named as the batch's node fields (x, y, n_id; x / y None where the type has none)
+Rows = NodeRows
 
 
 class Handle(Protocol[T_co]):
@@ -127,16 +128,15 @@ class LocalSource:
         OpenMP threads contend for the cores: measured ~1.5x slower on a busy 2-core machine)."""
         store = self.part.nodes(ntype)
         local = gids - store.start
-        x, y = store.x, store.y
-        return Ready((None if x is None else x.index_select(0, local), None if y is None else y.index_select(0, local),
-                      store.orig_id.index_select(0, local)))
+        return Ready(NodeRows.read(store, lambda column: column.index_select(0, local)))
 
-    def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None:
+    def gather_to(self, ntype: str, gids: torch.Tensor, out: NodeRows, pos: torch.Tensor) -> None:
         """Rows of ``gids`` (type ``ntype``, this part's) written straight to rows ``pos`` of ``out``
-        (the driver's per-batch arrays; x / y None where the type has none)."""
+        (the driver's per-batch arrays; fields None where the type has none)."""
         store = self.part.nodes(ntype)
         local = (gids - store.start).cpu()     # a GPU graph's batch arrays (out) are filled from here too
-        for dst, src in zip(out, (store.x, store.y, store.orig_id)):
+        for name, dst in out.items():
+            src = getattr(store, NodeRows.COLUMNS[name])
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, local, dst, pos)
 
@@ -185,11 +185,11 @@ class LocalSource:
                 raise ValueError("temporal sampling needs a seed time per frontier node")
             edge_time = self.part.edge_times(etype, spec.topology, spec.time_attr)
             sample = dispatch.temporal_one_hop if spec.temporal_strategy == "uniform" else dispatch.last_one_hop
-            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.replace, seed, hop)
+            return sample(topo, edge_time, gids - start, gids, seed_time, fanout, spec.hop_replace, seed, hop)
         if spec.weight_attr is not None:
             weight = self.part.edge_weights(etype, spec.topology, spec.weight_attr)
-            return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.replace, seed, hop)
-        return dispatch.one_hop(topo, gids - start, gids, fanout, spec.replace, seed, hop)
+            return dispatch.weighted_one_hop(topo, weight, gids - start, gids, fanout, spec.hop_replace, seed, hop)
+        return dispatch.one_hop(topo, gids - start, gids, fanout, spec.hop_replace, seed, hop)
 
     def edge_attr(self, pairs: torch.Tensor, kind: str) -> torch.Tensor:
         """Edge features of ``pairs[i] = (center node, original edge id)``, in order: the edges of the
@@ -216,36 +216,33 @@ class LocalSource:
         return cache[kind]
 
     def gather(self, ntype: str, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of nodes ``gids`` of type ``ntype`` as the answer (no second copy
+        """The :class:`NodeRows` of nodes ``gids`` of type ``ntype`` as the answer (no second copy
         follows; x / y None where the type has none); ValueError when the part does not own them all.
 
         The dispatched row gather (native: parallel, GIL released), straight from the part's arrays.
         """
         store = self.part.nodes(ntype)
         local = check_owned(store, gids) - store.start
-        x, y = (None if t is None else dispatch.gather_rows(t, local) for t in (store.x, store.y))
-        return x, y, dispatch.gather_rows(store.orig_id, local)
+        return NodeRows.read(store, lambda column: dispatch.gather_rows(column, local))
 
     # ---- what peers ask of this part (their RemoteSource, via rpc_api.one_hop; rpc_api.gather: gather) ---
 
-    def serve_one_hop(self, etype, gids, fanout: int, replace: bool, direction: str, seed: int,
-                      hop: int, weight_attr: str | None = None, time_attr: str | None = None,
-                      temporal_strategy: str = "uniform", seed_time: torch.Tensor | None = None,
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` for ``gids`` (checked to be
-        this part's nodes of the hop's center type; weighted by the edge feature column ``weight_attr``
-        when given; temporal by ``time_attr`` with ``seed_time`` per node); ValueError for an unknown
-        edge type."""
+    def serve_one_hop(self, etype, gids, spec: SamplingSpec, fanout: int, seed: int, hop: int,
+                      seed_time: torch.Tensor | None = None) -> OneHop:
+        """One hop of edge type ``etype`` for ``gids`` (checked to be this part's nodes of the hop's center
+        type) as a peer asked for it: ``spec`` (the session's, passed whole) is checked again as the
+        record checks itself, ``seed_time`` to have one entry per node; ValueError naming the problem
+        (an unknown edge type names the graph's)."""
+        if not isinstance(spec, SamplingSpec):
+            raise ValueError(f"one_hop needs a SamplingSpec, got {type(spec).__name__}")
+        spec = dataclasses.replace(spec)    # runs the record's checks: a peer's word is not trusted
         etype = self.part.edges(tuple(etype)).etype     # ValueError naming the graph's edge types
-        spec = SamplingSpec((fanout,), replace=replace, direction=direction, weight_attr=weight_attr,
-                            time_attr=time_attr, temporal_strategy=temporal_strategy)
-        gids = check_owned(self.part.nodes(center_type(etype, direction)), gids)
+        gids = check_owned(self.part.nodes(center_type(etype, spec.direction)), gids)
         if seed_time is not None:
             seed_time = torch.as_tensor(seed_time, dtype=torch.int64).reshape(-1)
             if seed_time.numel() != gids.numel():
                 raise ValueError(f"seed_time has {seed_time.numel()} entries for {gids.numel()} nodes")
-        res = self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time)
-        return res.counts, res.neighbors, res.eids
+        return self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time)
 
 
 def check_owned(store: NodeStore, gids) -> torch.Tensor:

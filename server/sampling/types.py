@@ -1,20 +1,60 @@
-"""Typed records at the sampler's boundary."""
+"""Typed records at the sampler's boundary.
+
+:class:`OneHop` and :class:`NodeRows` also cross the peer RPC between session workers (a peer's
+answer to ``one_hop`` / ``gather``), so they stay frozen records of tensors (and None): nothing a
+plain-record codec could not carry.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar
 
 import torch
 
 from graphfeed.core.spec import EdgeType
 
 
-@dataclass
+@dataclass(frozen=True)
 class OneHop:
     """Neighbors sampled for a frontier, grouped per frontier node in frontier order."""
 
     counts: torch.Tensor      # int64 [n]: neighbors sampled for each frontier node
     neighbors: torch.Tensor   # int64 [sum(counts)]: their global ids
     eids: torch.Tensor        # int64 [sum(counts)]: original edge ids
+
+
+@dataclass(frozen=True)
+class NodeRows:
+    """Rows of some nodes of one type, each named as the batch schema's node field it becomes
+    (:data:`graphfeed.core.batch.BATCH_FIELDS`): ``x`` features, ``y`` labels (None for a type without
+    them), ``n_id`` original ids; all aligned with the nodes asked for.  A new per-node field read
+    from the part is one field here (and its column in the part's node store)."""
+
+    x: torch.Tensor | None
+    y: torch.Tensor | None
+    n_id: torch.Tensor
+
+    # field -> the part's node store column (graphfeed.server.partition.store.NodeStore) it is read from
+    COLUMNS: ClassVar[dict[str, str]] = {"x": "x", "y": "y", "n_id": "orig_id"}
+
+    @classmethod
+    def read(cls, store, read: Callable[[torch.Tensor], torch.Tensor]) -> NodeRows:
+        """Every field read from ``store`` (a node store) by ``read(column)`` (None where it has no such column)."""
+        columns = {name: getattr(store, column) for name, column in cls.COLUMNS.items()}
+        rows: dict[str, Any] = {name: None if t is None else read(t) for name, t in columns.items()}
+        return cls(**rows)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor | None]]:
+        """``(field name, tensor or None)`` of every field, in declaration order."""
+        return ((f.name, getattr(self, f.name)) for f in fields(self))
+
+    def with_fields(self, **tensors) -> NodeRows:
+        """A copy with some fields replaced."""
+        return replace(self, **tensors)
+
+
+NODE_ROW_FIELDS = tuple(f.name for f in fields(NodeRows))
 
 
 @dataclass

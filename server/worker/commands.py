@@ -25,7 +25,7 @@ as a plain :class:`WorkerError` (an internal failure, never the caller's fault).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from graphfeed.core.spec import LoaderSpec
@@ -61,6 +61,19 @@ class GroupSpec:
     group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
     tls_cert: str | None = None
     tls_key: str | None = None
+
+    # the fields the daemon sets itself, per group or derived (the rest are daemon settings: settings_of copies
+    # each from the config attribute of the same name, so a new worker setting is one field here and one on
+    # ServerConfig)
+    PER_GROUP: ClassVar[frozenset[str]] = frozenset({"group_id", "rendezvous", "world_size", "rank", "part_id",
+                                                     "partition_root", "data_address", "gpu_topology", "budget",
+                                                     "data_path", "group_key"})
+
+    @classmethod
+    def settings_of(cls, config) -> dict[str, Any]:
+        """The daemon settings a worker is started with: every field not in :attr:`PER_GROUP`, read from the
+        daemon's config (``ServeConfig``) attribute of the same name."""
+        return {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in cls.PER_GROUP}
 
 
 # ---- errors ---------------------------------------------------------------------------------------
@@ -112,13 +125,67 @@ class SessionClosed:
 
 
 @dataclass(frozen=True)
+class ServedCounts:
+    """The data-path figures of a session, or summed over the sessions of a kind: the one list of these
+    keys (the worker's stats rows and metrics, the daemon's ``GetStats`` and ``/metrics`` read them from
+    here).  The cumulative ones only grow (``graphfeed_<name>_total`` counters); the gauges are state now."""
+
+    batches_produced: int = 0
+    batches_served: int = 0
+    bytes_served: int = 0
+    buffered_batches: int = 0   # gauge: produced batches waiting for their pull
+    buffered_bytes: int = 0     # gauge: their tensor bytes
+
+    GAUGES: ClassVar[tuple[str, ...]] = ("buffered_batches", "buffered_bytes")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def cumulative_names(cls) -> tuple[str, ...]:
+        return tuple(n for n in cls.names() if n not in cls.GAUGES)
+
+    def __add__(self, other: ServedCounts) -> ServedCounts:
+        return ServedCounts(*(getattr(self, n) + getattr(other, n) for n in self.names()))
+
+    def cumulative(self) -> ServedCounts:
+        """These counts with the gauges at 0 (what a closed session leaves behind)."""
+        return replace(self, **dict.fromkeys(self.GAUGES, 0))
+
+    def as_dict(self) -> dict[str, int]:
+        return {n: int(getattr(self, n)) for n in self.names()}
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One open session's stats (the fields of ``SessionStats`` in the control protocol)."""
+
+    session_id: str
+    group_id: str
+    kind: str
+    epoch: int                 # the running (or last) epoch; -1 before the first
+    counts: ServedCounts
+    idle_seconds: float = 0.0  # since the session's last StartEpoch, pull or sample (the daemon expires it)
+
+    def as_fields(self) -> dict[str, Any]:
+        """The flat fields (those of ``SessionStats`` in the control protocol, and ``idle_seconds``)."""
+        return dict(session_id=self.session_id, group_id=self.group_id, kind=self.kind, epoch=self.epoch,
+                    idle_seconds=self.idle_seconds, **self.counts.as_dict())
+
+
+@dataclass(frozen=True)
 class SessionRows:
-    rows: tuple[dict, ...]    # one row per open session (fields of SessionStats)
+    rows: tuple[SessionRow, ...]    # one row per open session
 
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
-    figures: dict[str, Any]   # cumulative figures since the worker started (see .telemetry)
+    """Cumulative figures since the worker started: the telemetry sections (``stages``, ``remote``,
+    ``remote_errors``, ``errors``, see :mod:`.telemetry`) and ``kinds``: per session kind, its
+    :class:`ServedCounts` (closed sessions included; gauges of the open ones)."""
+
+    figures: dict[str, Any]
 
 
 @dataclass(frozen=True)

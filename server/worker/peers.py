@@ -18,10 +18,15 @@ from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
-from graphfeed.server.sampling.types import OneHop
+from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.telemetry import WorkerTelemetry
+from graphfeed.transport import wire
 from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.pending import Pending
+
+# what peers answer one_hop and gather with travels on the secure data path as these records
+wire.register_record(OneHop)
+wire.register_record(NodeRows)
 
 T = TypeVar("T")
 
@@ -98,13 +103,11 @@ class RemoteSource:
 
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int, seed_time: torch.Tensor | None = None) -> PeerCall[OneHop]:
-        temporal = () if spec.time_attr is None else (spec.time_attr, spec.temporal_strategy, seed_time)
-        fut = self._call("one_hop", tuple(etype), gids, fanout, spec.replace, spec.direction,
-                         seed, hop, spec.weight_attr, *temporal)
-        return PeerCall(self, fut, "one_hop", lambda res: OneHop(*res))
+        fut = self._call("one_hop", tuple(etype), gids, spec, fanout, seed, hop, seed_time)
+        return PeerCall(self, fut, "one_hop", _one_hop)
 
     def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
-        return PeerCall(self, self._call("gather", ntype, gids), "gather", tuple)
+        return PeerCall(self, self._call("gather", ntype, gids), "gather", _node_rows)
 
     def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> PeerCall[torch.Tensor]:
         return PeerCall(self, self._call("has_edges", pairs, kind, etype), "has_edges", _same)
@@ -149,6 +152,19 @@ class PeerCall(Generic[T]):
             raise PeerError(f"{self.what} on peer worker part{self.source.part_id} failed: {_first_line(exc)}") \
                 from exc
         return self.convert(res)
+
+
+def _one_hop(value) -> OneHop:
+    if not isinstance(value, OneHop):
+        raise PeerError(f"one_hop answered {type(value).__name__}, not OneHop: the peer runs another graphfeed version")
+    return value
+
+
+def _node_rows(value) -> NodeRows:
+    if not isinstance(value, NodeRows):
+        raise PeerError(f"gather answered {type(value).__name__}, not NodeRows: the peer runs another graphfeed "
+                        f"version")
+    return value
 
 
 def _same(value):

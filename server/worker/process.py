@@ -46,8 +46,10 @@ from graphfeed.server.worker.commands import (
     NotReady,
     OpenSession,
     PeersJoined,
+    ServedCounts,
     SessionClosed,
     SessionOpened,
+    SessionRow,
     SessionRows,
     Started,
     StartEpoch,
@@ -104,7 +106,7 @@ class SessionWorker:
         self.server: SecureServer | None = None
         self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
-        self.closed_totals: dict[str, dict[str, int]] = {}   # kind -> counters of closed sessions
+        self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
         self.lock = threading.Lock()
@@ -228,28 +230,21 @@ class SessionWorker:
             raise SessionNotFound(f"unknown session {cmd.session_id!r} on part {self.spec.part_id}")
         session.close()
         row = session.stats()
-        totals = self.closed_totals.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS, 0))
-        for key in CUMULATIVE_FIELDS:
-            totals[key] += row[key]
+        self.closed_totals[row.kind] = self.closed_totals.get(row.kind, ServedCounts()) + row.counts.cumulative()
         return SessionClosed()
 
     def stats(self, cmd: Stats) -> SessionRows:
         return SessionRows(tuple(self._rows()))
 
-    def _rows(self) -> list[dict]:
-        rows = [s.stats() for s in list(self.sessions.values())]
-        for r in rows:
-            r["group_id"] = self.spec.group_id
-        return rows
+    def _rows(self) -> list[SessionRow]:
+        return [s.stats(self.spec.group_id) for s in list(self.sessions.values())]
 
     def metrics(self, cmd: Metrics) -> MetricsSnapshot:
         """Cumulative figures since this worker started (see :mod:`.telemetry`), plus ``kinds``:
-        per session kind, the served/produced counters (closed sessions included) and the buffer gauges."""
-        kinds = {kind: dict(t, buffered_batches=0, buffered_bytes=0) for kind, t in self.closed_totals.items()}
+        per session kind, its :class:`ServedCounts` (closed sessions included; the open ones' gauges)."""
+        kinds = dict(self.closed_totals)
         for row in self._rows():
-            k = kinds.setdefault(row["kind"], dict.fromkeys(CUMULATIVE_FIELDS + GAUGE_FIELDS, 0))
-            for key in CUMULATIVE_FIELDS + GAUGE_FIELDS:
-                k[key] += row[key]
+            kinds[row.kind] = kinds.get(row.kind, ServedCounts()) + row.counts
         hits = sum(g.hits for g in self.gpu_sources)
         return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds,
                                     gpu_cache={"hit": hits, "miss": sum(g.reads for g in self.gpu_sources) - hits}))
@@ -305,10 +300,6 @@ class SessionWorker:
             # Not graceful: a graceful shutdown is a barrier over the whole group and would
             # wait for the trainer (or hang on a dead peer).
             rpc.shutdown(graceful=False)
-
-
-CUMULATIVE_FIELDS = ("batches_produced", "batches_served", "bytes_served")
-GAUGE_FIELDS = ("buffered_batches", "buffered_bytes")
 
 
 def serve_commands(conn: Connection, worker: SessionWorker) -> None:

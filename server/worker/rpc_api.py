@@ -26,8 +26,9 @@ also carry the session's secret.
 * ``sample(session_id, secret, node_ids, seed)`` -- online sampling (``Client.sample``): one batch
   for arbitrary original node ids with the session's sampling options, outside any epoch (async:
   runs on the worker's online threads; bad ids fail the call with ValueError).
-* ``one_hop(etype, gids, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
-  through one edge type / read features of nodes of one type that this worker's part owns
+* ``one_hop(etype, gids, spec, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
+  through one edge type (``spec``: the session's :class:`SamplingSpec`, passed whole) / read features
+  (a :class:`~graphfeed.server.sampling.types.NodeRows`) of nodes of one type that this worker's part owns
   (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
@@ -47,8 +48,9 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
-from graphfeed.core.spec import feature_dtype
+from graphfeed.core.spec import SamplingSpec, feature_dtype
 from graphfeed.server.partition.format import part_files_identity
+from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
 from graphfeed.transport import rpc_group
 from graphfeed.transport.pending import Pending
@@ -183,22 +185,19 @@ def _portable(kind: type) -> type:
     return next(c for c in kind.__mro__ if c.__module__ == "builtins")
 
 
-def one_hop(etype: tuple, gids: torch.Tensor, fanout: int, replace: bool, direction: str, seed: int, hop: int,
-            weight_attr: str | None = None, time_attr: str | None = None, temporal_strategy: str = "uniform",
-            seed_time: torch.Tensor | None = None):
-    """``(counts, neighbors, eids)`` of one hop of edge type ``etype`` (``(src, rel, dst)``) for nodes
-    ``gids`` (of the hop's center type) owned by this worker's part, weighted by the edge feature
-    column ``weight_attr`` when given, temporal (``time_attr``, ``temporal_strategy``, one
-    ``seed_time`` per node) when given; ValueError for an unknown type."""
+def one_hop(etype: tuple, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int, hop: int,
+            seed_time: torch.Tensor | None = None) -> OneHop:
+    """One hop of edge type ``etype`` (``(src, rel, dst)``) for nodes ``gids`` (of the hop's center type)
+    owned by this worker's part, sampled as the session's :class:`SamplingSpec` ``spec`` says (passed
+    whole; checked again here), temporal with one ``seed_time`` per node when ``spec.time_attr`` is set;
+    ValueError for an unknown type or a spec the record refuses."""
     worker = _bound()
     own = worker.graph.sources[worker.part.part_id]   # the worker's LocalSource
-    return own.serve_one_hop(etype, gids, int(fanout), bool(replace), str(direction), int(seed), int(hop),
-                             None if weight_attr is None else str(weight_attr),
-                             None if time_attr is None else str(time_attr), str(temporal_strategy), seed_time)
+    return own.serve_one_hop(etype, gids, spec, int(fanout), int(seed), int(hop), seed_time)
 
 
-def gather(ntype: str, gids: torch.Tensor):
-    """``(x, y, original ids)`` of nodes ``gids`` of type ``ntype`` owned by this worker's part
+def gather(ntype: str, gids: torch.Tensor) -> NodeRows:
+    """The :class:`NodeRows` (x, y, n_id) of nodes ``gids`` of type ``ntype`` owned by this worker's part
     (x / y None where the type has none); ValueError for an unknown type or ids not owned."""
     worker = _bound()
     return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership

@@ -22,7 +22,7 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
-from graphfeed.server.worker.commands import BadRequest
+from graphfeed.server.worker.commands import BadRequest, ServedCounts, SessionRow
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport.pending import Pending
 
@@ -228,17 +228,15 @@ class Session:
         self.totals["served"] += s.served
         self.totals["bytes_served"] += s.bytes_served
 
-    def stats(self) -> dict:
+    def stats(self, group_id: str = "") -> SessionRow:
         run = self.run
         s = run.buffer.stats if run is not None else None
-        return {
-            "session_id": self.session_id, "kind": self.spec.kind,
-            "epoch": run.epoch if run is not None else -1,
-            "batches_produced": self.totals["produced"] + (s.produced if s else 0),
-            "batches_served": self.totals["served"] + (s.served if s else 0),
-            "bytes_served": self.totals["bytes_served"] + (s.bytes_served if s else 0),
-            "buffered_batches": s.buffered_batches if s else 0,
-            "buffered_bytes": s.buffered_bytes if s else 0,
-            "idle_seconds": time.monotonic() - self.last_used,
-        }
+        counts = ServedCounts(
+            batches_produced=self.totals["produced"] + (s.produced if s else 0),
+            batches_served=self.totals["served"] + (s.served if s else 0),
+            bytes_served=self.totals["bytes_served"] + (s.bytes_served if s else 0),
+            buffered_batches=s.buffered_batches if s else 0,
+            buffered_bytes=s.buffered_bytes if s else 0)
+        return SessionRow(self.session_id, group_id, self.spec.kind, run.epoch if run is not None else -1, counts,
+                          idle_seconds=time.monotonic() - self.last_used)
 

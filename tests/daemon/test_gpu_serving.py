@@ -224,10 +224,12 @@ def test_a_gpu_source_answers_a_cpu_peer_on_the_host(tiny2):
     part = open_parts(tiny2)[1][1]
     gpu, cpu = GpuSource(part, "cuda"), LocalSource(part)
     gids = torch.arange(part.start, part.start + 300)
-    for got, want in zip(gpu.serve_one_hop(part.etype, gids, 7, False, "in", 11, 1),
-                         cpu.serve_one_hop(part.etype, gids, 7, False, "in", 11, 1)):
+    spec = SamplingSpec((7,), replace=False, direction="in")
+    hops = gpu.serve_one_hop(part.etype, gids, spec, 7, 11, 1), cpu.serve_one_hop(part.etype, gids, spec, 7, 11, 1)
+    for name in ("counts", "neighbors", "eids"):
+        got, want = (getattr(h, name) for h in hops)
         assert got.device.type == "cpu" and torch.equal(got, want)
-    for got, want in zip(gpu.gather(part.ntype, gids), cpu.gather(part.ntype, gids)):
+    for (_, got), (_, want) in zip(gpu.gather(part.ntype, gids).items(), cpu.gather(part.ntype, gids).items()):
         assert got.device.type == "cpu" and torch.equal(got, want)
 
 

@@ -29,8 +29,10 @@ from graphfeed.server.worker.commands import (
     MetricsSnapshot,
     NotFound,
     OpenSession,
+    ServedCounts,
     SessionClosed,
     SessionOpened,
+    SessionRow,
     SessionRows,
     StartEpoch,
     Stats,
@@ -70,7 +72,7 @@ class FakeSessionWorker:
         return SessionClosed()
 
     def stats(self, cmd: Stats) -> SessionRows:
-        return SessionRows(tuple(dict(session_id=sid, kind=s["kind"], epoch=s["epoch"], batches_produced=0)
+        return SessionRows(tuple(SessionRow(sid, "", s["kind"], s["epoch"], ServedCounts())
                                  for sid, s in self.sessions.items()))
 
     def metrics(self, cmd: Metrics) -> MetricsSnapshot:

@@ -146,7 +146,7 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                 with pytest.raises(Exception, match="does not carry this worker's trainer group key"):
                     rpc.rpc_sync("part0", rpc_group.remote("gather", wrong), args=("_N", torch.arange(3)))
             [row] = handle.call(Stats()).rows
-            assert (row["batches_served"], row["buffered_batches"], row["epoch"]) == (4, 0, 0)
+            assert (row.counts.batches_served, row.counts.buffered_batches, row.epoch) == (4, 0, 0)
             assert handle.call(CloseSession("s1")) == SessionClosed()
         finally:
             rpc.shutdown(graceful=False)
