@@ -296,7 +296,7 @@ def _captured_epoch(servers, monkeypatch, **connect) -> tuple[bytes, list, list[
             loader = client.neighbor_loader("train", FANOUTS, **KW)
             batches = list(loader)
             _seeds_once(batches, client.split_sizes["train"])
-            sessions, secrets = list(loader.sessions), list(loader._secrets)
+            sessions, secrets = list(loader.sessions), list(loader.session_set.secrets)
     finally:
         for p in proxies:
             p.close()
