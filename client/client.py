@@ -57,7 +57,9 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     address, re-forms the data-path group with every server, re-opens the loaders' sessions
     and continues at the first batch the trainer has not received (each seed still exactly
     once; batches equal to an uninterrupted run's).  ``0`` fails at once with
-    :class:`ServerError`, as does a server that comes back with another partition.
+    :class:`ServerError`, as does a server that comes back with another partition, and a server
+    that stops on purpose: one whose health said NOT_SERVING (a daemon drains on SIGTERM/SIGINT;
+    its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for.
 
     ``channel``: ``"auto"`` pulls batches from servers on this host through shared memory
     (a ring of ``shm_slots`` slots per server, see :mod:`graphfeed.transport.shm`; a batch's
@@ -290,6 +292,10 @@ class Client:
             dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
+            stopping = self.group.stopping(dead)
+            if stopping:   # a drain is a stop on purpose: nothing comes back to wait for
+                self._fail((", ".join(stopping), f"is shutting down (it announced a drain: SIGTERM/SIGINT), so the "
+                                                 f"client does not wait to reconnect; {where[1]}"), cause)
             log.warning("graphfeed: %s; waiting up to %g s for %s to come back (%s)", where[1],
                         self.reconnect_timeout, ", ".join(dead), "; ".join(f"{k}: {v}" for k, v in dead.items()))
             try:

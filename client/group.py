@@ -78,6 +78,7 @@ class DataGroup:
         self.group_id = f"trainer-{uuid.uuid4().hex[:16]}"
         self.lease_request = float(lease_seconds or 0.0)
         self.failures: dict[str, str] = {}   # server name -> why its heartbeat failed
+        self.draining: set[str] = set()      # servers whose health said NOT_SERVING: stopping on purpose
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
@@ -189,12 +190,20 @@ class DataGroup:
                 s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
                 self.failures.pop(s.name, None)
                 misses = 0
+                if s.draining(timeout=max(1.0, interval)):   # the daemon announced a drain
+                    self.draining.add(s.name)
             except NotFound:
                 self.failures[s.name] = "the server no longer knows this trainer's group (it was reaped or restarted)"
             except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
                 misses += 1
                 if misses >= HEARTBEAT_MISSES:  # one slow answer on a loaded host is not a dead server
                     self.failures[s.name] = f"its control port does not answer ({_first_line(exc)})"
+
+    def stopping(self, names) -> list[str]:
+        """Those of the servers ``names`` that stop on purpose: they said they drain (SIGTERM/SIGINT;
+        :meth:`ServerConn.draining`) at a heartbeat, or say so now."""
+        by_name = {s.name: s for s in self.servers}
+        return [n for n in names if n in self.draining or (n in by_name and by_name[n].draining(PROBE_TIMEOUT))]
 
     def probe(self) -> dict[str, str]:
         """Servers that fail a heartbeat now (name -> reason), checked in parallel."""
