@@ -1,6 +1,7 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
+import atexit
 import collections
 import gc
 import logging
@@ -15,6 +16,7 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
+from graphfeed.core.compat import BatchTransforms, check_not_graph, note_worker_options
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
@@ -36,6 +38,8 @@ def _lost_connection(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__
     return False
+_OPEN: list["Client"] = []   # this process's open clients (one: torch allows one RPC group per process)
+_OPEN_LOCK = threading.Lock()
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -74,10 +78,19 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
     ``tls: {ca:, cert:, key:}``) and ``GRAPHFEED_TOKEN``.
 
+    One client per process (torch allows one RPC group): ``connect()`` with the same servers while a
+    client is open returns that client (as when a module that connects is imported twice -- PyG's
+    ``to_hetero`` re-imports the script), and it closes when each ``connect()`` that returned it was
+    closed.  An open client closes itself at interpreter exit (a script that ``break``s out of an
+    epoch and never calls ``close()`` exits 0, and the servers free its workers at once).
+
     Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
-    a server fails, RuntimeError if this process already has an open client.
+    a server fails, RuntimeError if this process already has an open client to other servers.
     """
     addresses = parse_cluster(cluster)
+    reused = _open_client(addresses)
+    if reused is not None:
+        return reused
     security = from_cluster(cluster, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     if not reconnect_timeout >= 0:
         raise ValueError(f"reconnect_timeout must be >= 0 seconds (0 = fail at once), got {reconnect_timeout!r}")
@@ -119,6 +132,11 @@ class Client:
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
+        self._holds = 1   # connect() calls that returned this client and were not closed yet
+        with _OPEN_LOCK:
+            if not _OPEN:
+                _at_exit(_close_at_exit)
+            _OPEN.append(self)
 
     def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *,
                         batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, prefetch: int = 4,
@@ -128,7 +146,9 @@ class Client:
                         input_time=None, temporal_strategy: str = "uniform",
                         disjoint: bool = False, ordered: bool = False,
                         feature_cache_mb: float | None = None, pin_memory: bool = False,
-                        device=None) -> RemoteNeighborLoader:
+                        device=None, transform=None, transform_sampler_output=None,
+                        num_workers: int | None = None, persistent_workers: bool | None = None,
+                        prefetch_factor: int | None = None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -145,9 +165,19 @@ class Client:
         rows of the label type's highest in-degree nodes, which the servers then leave out of its batches
         (same batches, fewer bytes; see :class:`RemoteNeighborLoader`).  ``pin_memory`` / ``device`` (PyG's):
         batches in pinned memory / on that device, copied one batch ahead.  They become one
-        :class:`LoaderSpec` (:meth:`open_loader`).
+        :class:`LoaderSpec` (:meth:`open_loader`).  ``transform`` / ``transform_sampler_output``: callables
+        applied to each batch here, on the trainer, as PyG's (:class:`graphfeed.core.compat.BatchTransforms`;
+        pass the dataset's transform, e.g. ``NormalizeFeatures()``: the servers serve the partitioned features).
+        ``num_workers``, ``persistent_workers``, ``prefetch_factor`` are accepted and logged once (the
+        servers do the DataLoader workers' work).  A ``Data`` as first argument (PyG's ``NeighborLoader(data,
+        ...)``) is a TypeError saying to drop it.
         """
+        check_not_graph(input_nodes, "neighbor_loader's first argument (input_nodes)",
+                        "NeighborLoader(data, num_neighbors=..., input_nodes=X) is "
+                        "client.neighbor_loader(input_nodes=X, num_neighbors=...)")
         self._check_usable()
+        note_worker_options(kind or "nodes", num_workers=num_workers, persistent_workers=persistent_workers,
+                            prefetch_factor=prefetch_factor)
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
@@ -156,7 +186,7 @@ class Client:
                              feature_dtype=feature_dtype, time_attr=time_attr, temporal_strategy=temporal_strategy,
                              disjoint=disjoint, input_time=input_time, ordered=ordered)
         return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
-                                device=device)
+                                device=device, transforms=BatchTransforms(transform, transform_sampler_output))
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, batch_size: int = 1,
@@ -166,7 +196,9 @@ class Client:
                              weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
                              edge_label_time=None, temporal_strategy: str = "uniform",
                              disjoint: bool = False, feature_cache_mb: float | None = None, pin_memory: bool = False,
-                             device=None) -> RemoteNeighborLoader:
+                             device=None, transform=None, transform_sampler_output=None,
+                             num_workers: int | None = None, persistent_workers: bool | None = None,
+                             prefetch_factor: int | None = None) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
@@ -175,8 +207,14 @@ class Client:
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``; ``batch_size`` counts seed edges;
         ``feature_dtype``, ``disjoint``, ``time_attr``, ``temporal_strategy``, ``feature_cache_mb``,
         ``pin_memory``, ``device`` as :meth:`neighbor_loader`,
-        ``edge_label_time`` one time per seed edge.  ValueError (one line, naming the argument) for bad input."""
+        ``edge_label_time`` one time per seed edge; ``transform``, ``transform_sampler_output`` and the DataLoader
+        worker options as :meth:`neighbor_loader`.  ValueError (one line, naming the argument) for bad input."""
+        check_not_graph(num_neighbors, "link_neighbor_loader's first argument (num_neighbors)",
+                        "LinkNeighborLoader(data, num_neighbors=..., edge_label_index=...) is "
+                        "client.link_neighbor_loader(num_neighbors=..., edge_label_index=...)")
         self._check_usable()
+        note_worker_options(kind or "links", num_workers=num_workers, persistent_workers=persistent_workers,
+                            prefetch_factor=prefetch_factor)
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
@@ -191,7 +229,7 @@ class Client:
         if link.split is None:
             check_link_ids(link, self.num_nodes_of)
         return self.open_loader(spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb, pin_memory=pin_memory,
-                                device=device)
+                                device=device, transforms=BatchTransforms(transform, transform_sampler_output))
 
     def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
                direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
@@ -225,15 +263,17 @@ class Client:
         return int(self.num_nodes_by_type[ntype])
 
     def open_loader(self, spec: LoaderSpec, *, prefetch: int = 4, feature_cache_mb: float | None = None,
-                    pin_memory: bool = False, device=None) -> RemoteNeighborLoader:
+                    pin_memory: bool = False, device=None,
+                    transforms: BatchTransforms | None = None) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``prefetch`` pulls
         in flight per server, ``feature_cache_mb`` the loader's feature cache (MiB; None/0 = off),
-        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.core.delivery.Delivery`)."""
+        ``pin_memory`` / ``device`` how batches are handed over (:class:`~graphfeed.core.delivery.Delivery`),
+        ``transforms`` the per-batch callables (:class:`~graphfeed.core.compat.BatchTransforms`)."""
         self._check_usable()
         self._close_orphans()
         try:
             loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
-                                          pin_memory=pin_memory, device=device)
+                                          pin_memory=pin_memory, device=device, transforms=transforms)
         except ServerError as exc:
             if "max_sessions_per_group" not in str(exc):
                 raise
@@ -241,7 +281,7 @@ class Client:
             if not self._close_orphans():
                 raise
             loader = RemoteNeighborLoader(self, spec, prefetch=prefetch, feature_cache_mb=feature_cache_mb,
-                                          pin_memory=pin_memory, device=device)
+                                          pin_memory=pin_memory, device=device, transforms=transforms)
         self._loaders.add(loader)
         return loader
 
@@ -361,9 +401,16 @@ class Client:
         self._loaders.discard(loader)
 
     def close(self) -> None:
-        """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
+        """Close the loaders' sessions, leave the data-path group, release this trainer's workers.
+        A client that more than one ``connect()`` returned closes at the last of their ``close()``s."""
         if self._closed:
             return
+        with _OPEN_LOCK:
+            self._holds -= 1
+            if self._holds > 0:
+                return
+            if self in _OPEN:
+                _OPEN.remove(self)
         self._closed = True
         for loader in list(self._loaders):
             loader.close()
@@ -382,3 +429,48 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({', '.join(s.name for s in self.servers)}, group={self.group.group_id})"
+
+
+def _open_client(addresses: list[str]) -> Client | None:
+    """This process's open client when it is connected to ``addresses`` (one more hold on it); None when
+    there is none; RuntimeError naming both server lists when it is connected to other servers."""
+    with _OPEN_LOCK:
+        for client in _OPEN:
+            if sorted(s.address for s in client.servers) == sorted(addresses):
+                client._holds += 1
+                log.info("graphfeed: connect() to the servers of the open client %r returns that client", client)
+                return client
+        if _OPEN:
+            raise RuntimeError(f"this process already has an open graphfeed client, to "
+                               f"{', '.join(s.address for s in _OPEN[0].servers)}, and torch allows one RPC "
+                               f"group per process: close() it before connecting to {', '.join(addresses)} (if "
+                               f"connect() runs twice because a module was imported twice, pass the same servers: "
+                               f"connect() then returns the open client)")
+    return None
+
+
+def _at_exit(fn) -> None:
+    """Run ``fn`` at interpreter exit while thread pools still work: with the exit hooks of ``threading``
+    (what ``concurrent.futures`` uses; they run last-registered first, before non-daemon threads are
+    joined and before ``atexit``'s handlers, torch RPC's among them), else with ``atexit``."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(fn)
+            return
+    except RuntimeError:   # already shutting down
+        return
+    atexit.register(fn)
+
+
+def _close_at_exit() -> None:
+    """Close every client left open (at interpreter exit, before torch's own handlers stop RPC): the
+    loaders' in-flight pulls are waited for, the sessions and groups closed on the servers."""
+    with _OPEN_LOCK:
+        clients = list(_OPEN)
+    for client in clients:
+        client._holds = 1
+        try:
+            client.close()
+        except Exception as exc:  # noqa: BLE001 -- at exit a failure is reported, never raised
+            log.warning("graphfeed: closing the client at exit failed: %s", exc)

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from graphfeed.core.compat import BatchTransforms
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
@@ -47,7 +48,9 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, replace: bool = False,
                  direction: str = "in", seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
-                 edge_label_time=None, temporal_strategy: str = "uniform", disjoint: bool = False):
+                 edge_label_time=None, temporal_strategy: str = "uniform", disjoint: bool = False,
+                 transform=None, transform_sampler_output=None):
+        self.transforms = BatchTransforms(transform, transform_sampler_output)
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,

@@ -12,6 +12,7 @@ import torch
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
+from graphfeed.core.compat import BatchTransforms
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
@@ -47,7 +48,8 @@ class LocalNeighborLoader:
     ``feature_dtype`` (``"bf16"``, ``"fp16"``, a torch dtype, or None = as stored) casts the
     floating-point features as the servers do for a remote loader with the same argument.
     ``pin_memory`` / ``device`` (PyG's): batches in pinned memory / moved to that device one batch
-    ahead (:class:`~graphfeed.core.delivery.Delivery`).
+    ahead (:class:`~graphfeed.core.delivery.Delivery`).  ``transform`` / ``transform_sampler_output`` are
+    applied to each batch, as PyG's (:class:`graphfeed.core.compat.BatchTransforms`).
     The arguments are kept as one :class:`LoaderSpec` (``self.spec``).  One live iterator at a
     time, ``state_dict``/``load_state_dict`` and the DDP agreement check behave as the remote
     loader's (:mod:`graphfeed.core.progress`, :mod:`graphfeed.core.agreement`).
@@ -61,8 +63,10 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
                  time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
-                 disjoint: bool = False, ordered: bool = False, pin_memory: bool = False, device=None):
+                 disjoint: bool = False, ordered: bool = False, pin_memory: bool = False, device=None,
+                 transform=None, transform_sampler_output=None):
         delivery = Delivery(pin_memory, device)   # first: a bad device fails before the parts are opened
+        self.transforms = BatchTransforms(transform, transform_sampler_output)
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         spec = LoaderSpec.of(input_nodes, num_neighbors, batch_size=batch_size, shuffle=shuffle,
                              drop_last=drop_last, replace=replace, direction=direction, seed=seed,
@@ -123,7 +127,7 @@ class LocalNeighborLoader:
 
     def _produced(self, plan: EpochPlan, start: int) -> Iterator:
         for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
-            yield batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
+            yield self.transforms.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
