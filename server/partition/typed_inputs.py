@@ -186,7 +186,27 @@ def read_hetero_data(data, file: Path) -> GraphInput:
     nodes = {ntype: _hetero_node_type(data[ntype], ntype, file) for ntype in data.node_types}
     edges = {tuple(etype): _hetero_edge_type(data[etype], tuple(etype), file) for etype in data.edge_types}
     name = getattr(data, "_global_store", {}).get("name")
-    return build_typed_graph_input(nodes, edges, name=name if isinstance(name, str) and name else file.stem)
+    graph = build_typed_graph_input(nodes, edges, name=name if isinstance(name, str) and name else file.stem)
+    graph.dropped = hetero_dropped(data)
+    return graph
+
+
+HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "time", *(f"{s}_{k}" for s in SPLITS for k in ("idx", "mask"))})
+HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time"})
+
+
+def hetero_dropped(data) -> list[str]:
+    """The attributes of a ``HeteroData`` that partitioning does not store, as ``data[type].name`` (edge
+    ``time``, ``edge_label``, ``edge_label_index``, node ``pos``, ...), for the one warning line."""
+    def keys(store) -> list[str]:
+        k = getattr(store, "keys", None)
+        return [str(name) for name in (k() if callable(k) else k or [])]
+
+    dropped = [f"data[{nt!r}].{k}" for nt in data.node_types for k in keys(data[nt]) if k not in HETERO_NODE_KEYS]
+    dropped += [f"data[{tuple(et)!r}].{k}" for et in data.edge_types for k in keys(data[et])
+                if k not in HETERO_EDGE_KEYS]
+    dropped += [f"data.{k}" for k in keys(getattr(data, "_global_store", {})) if k != "name"]
+    return sorted(dropped)
 
 
 # ----------------------------------------------------------------------------- validation

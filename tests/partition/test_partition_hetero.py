@@ -543,3 +543,21 @@ def test_cli_partition_and_info_show_per_type_counts(mag_tiny_dir, mag_tiny, tmp
     rows = {line.split()[0]: line.split() for line in node_table[1:4]}
     assert rows["all"][1:5] == ["3,500", "500", "6,000", f"{mag_tiny.splits['train'].size:,}"]
     assert rows["0"][1:4] == [f"{meta.node_ranges[t][1]:,}" for t in ("author", "field", "paper")]
+
+
+def test_every_dropped_hetero_data_attribute_is_named(tmp_path, capsys):
+    """Attributes partitioning does not store (edge time, edge_label, node pos, a global) are each named
+    in the one warning line; stored ones are not."""
+    data = hetero_data(hand_made_typed_arrays())
+    buys = ("user", "buys", "item")
+    data[buys].time = torch.arange(data[buys].edge_index.shape[1])
+    data[buys].edge_label = torch.ones(data[buys].edge_index.shape[1])
+    data["item"].pos = torch.zeros(30, 2)
+    data.note = "kept nowhere"
+    source = tmp_path / "g.pt"
+    torch.save(data, source)
+    assert main(["partition", str(source), "-p", "2", "-o", str(tmp_path / "out"), "-q"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning: not stored" in line]
+    assert len(warnings) == 1, warnings
+    named = warnings[0].split("splits): ", 1)[1]
+    assert named == f"data.note, data['item'].pos, data[{buys!r}].edge_label, data[{buys!r}].time", warnings[0]
