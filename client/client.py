@@ -144,7 +144,7 @@ class Client:
                         world_size: int | None = None, kind: str | None = None,
                         weight_attr: str | None = None, feature_dtype=None, time_attr: str | None = None,
                         input_time=None, temporal_strategy: str = "uniform",
-                        disjoint: bool = False, ordered: bool = False,
+                        disjoint: bool = False, ordered: bool | None = None,
                         feature_cache_mb: float | None = None, pin_memory: bool = False,
                         device=None, transform=None, transform_sampler_output=None,
                         num_workers: int | None = None, persistent_workers: bool | None = None,
@@ -161,8 +161,11 @@ class Client:
         of float32 features); labels and ids are untouched.  ``disjoint``, ``time_attr``, ``input_time``
         and ``temporal_strategy`` as :class:`~graphfeed.server.loader.local.LocalNeighborLoader`'s.
         ``ordered=True`` (with ``shuffle=False``; ids, or None = every node in original id order) delivers
-        the seeds in input order.  ``feature_cache_mb`` (MiB; None/0 = off): the loader caches the feature
-        rows of the label type's highest in-degree nodes, which the servers then leave out of its batches
+        the seeds in input order; the default (None) is True exactly there, without ``shuffle`` and for ids or
+        None of the label type, as PyG orders them (:func:`graphfeed.core.spec.default_ordered`);
+        ``ordered=False`` asks for part-by-part order (each batch's seeds from one server).
+        ``feature_cache_mb`` (MiB; None/0 = off): the loader caches the feature rows of the label type's
+        highest in-degree nodes, which the servers then leave out of its batches
         (same batches, fewer bytes; see :class:`RemoteNeighborLoader`).  ``pin_memory`` / ``device`` (PyG's):
         batches in pinned memory / on that device, copied one batch ahead.  They become one
         :class:`LoaderSpec` (:meth:`open_loader`).  ``transform`` / ``transform_sampler_output``: callables
@@ -217,7 +220,8 @@ class Client:
                             prefetch_factor=prefetch_factor)
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
+                            edge_types=self.edge_types)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
                              kind=kind or "", weight_attr=weight_attr, feature_dtype=feature_dtype,

@@ -145,3 +145,26 @@ def test_a_script_that_breaks_and_never_closes_exits_0_and_frees_its_group(addre
         assert "terminate called" not in res.stderr and "failed" not in res.stderr, res.stderr[-3000:]
         assert time.monotonic() - t0 < EXIT_BOUND
         assert [_groups_open(a) for a in addresses] == [0, 0], "the servers free the group when the script exits"
+
+
+# ---- order with shuffle=False -----------------------------------------------------------------------
+
+def test_layer_wise_inference_with_shuffle_false_equals_full_batch(addresses, graph):
+    """reddit.py's ``inference``: every node, all neighbours, ``shuffle=False``, outputs ``torch.cat``ed."""
+    from torch_geometric.nn import SAGEConv
+
+    ei, x, *_ = graph
+    torch.manual_seed(0)
+    conv = SAGEConv(x.shape[1], 8).eval()
+    with torch.no_grad():
+        full = conv(torch.as_tensor(x), torch.as_tensor(ei))
+        with gf.connect(addresses, timeout=60) as client:
+            def layer(loader):
+                return torch.cat([conv(b.x, b.edge_index)[:b.batch_size] for b in loader])
+
+            subgraph_loader = client.neighbor_loader(None, [-1], batch_size=256, shuffle=False)
+            assert subgraph_loader.spec.ordered   # the default for ids / every node without shuffle
+            assert torch.allclose(layer(subgraph_loader), full, atol=1e-5)
+            by_part = client.neighbor_loader(None, [-1], batch_size=256, ordered=False)   # by name: part by part
+            assert not torch.allclose(layer(by_part), full, atol=1e-5)
+            assert not client.neighbor_loader("train", FANOUTS, batch_size=64).spec.ordered   # a split name

@@ -52,7 +52,8 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
                  transform=None, transform_sampler_output=None):
         self.transforms = BatchTransforms(transform, transform_sampler_output)
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
+                            edge_types=graph.edge_types)
         spec = LoaderSpec.of(link, num_neighbors, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                              replace=replace, direction=direction, seed=seed, rank=rank, world_size=world_size,
                              weight_attr=weight_attr, feature_dtype=feature_dtype, time_attr=time_attr,

@@ -63,7 +63,7 @@ class LocalNeighborLoader:
                  direction: str = "in", seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, weight_attr: str | None = None, feature_dtype=None,
                  time_attr: str | None = None, input_time=None, temporal_strategy: str = "uniform",
-                 disjoint: bool = False, ordered: bool = False, pin_memory: bool = False, device=None,
+                 disjoint: bool = False, ordered: bool | None = None, pin_memory: bool = False, device=None,
                  transform=None, transform_sampler_output=None):
         delivery = Delivery(pin_memory, device)   # first: a bad device fails before the parts are opened
         self.transforms = BatchTransforms(transform, transform_sampler_output)
@@ -157,7 +157,7 @@ def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neigh
     ValueError naming the bad id and the valid range for bad ids."""
     graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
     spec = LoaderSpec.of(None, num_neighbors, replace=replace, direction=direction, seed=seed, rank=0, world_size=1,
-                         weight_attr=weight_attr, feature_dtype=feature_dtype)
+                         weight_attr=weight_attr, feature_dtype=feature_dtype, ordered=False)
     check_sampling(graph.parts, spec.sampling)
     spec.check_schema(graph.node_types, graph.edge_types)
     wire = _sample_nodes(graph, node_ids, spec.sampling, spec.seed, feature_dtype=spec.feature_torch_dtype)

@@ -39,8 +39,9 @@ def torch_load(file: Path, allow_pickle: bool):
                          f"or save the graph with torch.save(data, path)")
     try:
         from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-        from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
-        safe = [DataEdgeAttr, DataTensorAttr, BaseStorage, GlobalStorage, NodeStorage, EdgeStorage]
+        from torch_geometric.data.storage import AttrType, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+        # AttrType: an enum that RandomLinkSplit's outputs carry (they hold only tensors and enums)
+        safe = [DataEdgeAttr, DataTensorAttr, BaseStorage, GlobalStorage, NodeStorage, EdgeStorage, AttrType]
     except ImportError:  # PyG absent: plain dicts of tensors still load
         safe = []
     try:

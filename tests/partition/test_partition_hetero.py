@@ -409,9 +409,20 @@ def test_splits_without_labels_make_an_unlabelled_graph(tmp_path):
 def test_no_train_split(tmp_path, capsys):
     err = _typed_error(capsys, tmp_path, _edit(**{"user.train_mask": None}))
     assert "node type 'user'" in err and "train_idx" in err and "at least one training node" in err
-    err = _typed_error(capsys, tmp_path / "none", _edit(**{"user.train_mask": None, "user.val_idx": None,
-                                                             "user.test_idx": None}))
-    assert "no node type has a train split" in err and "train_idx" in err
+
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_link_only_graph_needs_no_node_split(tmp_path, method):
+    """No node split anywhere (link prediction): partitions, with the first labelled type as the label type."""
+    arrays = _edit(**{"user.train_mask": None, "user.val_idx": None, "user.test_idx": None})
+    source = tmp_path / "g.pt"
+    torch.save(hetero_data(arrays), source)
+    assert main(["partition", str(source), "-p", "2", "--method", method, "-o", str(tmp_path / "out"), "-q"]) == 0
+    meta = read_meta(tmp_path / "out")
+    assert meta.label_type == "user"
+    parts = open_parts(tmp_path / "out")[1]
+    assert sum(int(p.split("train").numel()) for p in parts) == 0
 
 
 def test_featureless_type_without_num_nodes(tmp_path, capsys):
