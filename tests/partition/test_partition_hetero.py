@@ -572,3 +572,24 @@ def test_every_dropped_hetero_data_attribute_is_named(tmp_path, capsys):
     assert len(warnings) == 1, warnings
     named = warnings[0].split("splits): ", 1)[1]
     assert named == f"data.note, data['item'].pos, data[{buys!r}].edge_label, data[{buys!r}].time", warnings[0]
+
+
+def test_random_link_split_output_partitions_without_allow_pickle(tmp_path, capsys):
+    import torch_geometric.transforms as T
+
+    data = hetero_data(_edit(**{"user.train_mask": None, "user.val_idx": None, "user.test_idx": None}))
+    train, _, _ = T.RandomLinkSplit(num_val=0.1, num_test=0.1, edge_types=("user", "buys", "item"),
+                                    rev_edge_types=("item", "bought_by", "user"))(data)
+    source = tmp_path / "train.pt"
+    torch.save(train, source)
+    assert main(["partition", str(source), "-p", "2", "-o", str(tmp_path / "out"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "data[('user', 'buys', 'item')].edge_label_index" in err and "allow-pickle" not in err
+
+    class Stranger:   # any other object is still refused, naming it
+        def __reduce__(self):
+            return (print, ("unpickled",))
+
+    torch.save({"x": Stranger()}, tmp_path / "evil.pt")
+    assert main(["partition", str(tmp_path / "evil.pt"), "-p", "2", "-o", str(tmp_path / "out2"), "-q"]) == 2
+    assert "print" in capsys.readouterr().err
