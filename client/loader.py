@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
@@ -214,7 +214,7 @@ class RemoteNeighborLoader:
                     generation = self._start_epoch(plan, progress.delivered, generation)
         self._stats.end_epoch()
 
-    def _stream(self, epoch: int, entries, start: int, generation: int) -> Iterator:
+    def _stream(self, epoch: int, entries, start: int, generation: int) -> Generator:
         """Batches ``start..`` of ``entries`` in order, ``prefetch`` pulls in flight per server;
         :class:`PullFailed` when a pull fails or the client's group was re-formed meanwhile."""
         inflight = [0] * len(self.client.servers)
