@@ -168,3 +168,29 @@ def test_layer_wise_inference_with_shuffle_false_equals_full_batch(addresses, gr
             by_part = client.neighbor_loader(None, [-1], batch_size=256, ordered=False)   # by name: part by part
             assert not torch.allclose(layer(by_part), full, atol=1e-5)
             assert not client.neighbor_loader("train", FANOUTS, batch_size=64).spec.ordered   # a split name
+
+
+TO_HETERO_SCRIPT = textwrap.dedent("""
+    import sys
+    import graphfeed.client as gf
+    from torch_geometric.nn import SAGEConv, Sequential, to_hetero
+
+    client = gf.connect(sys.argv[1].split(","), timeout=60)   # at module level, as the ported scripts do
+    model = Sequential("x, edge_index", [(SAGEConv((-1, -1), 16), "x, edge_index -> x"),
+                                         (SAGEConv((-1, -1), 4), "x, edge_index -> x")])
+    metadata = (["paper", "author"], [("author", "writes", "paper"), ("paper", "written_by", "author")])
+    hetero = to_hetero(model, metadata)
+    print("built", type(hetero).__name__, flush=True)
+    client.close()
+""")
+
+
+def test_to_hetero_of_a_pyg_sequential_builds_in_a_script_that_connects(addresses, tmp_path):
+    """PyG's Sequential template imports the calling script again, which connects again: that must work."""
+    script = tmp_path / "hetero_script.py"
+    script.write_text(TO_HETERO_SCRIPT)
+    res = subprocess.run([sys.executable, str(script), ",".join(addresses)], capture_output=True, text=True,
+                         timeout=EXIT_BOUND, cwd=tmp_path)
+    assert res.returncode == 0, f"exit code {res.returncode}:\n{res.stdout}\n{res.stderr[-3000:]}"
+    # the template's `from hetero_script import *` ran the script a second time: two connect()s, two models
+    assert res.stdout.count("built GraphModule") == 2, res.stdout
