@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE_BOUND_S = 900.0      # one line (the link bench takes about 5 minutes on 2 cores)
 SERVE_BOUND_S = 120.0     # a daemon to SERVING
 
