@@ -20,6 +20,10 @@ from graphfeed.testing.cluster import LocalCluster, stop_processes
 
 HEALTH_TIMEOUT_S = 120.0
 STOP_GRACE_S = 30.0
+# After Ctrl-C nothing is worth waiting for: the ranks and servers got the same SIGINT (the servers
+# drain, and the trainers end as soon as a server they use says it is draining), then SIGTERM; what is
+# still running this long after that is SIGKILLed, so Ctrl-C ends the demo in seconds.
+INTERRUPT_GRACE_S = 5.0
 
 
 def add_arguments(parser) -> None:
@@ -59,7 +63,7 @@ def run(args) -> int:
         return code
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping every child process", file=sys.stderr)
-        _stop_all(servers, ranks)
+        _stop_all(servers, ranks, INTERRUPT_GRACE_S)
         return 130
     finally:
         _stop_all(servers, ranks)
@@ -115,6 +119,7 @@ def _train(args, servers: list[str], ranks: list) -> int:
     return 0
 
 
-def _stop_all(servers: LocalCluster, ranks: list) -> None:
-    """Stop the trainer ranks and the servers together (SIGTERM, bounded wait, SIGKILL); codes not judged."""
-    stop_processes([*ranks, *(s.proc for s in servers.servers)], STOP_GRACE_S)
+def _stop_all(servers: LocalCluster, ranks: list, grace: float = STOP_GRACE_S) -> None:
+    """Stop the trainer ranks and the servers together (SIGTERM, ``grace`` s, SIGKILL); codes not judged.
+    A SIGKILLed server's session workers die with it (they ask the kernel for that: PR_SET_PDEATHSIG)."""
+    stop_processes([*ranks, *(s.proc for s in servers.servers)], grace)

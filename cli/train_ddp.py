@@ -143,5 +143,17 @@ def _progress_bar(enabled: bool):
     return lambda it: tqdm(it, total=len(it), leave=False, file=sys.stderr, desc="train")
 
 
+def _run() -> int:
+    """:func:`main` as a command: Ctrl-C exits 130, a server failure (one that stopped on purpose
+    included) one line and 1, not a traceback."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        return 130
+    except graphfeed.client.ServerError as exc:
+        print(f"train_ddp: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

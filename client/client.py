@@ -1,6 +1,7 @@
 """``connect()`` and the :class:`Client`: a trainer process's connection to a graphfeed cluster."""
 from __future__ import annotations
 
+import atexit
 import collections
 import gc
 import logging
@@ -19,6 +20,7 @@ from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
+from graphfeed.core.compat import check_not_graph, take_loader_extras
 from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
@@ -40,6 +42,8 @@ def _lost_connection(exc: BaseException | None) -> bool:
             return True
         exc = exc.__cause__
     return False
+_OPEN: list["Client"] = []   # this process's open clients (one: torch allows one RPC group per process)
+_OPEN_LOCK = threading.Lock()
 
 
 def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
@@ -61,7 +65,9 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     address, re-forms the data-path group with every server, re-opens the loaders' sessions
     and continues at the first batch the trainer has not received (each seed still exactly
     once; batches equal to an uninterrupted run's).  ``0`` fails at once with
-    :class:`ServerError`, as does a server that comes back with another partition.
+    :class:`ServerError`, as does a server that comes back with another partition, and a server
+    that stops on purpose: one whose health said NOT_SERVING (a daemon drains on SIGTERM/SIGINT;
+    its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for.
 
     ``channel``: ``"auto"`` pulls batches from servers on this host through shared memory
     (a ring of ``shm_slots`` slots per server, see :mod:`graphfeed.transport.shm`; a batch's
@@ -82,10 +88,19 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     networks only).  ``"secure"`` forces the authenticated path; ``"torch-rpc"`` is refused by a
     server that asks for ``"secure"``.
 
+    One client per process (torch allows one RPC group): ``connect()`` with the same servers while a
+    client is open returns that client (as when a module that connects is imported twice -- PyG's
+    ``to_hetero`` re-imports the script), and it closes when each ``connect()`` that returned it was
+    closed.  An open client closes itself at interpreter exit (a script that ``break``s out of an
+    epoch and never calls ``close()`` exits 0, and the servers free its workers at once).
+
     Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
-    a server fails, RuntimeError if this process already has an open client.
+    a server fails, RuntimeError if this process already has an open client to other servers.
     """
     addresses = parse_cluster(cluster)
+    reused = _open_client(addresses)
+    if reused is not None:
+        return reused
     security = from_cluster(cluster, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     if not reconnect_timeout >= 0:
         raise ValueError(f"reconnect_timeout must be >= 0 seconds (0 = fail at once), got {reconnect_timeout!r}")
@@ -134,6 +149,12 @@ class Client:
         self._closed = False
         self._online = OnlineSampler(self)
         group.on_failure = self.fail_pulls
+        self._holds = 1   # connect() calls that returned this client and were not closed yet
+        with _OPEN_LOCK:
+            if not _OPEN:
+                _at_exit(_close_at_exit)
+            _OPEN.append(self)
+
 
     def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None,
                         **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
@@ -145,7 +166,13 @@ class Client:
         ``{(src, rel, dst): [...]}``; the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions`
         (documented there once: ``batch_size``, ``shuffle``, ``replace``, ``feature_dtype``, ``ordered``,
         ``feature_cache_mb``, ...).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
+        With ``shuffle=False`` over ids or every node the seeds come in input order, as PyG's
+        (``ordered=None``).  A ``Data`` as first argument (PyG's ``NeighborLoader(data, ...)``) is a
+        TypeError saying to drop it.
         """
+        check_not_graph(input_nodes, "neighbor_loader's first argument (input_nodes)",
+                        "NeighborLoader(data, num_neighbors=..., input_nodes=X) is "
+                        "client.neighbor_loader(input_nodes=X, num_neighbors=...)")
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
@@ -164,11 +191,15 @@ class Client:
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge;
         the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``batch_size`` counts seed edges).
         ValueError (one line, naming the argument) for bad input."""
+        check_not_graph(num_neighbors, "link_neighbor_loader's first argument (num_neighbors)",
+                        "LinkNeighborLoader(data, num_neighbors=..., edge_label_index=...) is "
+                        "client.link_neighbor_loader(num_neighbors=..., edge_label_index=...)")
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         own, spec_options = split_options(options, RemoteLoaderOptions, "link_neighbor_loader")
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
+                            edge_types=self.edge_types)
         spec = LoaderSpec.of(link, num_neighbors, **spec_options)
         if link.split is None and link.edge_type is None and list(self.node_types) != [self.label_type]:
             raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
@@ -215,16 +246,18 @@ class Client:
         server; ``feature_cache_mb``: the loader's feature cache, MiB, None/0 = off; ``pin_memory`` / ``device``:
         how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`)."""
         self._check_usable()
+        options = dict(options)
+        transforms = take_loader_extras(options, spec.kind or "nodes")   # transform=, num_workers=, ...
         self._close_orphans()
         try:
-            loader = RemoteNeighborLoader(self, spec, **options)
+            loader = RemoteNeighborLoader(self, spec, transforms=transforms, **options)
         except ServerError as exc:
             if "max_sessions_per_group" not in str(exc):
                 raise
             gc.collect()   # loaders dropped in reference cycles (e.g. with a live iterator) are collected now
             if not self._close_orphans():
                 raise
-            loader = RemoteNeighborLoader(self, spec, **options)
+            loader = RemoteNeighborLoader(self, spec, transforms=transforms, **options)
         with self._track_lock:
             self._loaders.add(loader)
         return loader
@@ -299,6 +332,10 @@ class Client:
             dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
+            stopping = self.group.stopping(dead)
+            if stopping:   # a drain is a stop on purpose: nothing comes back to wait for
+                self._fail((", ".join(stopping), f"is shutting down (it announced a drain: SIGTERM/SIGINT), so the "
+                                                 f"client does not wait to reconnect; {where[1]}"), cause)
             log.warning("graphfeed: %s; waiting up to %g s for %s to come back (%s)", where[1],
                         self.reconnect_timeout, ", ".join(dead), "; ".join(f"{k}: {v}" for k, v in dead.items()))
             try:
@@ -367,9 +404,16 @@ class Client:
 
 
     def close(self) -> None:
-        """Close the loaders' sessions, leave the data-path group, release this trainer's workers."""
+        """Close the loaders' sessions, leave the data-path group, release this trainer's workers.
+        A client that more than one ``connect()`` returned closes at the last of their ``close()``s."""
         if self._closed:
             return
+        with _OPEN_LOCK:
+            self._holds -= 1
+            if self._holds > 0:
+                return
+            if self in _OPEN:
+                _OPEN.remove(self)
         self._closed = True
         for loader in list(self._loaders):
             loader.close()
@@ -390,3 +434,48 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({', '.join(s.name for s in self.servers)}, group={self.group.group_id})"
+
+
+def _open_client(addresses: list[str]) -> Client | None:
+    """This process's open client when it is connected to ``addresses`` (one more hold on it); None when
+    there is none; RuntimeError naming both server lists when it is connected to other servers."""
+    with _OPEN_LOCK:
+        for client in _OPEN:
+            if sorted(s.address for s in client.servers) == sorted(addresses):
+                client._holds += 1
+                log.info("graphfeed: connect() to the servers of the open client %r returns that client", client)
+                return client
+        if _OPEN:
+            raise RuntimeError(f"this process already has an open graphfeed client, to "
+                               f"{', '.join(s.address for s in _OPEN[0].servers)}, and torch allows one RPC "
+                               f"group per process: close() it before connecting to {', '.join(addresses)} (if "
+                               f"connect() runs twice because a module was imported twice, pass the same servers: "
+                               f"connect() then returns the open client)")
+    return None
+
+
+def _at_exit(fn) -> None:
+    """Run ``fn`` at interpreter exit while thread pools still work: with the exit hooks of ``threading``
+    (what ``concurrent.futures`` uses; they run last-registered first, before non-daemon threads are
+    joined and before ``atexit``'s handlers, torch RPC's among them), else with ``atexit``."""
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(fn)
+            return
+    except RuntimeError:   # already shutting down
+        return
+    atexit.register(fn)
+
+
+def _close_at_exit() -> None:
+    """Close every client left open (at interpreter exit, before torch's own handlers stop RPC): the
+    loaders' in-flight pulls are waited for, the sessions and groups closed on the servers."""
+    with _OPEN_LOCK:
+        clients = list(_OPEN)
+    for client in clients:
+        client._holds = 1
+        try:
+            client.close()
+        except Exception as exc:  # noqa: BLE001 -- at exit a failure is reported, never raised
+            log.warning("graphfeed: closing the client at exit failed: %s", exc)

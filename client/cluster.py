@@ -15,6 +15,10 @@ from graphfeed.proto import control_pb2_grpc as pb_grpc
 
 CONNECT_PROBE_TIMEOUT = 1.0   # seconds a TCP connect to a server may take before gRPC's wait takes over
 RECONNECT_POLL = 0.5          # seconds between checks whether a restarted server is back
+# grpc.health.v1 Check, called without the grpcio-health-checking package (a server-only dependency):
+# the request HealthCheckRequest(service="") is empty on the wire, the reply is field 1 = status (varint).
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+HEALTH_SERVING = b"\x08\x01"
 
 
 def parse_cluster(cluster) -> list[str]:
@@ -102,6 +106,26 @@ class ServerConn:
             return getattr(self.stub, method)(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise from_rpc_error(self.name, method, exc) from None
+
+    def serving(self, timeout: float) -> bool | None:
+        """The server's gRPC health: True when SERVING, False when it answers anything else (a daemon
+        says NOT_SERVING from the moment it starts to drain: SIGTERM/SIGINT), None when it does not answer."""
+        check = self.channel.unary_unary(HEALTH_CHECK)   # no (de)serializers: bytes in, bytes out
+        try:
+            return check(b"", timeout=timeout) == HEALTH_SERVING
+        except grpc.RpcError:
+            return None
+
+    def draining(self, timeout: float) -> bool:
+        """True when the server is draining (SIGTERM/SIGINT): its health says NOT_SERVING (cheap, checked
+        first) and its stats say ``draining`` (health is also NOT_SERVING while a partition file is
+        unreadable, which is no stop on purpose)."""
+        if self.serving(timeout) is not False:
+            return False
+        try:
+            return self.call("GetStats", pb.StatsRequest(), timeout=timeout).state == "draining"
+        except Exception:  # noqa: BLE001 -- not answering is not a drain we can see
+            return False
 
     def close(self) -> None:
         self.channel.close()

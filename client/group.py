@@ -95,6 +95,7 @@ class DataGroup:
         self.failures: dict[str, str] = {}   # server name -> why its heartbeat failed
         # called as on_failure(server name, reason) when a heartbeat fails (the client fails its pulls in flight)
         self.on_failure: Callable[[str, str], None] | None = None
+        self.draining: set[str] = set()      # servers whose health said NOT_SERVING: stopping on purpose
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
@@ -260,6 +261,8 @@ class DataGroup:
                 s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
                 self.failures.pop(s.name, None)
                 misses = 0
+                if s.draining(timeout=max(1.0, interval)):   # the daemon announced a drain
+                    self.draining.add(s.name)
             except NotFound:
                 self._failed(s.name, "the server no longer knows this trainer's group (it was reaped or restarted)")
             except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
@@ -276,6 +279,12 @@ class DataGroup:
                 listener(server, reason)
             except Exception:  # noqa: BLE001 -- the heartbeat thread keeps running whatever a listener does
                 log.exception("graphfeed: a failure listener raised")
+
+    def stopping(self, names) -> list[str]:
+        """Those of the servers ``names`` that stop on purpose: they said they drain (SIGTERM/SIGINT;
+        :meth:`ServerConn.draining`) at a heartbeat, or say so now."""
+        by_name = {s.name: s for s in self.servers}
+        return [n for n in names if n in self.draining or (n in by_name and by_name[n].draining(PROBE_TIMEOUT))]
 
     def probe(self) -> dict[str, str]:
         """Servers that fail a heartbeat now (name -> reason), checked in parallel."""

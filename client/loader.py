@@ -8,19 +8,21 @@ equal :class:`graphfeed.server.loader.local.LocalNeighborLoader`'s for the same 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
+import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
 from graphfeed.client.sessions import SessionSet
-from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
+from graphfeed.core.compat import BatchTransforms
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
 
 WAIT_SLACK = 30.0  # seconds beyond the channel's own bounds that a wait for a pull may last
+DRAIN_BOUND = 10.0  # seconds an abandoned epoch's in-flight pulls are waited for (close, exit)
 log = logging.getLogger("graphfeed.client")
 
 
@@ -78,7 +81,8 @@ class RemoteNeighborLoader:
     """
 
     def __init__(self, client: ClientView, spec: LoaderSpec, *, prefetch: int = 4,
-                 feature_cache_mb: float | None = None, pin_memory: bool = False, device=None):
+                 feature_cache_mb: float | None = None, pin_memory: bool = False, device=None,
+                 transforms: BatchTransforms | None = None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")
@@ -94,6 +98,7 @@ class RemoteNeighborLoader:
         self._cache_filled = 0   # rows the feature cache filled in this epoch
         self._cache_lock = threading.Lock()
         self.prefetch = prefetch
+        self.transforms = transforms or BatchTransforms()
         self._progress = EpochProgress()
         self._closed = False
         self._stats = LoaderStats(self.spec.kind, len(client.servers))
@@ -125,6 +130,16 @@ class RemoteNeighborLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
+
+    @property
+    def batch_size(self) -> int:
+        """Seeds (seed edges) per batch, as PyG's ``loader.batch_size``."""
+        return self.spec.batch_size
+
+    @property
+    def dataset(self) -> range:
+        """``range(number of input nodes or seed edges)``, every rank's together, as PyG's ``loader.dataset``."""
+        return range(sum(self.counts))
 
     def _plan(self, epoch: int) -> EpochPlan:
         return EpochPlan(self.spec, self.counts, epoch)
@@ -191,11 +206,12 @@ class RemoteNeighborLoader:
         with progress.running():
             while progress.delivered < len(plan):
                 try:
-                    for data in self.delivery(self._stream(plan.epoch, plan.entries, progress.delivered,
-                                                           generation)):
-                        progress.delivered += 1   # before the yield: the trainer holds it from here on
-                        yield data
-                        del data   # not kept while the next batch is pulled (it may hold a shared-memory slot)
+                    with contextlib.closing(self._stream(plan.epoch, plan.entries, progress.delivered,
+                                                         generation)) as stream:
+                        for data in self.delivery(stream):
+                            progress.delivered += 1   # before the yield: the trainer holds it from here on
+                            yield data
+                            del data   # not kept while the next batch is pulled (it may hold a shm slot)
                 except PullFailed as failure:
                     if _session_expired(failure.__cause__) and self.client.generation == generation:
                         self.session_set.reopen(close_old=True)   # the servers expired an idle session
@@ -207,11 +223,21 @@ class RemoteNeighborLoader:
                     generation = self._start_epoch(plan, progress.delivered, generation)
         self._stats.end_epoch()
 
-    def _stream(self, epoch: int, entries, start: int, generation: int) -> Iterator:
+    def _stream(self, epoch: int, entries, start: int, generation: int) -> Generator:
         """Batches ``start..`` of ``entries`` in order, ``prefetch`` pulls in flight per server;
         :class:`PullFailed` when a pull fails or the client's group was re-formed meanwhile."""
         inflight = [0] * len(self.client.servers)
         window: deque = deque()
+        try:
+            yield from self._stream_window(epoch, entries, start, generation, inflight, window)
+        except GeneratorExit:   # an abandoned epoch (break, close, exit): its pulls land before the channel closes
+            deadline = time.monotonic() + DRAIN_BOUND
+            for _, _, pending in window:
+                pending.wait_done(max(0.0, deadline - time.monotonic()))
+            raise
+
+    def _stream_window(self, epoch: int, entries, start: int, generation: int, inflight: list[int],
+                       window: deque) -> Iterator:
         issued = start
         for _ in range(start, len(entries)):
             while issued < len(entries) and inflight[entries[issued].part] < self.prefetch:
@@ -220,7 +246,7 @@ class RemoteNeighborLoader:
                 inflight[p] += 1
                 issued += 1
             got_seq, p, pending = window.popleft()
-            data = batch_codec.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
+            data = self.transforms.to_pyg(self._wait(pending, p, epoch, got_seq, generation))
             del pending   # it holds the batch: a shared-memory slot is free once the trainer drops the batch
             inflight[p] -= 1
             self._stats.delivered(p)
@@ -347,12 +373,18 @@ class RemoteNeighborLoader:
         return source, f"{pull}"
 
     def close(self) -> None:
+        """Stop a live epoch (its in-flight pulls are waited for, at most DRAIN_BOUND s) and close the
+        loader's sessions on the servers."""
         if self._closed:
             return
         self._closed = True
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer.detach()
+        live = self._progress._gen() if self._progress._gen is not None else None
+        if live is not None:
+            with contextlib.suppress(Exception):   # only stops it; its errors belonged to the epoch
+                live.close()
         self.session_set.close()
         self.client.remove_loader(self)
 

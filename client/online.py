@@ -139,7 +139,7 @@ def online_spec(num_neighbors, *, replace: bool, direction: str, weight_attr: st
     input (the sessions hold no epoch) and kind ``"online"``."""
     return LoaderSpec.of(NodeInput(ids=torch.tensor([0])), num_neighbors, batch_size=1, replace=replace,
                          direction=direction, rank=0, world_size=1, kind=ONLINE_KIND, weight_attr=weight_attr,
-                         feature_dtype=feature_dtype)
+                         feature_dtype=feature_dtype, ordered=False)
 
 
 def to_batch(wire: dict[str, torch.Tensor]):

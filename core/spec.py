@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict, cast
 
@@ -559,10 +559,12 @@ class LinkInput:
 
     @classmethod
     def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
-           edge_label_time=None) -> LinkInput:
+           edge_label_time=None, edge_types=None) -> LinkInput:
         """From PyG ``LinkNeighborLoader``'s arguments; ``edge_label_index`` may be ``((src, rel, dst), index)``
-        (PyG's form for a typed graph)."""
-        etype, edge_label_index = _typed_edge_label_index(edge_label_index)
+        or ``((src, dst), index)`` (PyG's forms for a typed graph; the 2-tuple needs the graph's
+        ``edge_types`` to name exactly one edge type from ``src`` to ``dst``).  PyG's "every edge of the
+        type" forms (``(src, rel, dst)`` alone, ``((src, rel, dst), None)``) are a ValueError naming the fix."""
+        etype, edge_label_index = _typed_edge_label_index(edge_label_index, edge_types)
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
                              "sources), e.g. data.edge_index for every edge, or a link split name ('train')")
@@ -639,12 +641,42 @@ def _check_link_split(link: LinkInput) -> None:
                          f"edges are positives); pass edge_label_index as a tensor to label the edges yourself")
 
 
-def _typed_edge_label_index(value) -> tuple[EdgeType | None, object]:
-    """``(edge type, index)`` of PyG's typed form ``((src, rel, dst), index)``; ``(None, value)`` otherwise."""
-    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], (tuple, list)) \
-            and len(value[0]) == 3 and all(isinstance(n, str) for n in value[0]):
-        return edge_type(value[0]), value[1]
-    return None, value
+def _is_type_name(value) -> bool:
+    """``(src, rel, dst)`` or PyG's ``(src, dst)`` shorthand: a tuple/list of 2 or 3 strings."""
+    return isinstance(value, (tuple, list)) and len(value) in (2, 3) and all(isinstance(n, str) for n in value)
+
+
+def _typed_edge_label_index(value, edge_types=None) -> tuple[EdgeType | None, object]:
+    """``(edge type, index)`` of PyG's typed forms ``((src, rel, dst), index)`` / ``((src, dst), index)``;
+    ``(None, value)`` otherwise.  ValueError for the forms that mean every edge of a type."""
+    if _is_type_name(value):   # an edge type alone
+        value = (value, None)
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and _is_type_name(value[0])):
+        return None, value
+    etype = resolve_edge_type(value[0], edge_types)
+    if value[1] is None:
+        raise ValueError(f"edge_label_index={etype} (no index) asks for every edge of that type as seed edges; the "
+                         f"servers hold the edges and do not list them: pass ({etype}, data[{etype}].edge_index), "
+                         f"the tensor PyG would read there")
+    return etype, value[1]
+
+
+def resolve_edge_type(name, edge_types=None) -> EdgeType:
+    """``(src, rel, dst)`` as given, or the one edge type of ``edge_types`` from ``src`` to ``dst`` for PyG's
+    ``(src, dst)`` shorthand; ValueError naming the candidates when there is none or more than one."""
+    if len(name) == 3:
+        return edge_type(name)
+    src, dst = name
+    if edge_types is None:
+        raise ValueError(f"edge type {tuple(name)} is PyG's (src, dst) shorthand; give the full (src, rel, dst) "
+                         f"here (no graph schema to resolve it)")
+    found = [tuple(e) for e in edge_types if e[0] == src and e[2] == dst]
+    if len(found) != 1:
+        have = ", ".join(map(str, found or [tuple(e) for e in edge_types]))
+        raise ValueError(f"edge type ({src!r}, {dst!r}) names {'no' if not found else len(found)} edge type(s) "
+                         f"from {src!r} to {dst!r} ({'the graph has' if not found else 'candidates:'} {have}); "
+                         f"give the full (src, rel, dst)")
+    return edge_type(found[0])
 
 
 def check_link_ids(link: LinkInput, num_nodes_of) -> None:
@@ -810,7 +842,20 @@ class LoaderSpec:
                 raise ValueError("a link loader's seed times are edge_label_time, not input_time")
             input_nodes = NodeInput.of(input_nodes, input_time)
         rest["kind"] = rest.get("kind") or ""
-        return cls(sampling, seed_input(input_nodes), rank=rank, world_size=world_size, **rest)
+        seeds = seed_input(input_nodes)
+        if rest.get("ordered") is None:
+            rest["ordered"] = default_ordered(seeds, bool(rest.get("shuffle", False)))
+        return cls(sampling, seeds, rank=rank, world_size=world_size, **rest)
+
+
+def default_ordered(seeds: SeedInput, shuffle: bool) -> bool:
+    """A loader's ``ordered`` when not given: True for a node loader without ``shuffle`` whose input is
+    ids or every node of the label type -- so its batches come in input order, as PyG's do (layer-wise
+    inference ``torch.cat``s the outputs) -- else False.  A split name (``"train"``) keeps the
+    part-by-part order: its ids are the servers' (pass them as a tensor for input order); a link loader's
+    seed edges keep their partition order; ``ordered=False`` asks for part-by-part order by name (each
+    batch from one server: fewer remote hops)."""
+    return (not shuffle and isinstance(seeds, NodeInput) and seeds.split is None and seeds.node_type is None)
 
 
 # ---- the loader options, declared once ----------------------------------------------------------
@@ -855,7 +900,9 @@ class LoaderOptions(SamplingOptions, total=False):
     * ``kind`` (None: the input's label, e.g. the split's name): the metrics label.
     * ``feature_dtype`` (None: as stored): ``"bf16"``, ``"fp16"``, ``"fp32"`` or a torch dtype; the servers
       cast floating-point features to it before sending them (labels and ids untouched).
-    * ``ordered`` (False; node loaders, with ``shuffle=False`` and ids or None as input): seeds in input order.
+    * ``ordered`` (None = :func:`default_ordered`: True for a node loader without ``shuffle`` over ids or every
+      node, as PyG orders them; node loaders, with ``shuffle=False`` and ids or None as input): seeds in input
+      order; ``False`` asks for part-by-part order (each batch's seeds from one server: fewer remote hops).
     * ``input_time`` (None; node loaders): one seed time per input id for temporal sampling (default: the
       seeds' stored node times).  A link loader takes ``edge_label_time`` with its seed edges instead.
     """
@@ -868,7 +915,7 @@ class LoaderOptions(SamplingOptions, total=False):
     world_size: int | None
     kind: str | None
     feature_dtype: str | torch.dtype | None
-    ordered: bool
+    ordered: bool | None
     input_time: object
 
 
@@ -878,10 +925,20 @@ class LocalLoaderOptions(LoaderOptions, total=False):
 
     * ``pin_memory`` (False): batches in page-locked memory (PyG's argument).
     * ``device`` (None: as produced): batches moved to that device, one batch ahead.
+    * ``transform`` / ``transform_sampler_output`` (None): callables applied to each batch on the trainer, as
+      PyG's (:class:`~graphfeed.core.compat.BatchTransforms`; pass the dataset's transform, e.g.
+      ``NormalizeFeatures()``: the servers serve the partitioned features).
+    * ``num_workers``, ``persistent_workers``, ``prefetch_factor`` (PyG's DataLoader options): accepted and
+      logged once -- the servers do the DataLoader workers' work.
     """
 
     pin_memory: bool
     device: str | torch.device | None
+    transform: Callable | None
+    transform_sampler_output: Callable | None
+    num_workers: int | None
+    persistent_workers: bool | None
+    prefetch_factor: int | None
 
 
 class RemoteLoaderOptions(LocalLoaderOptions, total=False):

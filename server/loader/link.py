@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from typing_extensions import Unpack
 
+from graphfeed.core.compat import take_loader_extras
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, LocalLoaderOptions, split_options
@@ -48,9 +49,11 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
                  **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
+        self.transforms = take_loader_extras(own, "links")
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
-        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time)
+        link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
+                            edge_types=graph.edge_types)
         self._setup(graph, LoaderSpec.of(link, num_neighbors, **spec_options))
         self.delivery = delivery
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))

@@ -13,6 +13,7 @@ from typing_extensions import Unpack
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
+from graphfeed.core.compat import take_loader_extras
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
@@ -55,6 +56,7 @@ class LocalNeighborLoader:
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *, input_nodes="train",
                  **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
+        self.transforms = take_loader_extras(own, "nodes")
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         self._setup(graph, LoaderSpec.of(input_nodes, num_neighbors, **spec_options))
@@ -111,7 +113,7 @@ class LocalNeighborLoader:
 
     def _produced(self, plan: EpochPlan, start: int) -> Iterator:
         for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
-            yield batch_codec.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
+            yield self.transforms.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -141,7 +143,7 @@ def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neigh
     ValueError naming the bad id and the valid range for bad ids."""
     graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
     spec = LoaderSpec.of(None, num_neighbors, replace=replace, direction=direction, seed=seed, rank=0, world_size=1,
-                         weight_attr=weight_attr, feature_dtype=feature_dtype)
+                         weight_attr=weight_attr, feature_dtype=feature_dtype, ordered=False)
     check_sampling(graph.parts, spec.sampling)
     spec.check_schema(graph.node_types, graph.edge_types)
     wire = _sample_nodes(graph, node_ids, spec.sampling, spec.seed, feature_dtype=spec.feature_torch_dtype)

@@ -39,15 +39,20 @@ def torch_load(file: Path, allow_pickle: bool):
                          f"or save the graph with torch.save(data, path)")
     try:
         from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-        from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
-        safe = [DataEdgeAttr, DataTensorAttr, BaseStorage, GlobalStorage, NodeStorage, EdgeStorage]
+        from torch_geometric.data.storage import AttrType, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+        # AttrType: an enum that RandomLinkSplit's outputs carry (they hold only tensors and enums)
+        safe = [DataEdgeAttr, DataTensorAttr, BaseStorage, GlobalStorage, NodeStorage, EdgeStorage, AttrType]
     except ImportError:  # PyG absent: plain dicts of tensors still load
         safe = []
     try:
         if allow_pickle:
             return torch.load(file, map_location="cpu", weights_only=False)
-        with torch.serialization.safe_globals(safe):
-            return torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            with torch.serialization.safe_globals(safe):
+                return torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:   # e.g. RandomLinkSplit's outputs: their stores cache in a defaultdict,
+            # which weights_only refuses whatever is allowed; the same allow-list, with containers, instead
+            return torch.load(file, map_location="cpu", weights_only=False, pickle_module=_PyGDataPickle)
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL (\S+)", str(exc))
         what = f"such as {found.group(1)}" if found else "that torch.load(weights_only=True) refuses"
@@ -185,3 +190,29 @@ def check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
         raise InputError(f"{w} must be integer timestamps, one per row ({of} {count}), got dtype {time.dtype} "
                          f"and shape {list(time.shape)}")
     return time.astype(np.int64)
+
+
+class _PyGDataUnpickler(pickle.Unpickler):
+    """Unpickles only tensors, plain containers and PyG's data classes (the pickle documentation's
+    "restricting globals"): any other global is an UnpicklingError naming it."""
+
+    ALLOWED = {("builtins", "set"), ("builtins", "frozenset"), ("__builtin__", "set"), ("collections", "OrderedDict"),
+               ("collections", "defaultdict"), ("torch._utils", "_rebuild_tensor_v2"),
+               ("torch_geometric.data.data", "Data"), ("torch_geometric.data.data", "DataEdgeAttr"),
+               ("torch_geometric.data.data", "DataTensorAttr"), ("torch_geometric.data.hetero_data", "HeteroData"),
+               ("torch_geometric.data.feature_store", "TensorAttr"), ("torch_geometric.data.graph_store", "EdgeAttr"),
+               *(("torch_geometric.data.storage", n) for n in ("AttrType", "BaseStorage", "GlobalStorage",
+                                                               "NodeStorage", "EdgeStorage"))}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not allowed")
+        return super().find_class(module, name)
+
+
+class _PyGDataPickle:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler is :class:`_PyGDataUnpickler`."""
+
+    Unpickler = _PyGDataUnpickler
+    __name__ = "graphfeed_pygdata_pickle"
+    load = staticmethod(pickle.load)

@@ -156,11 +156,26 @@ def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
     num_nodes = field_of(store, "num_nodes")
     if num_nodes is not None and not isinstance(num_nodes, int):
         num_nodes = to_numpy(num_nodes, where("num_nodes"))
+    x, ids = arrays["x"], to_numpy(field_of(store, "node_id"), where("node_id"))
+    if x is not None and x.ndim == 1 and np.issubdtype(x.dtype, np.integer):   # x = node ids, as node_id
+        x, ids = None, x if ids is None else ids
+    if ids is not None and num_nodes is None:
+        num_nodes = np.int64(_id_only_count(ids, where("node_id" if "node_id" in store else "x")))
     return RawNodeType(where=where, num_nodes_hint=f"set data[{ntype!r}].num_nodes = N before saving",
-                       x=arrays["x"], y=arrays["y"], num_nodes=num_nodes,
+                       x=x, y=arrays["y"], num_nodes=num_nodes,
                        idx=_present({s: arrays[f"{s}_idx"] for s in SPLITS}),
                        masks=_present({s: arrays[f"{s}_mask"] for s in SPLITS}),
                        time=to_numpy(field_of(store, "time"), where("time")), time_name="time")
+
+
+def _id_only_count(ids: np.ndarray, w: str) -> int:
+    """An id-only node type (PyG's ``node_id = torch.arange(N)`` for an ``Embedding``, or ids as a 1-D ``x``):
+    its node count; it is stored without features, and a batch's ``n_id`` of the type is the embedding index."""
+    if ids.ndim != 1 or not np.array_equal(ids, np.arange(ids.shape[0])):
+        raise InputError(f"{w} must be the node ids 0..N-1 in order ([N] integers) for an id-only node type; "
+                         f"a batch's n_id gives them (index an Embedding with it), so drop this attribute and set "
+                         f"num_nodes = N, or give real features as x [N, F]")
+    return int(ids.shape[0])
 
 
 def _present(arrays: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:
@@ -186,7 +201,28 @@ def read_hetero_data(data, file: Path) -> GraphInput:
     nodes = {ntype: _hetero_node_type(data[ntype], ntype, file) for ntype in data.node_types}
     edges = {tuple(etype): _hetero_edge_type(data[etype], tuple(etype), file) for etype in data.edge_types}
     name = getattr(data, "_global_store", {}).get("name")
-    return build_typed_graph_input(nodes, edges, name=name if isinstance(name, str) and name else file.stem)
+    graph = build_typed_graph_input(nodes, edges, name=name if isinstance(name, str) and name else file.stem)
+    graph.dropped = hetero_dropped(data)
+    return graph
+
+
+HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", "time",
+                              *(f"{s}_{k}" for s in SPLITS for k in ("idx", "mask"))})
+HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time"})
+
+
+def hetero_dropped(data) -> list[str]:
+    """The attributes of a ``HeteroData`` that partitioning does not store, as ``data[type].name`` (edge
+    ``time``, ``edge_label``, ``edge_label_index``, node ``pos``, ...), for the one warning line."""
+    def keys(store) -> list[str]:
+        k = getattr(store, "keys", None)
+        return [str(name) for name in (k() if callable(k) else k or [])]
+
+    dropped = [f"data[{nt!r}].{k}" for nt in data.node_types for k in keys(data[nt]) if k not in HETERO_NODE_KEYS]
+    dropped += [f"data[{tuple(et)!r}].{k}" for et in data.edge_types for k in keys(data[et])
+                if k not in HETERO_EDGE_KEYS]
+    dropped += [f"data.{k}" for k in keys(getattr(data, "_global_store", {})) if k != "name"]
+    return sorted(dropped)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -275,16 +311,15 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
 
 
 def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, RawNodeType]) -> str:
-    """The one node type with splits; it needs a non-empty train split (labels are optional)."""
+    """The one node type with splits; it needs a non-empty train split (labels are optional).  Without any
+    node split (a graph for link prediction) the first labelled node type, else the first node type."""
     with_splits = sorted(ntype for ntype, (_, splits) in checked.items() if splits)
     if len(with_splits) > 1:
         raise InputError(f"node types {', '.join(map(repr, with_splits))} all have splits, but graphfeed trains one "
                          f"node type: keep train/val/test on the type you train and remove them from the others")
-    if not with_splits:
+    if not with_splits:   # a link-prediction graph: no node loader trains on it, so no node split is needed
         labelled = [ntype for ntype, (t, _) in checked.items() if t.y is not None]
-        example = raw[labelled[0]].where("train_idx") if labelled else "the labelled node type's train_idx"
-        raise InputError(f"no node type has a train split; give the training nodes of the type you train "
-                         f"(e.g. {example}, or a train_mask)")
+        return (labelled or list(checked))[0]
     ntype = with_splits[0]
     _, splits = checked[ntype]   # labels are optional: an unlabelled graph is served as it is
     if not splits.get("train", np.empty(0)).size:

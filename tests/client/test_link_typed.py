@@ -113,6 +113,22 @@ def test_typed_link_input_round_trips_and_errors_name_the_edge_type(mag, seeds):
         LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(WRITES, far))
 
 
+def test_every_edge_label_index_form_pyg_accepts_equals_the_explicit_form(mag, seeds):
+    kw = dict(neg_sampling="binary", batch_size=64, shuffle=True, seed=3)
+    explicit = list(LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(WRITES, seeds), **kw))
+    for form in ((("author", "paper"), seeds), [list(WRITES), seeds]):   # PyG's (src, dst) shorthand; lists
+        got = list(LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=form, **kw))
+        assert len(got) == len(explicit)
+        for a, b in zip(got, explicit, strict=True):
+            assert_same_batch(a, b)
+    for every in (WRITES, (WRITES, None), ("author", "paper")):   # every edge of the type: the servers' edges
+        with pytest.raises(ValueError, match=r"every edge of that type .* pass \(\('author', 'writes', 'paper'\), "
+                                             r"data\[.*\]\.edge_index\)"):
+            LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=every, **kw)
+    with pytest.raises(ValueError, match=r"names no edge type\(s\) from 'field' to 'author'.*full \(src, rel, dst\)"):
+        LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(("field", "author"), seeds), **kw)
+
+
 @pytest.fixture(scope="module")
 def cluster(shared_mag_cluster):
     return shared_mag_cluster
@@ -131,6 +147,10 @@ def test_remote_typed_link_batches_equal_local_and_bad_input_is_invalid_argument
         _check_typed_link_epoch(got, seeds, writes_set, mag[1].nodes["paper"].num_nodes)
         with pytest.raises(ValueError, match="needs its edge type"):
             client.link_neighbor_loader(FANOUTS, edge_label_index=seeds)
+        shorthand = list(client.link_neighbor_loader(FANOUTS, prefetch=2, **dict(kw, edge_label_index=(
+            ("author", "paper"), seeds))))   # PyG's (src, dst) form: was "too many dimensions 'str'"
+        for a, b in zip(shorthand, local, strict=True):
+            assert_same_batch(a, b)
         bad = LoaderSpec.of(LinkInput.of((("author", "likes", "paper"), seeds)), FANOUTS)
         with pytest.raises(grpc.RpcError) as info:
             client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30)

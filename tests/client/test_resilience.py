@@ -306,6 +306,30 @@ def test_server_killed_mid_epoch_resumes_after_restart_on_the_same_port(parts_di
 
 
 @pytest.mark.slow
+def test_a_draining_server_ends_the_trainer_at_once_instead_of_waiting_to_reconnect(parts_dir, tmp_path):
+    """SIGTERM = a drain: health NOT_SERVING, the trainer keeps pulling for the grace (2 s), then its
+    workers stop; a client that would wait 120 s for a crashed server ends at once, saying why."""
+    drain = ("--drain-grace-seconds", "2", "--lease-seconds", "4")   # heartbeats (and health checks) every 1 s
+    with running_cluster(parts_dir, log_dir=tmp_path, args=drain) as servers:
+        victim = servers[1]
+        with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
+            loader = client.neighbor_loader("test", FANOUTS, batch_size=48, prefetch=1)
+            it = iter(loader)
+            next(it)
+            victim.signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            with pytest.raises(gf.ServerError, match="is shutting down .*announced a drain") as err:
+                for _ in range(1000):   # epochs of 23 batches, read slowly: the drain's grace ends meanwhile
+                    for _ in it:
+                        time.sleep(0.2)
+                    it = iter(loader)
+            assert time.monotonic() - t0 < 2 + 20, "ended after the grace, not after reconnect_timeout"
+            assert f"{victim.address} part 1" in str(err.value) and client.reconnects == 0
+        assert victim.wait(30) == 0    # the drained server exits cleanly
+        victim.checked = True
+
+
+@pytest.mark.slow
 def test_resume_refuses_another_partition_and_bounds_the_wait(parts_dir, graph, tmp_path):
     ei, x, y, splits = graph
     other = tmp_path / "other"

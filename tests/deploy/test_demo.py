@@ -30,7 +30,9 @@ pytestmark = pytest.mark.slow
 
 DEMO_ARGS = ("--preset", "tiny", "--batch-size", "32", "--num-neighbors", "10,10,10", "--dropout", "0.5")
 RUN_BOUND_S = 420.0        # the whole demo, with room for a loaded 2-core box
-INTERRUPT_BOUND_S = 60.0   # Ctrl-C -> exit (the demo's stop grace is 30 s)
+# Ctrl-C -> exit: the demo SIGTERMs what is left at once and SIGKILLs it 5 s later (a few seconds idle;
+# the bound is for a loaded 2-core box, and no longer depends on reconnect_timeout or the drain's grace)
+INTERRUPT_BOUND_S = 30.0
 EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\s+loss\s+([0-9.]+)\s+val acc\s+([0-9.]+)")
 TEST_LINE = re.compile(r"^test acc\s+([0-9.]+)")
 
@@ -148,6 +150,8 @@ def test_ctrl_c_during_training_exits_130_and_leaves_no_process(tmp_path):
     t0 = time.monotonic()
     code = demo.wait(INTERRUPT_BOUND_S)
     assert code == 130, f"demo exit code {code} after Ctrl-C:\n{demo.output()}"
-    assert time.monotonic() - t0 < INTERRUPT_BOUND_S
+    took = time.monotonic() - t0
+    assert took < INTERRUPT_BOUND_S, f"{took:.1f} s"
+    assert "interrupted" in demo.stderr_path.read_text(errors="replace"), demo.output()
     assert not any(TEST_LINE.match(line) for line in demo.lines), "training must not have finished"
     assert not demo.survivors(), demo.survivors()

@@ -409,9 +409,20 @@ def test_splits_without_labels_make_an_unlabelled_graph(tmp_path):
 def test_no_train_split(tmp_path, capsys):
     err = _typed_error(capsys, tmp_path, _edit(**{"user.train_mask": None}))
     assert "node type 'user'" in err and "train_idx" in err and "at least one training node" in err
-    err = _typed_error(capsys, tmp_path / "none", _edit(**{"user.train_mask": None, "user.val_idx": None,
-                                                             "user.test_idx": None}))
-    assert "no node type has a train split" in err and "train_idx" in err
+
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_link_only_graph_needs_no_node_split(tmp_path, method):
+    """No node split anywhere (link prediction): partitions, with the first labelled type as the label type."""
+    arrays = _edit(**{"user.train_mask": None, "user.val_idx": None, "user.test_idx": None})
+    source = tmp_path / "g.pt"
+    torch.save(hetero_data(arrays), source)
+    assert main(["partition", str(source), "-p", "2", "--method", method, "-o", str(tmp_path / "out"), "-q"]) == 0
+    meta = read_meta(tmp_path / "out")
+    assert meta.label_type == "user"
+    parts = open_parts(tmp_path / "out")[1]
+    assert sum(int(p.split("train").numel()) for p in parts) == 0
 
 
 def test_featureless_type_without_num_nodes(tmp_path, capsys):
@@ -543,3 +554,42 @@ def test_cli_partition_and_info_show_per_type_counts(mag_tiny_dir, mag_tiny, tmp
     rows = {line.split()[0]: line.split() for line in node_table[1:4]}
     assert rows["all"][1:5] == ["3,500", "500", "6,000", f"{mag_tiny.splits['train'].size:,}"]
     assert rows["0"][1:4] == [f"{meta.node_ranges[t][1]:,}" for t in ("author", "field", "paper")]
+
+
+def test_every_dropped_hetero_data_attribute_is_named(tmp_path, capsys):
+    """Attributes partitioning does not store (edge time, edge_label, node pos, a global) are each named
+    in the one warning line; stored ones are not."""
+    data = hetero_data(hand_made_typed_arrays())
+    buys = ("user", "buys", "item")
+    data[buys].time = torch.arange(data[buys].edge_index.shape[1])
+    data[buys].edge_label = torch.ones(data[buys].edge_index.shape[1])
+    data["item"].pos = torch.zeros(30, 2)
+    data.note = "kept nowhere"
+    source = tmp_path / "g.pt"
+    torch.save(data, source)
+    assert main(["partition", str(source), "-p", "2", "-o", str(tmp_path / "out"), "-q"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning: not stored" in line]
+    assert len(warnings) == 1, warnings
+    named = warnings[0].split("splits): ", 1)[1]
+    assert named == f"data.note, data['item'].pos, data[{buys!r}].edge_label, data[{buys!r}].time", warnings[0]
+
+
+def test_random_link_split_output_partitions_without_allow_pickle(tmp_path, capsys):
+    import torch_geometric.transforms as T
+
+    data = hetero_data(_edit(**{"user.train_mask": None, "user.val_idx": None, "user.test_idx": None}))
+    train, _, _ = T.RandomLinkSplit(num_val=0.1, num_test=0.1, edge_types=("user", "buys", "item"),
+                                    rev_edge_types=("item", "bought_by", "user"))(data)
+    source = tmp_path / "train.pt"
+    torch.save(train, source)
+    assert main(["partition", str(source), "-p", "2", "-o", str(tmp_path / "out"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "data[('user', 'buys', 'item')].edge_label_index" in err and "allow-pickle" not in err
+
+    class Stranger:   # any other object is still refused, naming it
+        def __reduce__(self):
+            return (print, ("unpickled",))
+
+    torch.save({"x": Stranger()}, tmp_path / "evil.pt")
+    assert main(["partition", str(tmp_path / "evil.pt"), "-p", "2", "-o", str(tmp_path / "out2"), "-q"]) == 2
+    assert "print" in capsys.readouterr().err

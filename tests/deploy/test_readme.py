@@ -1,0 +1,124 @@
+"""The README's "Command line" block, pasted as a newcomer would: in a fresh clone, after the quick start.
+
+Opt-in (``GRAPHFEED_README_TEST=1``; about 15 minutes on 2 cores plus the set-up): the test clones the
+repository's committed HEAD into a temporary folder, runs ``bash scripts/dev.sh setup`` there (the
+quick start's venv; ``GRAPHFEED_README_VENV=/path/to/venv`` reuses an existing one instead, linked as
+the clone's ``.venv``) and then each line of the block in one bash shell, in order, as written.  What
+a user does in other shells is done here in the background: a ``graphfeed serve`` line is started
+and waited on (gRPC health) before the next line, and stopped (SIGTERM, exit 0 expected) at the end.
+The GPU line is skipped without a CUDA device.  Every other line must exit 0.
+The block's parsing and the checks below it always run (fast): every line is a ``graphfeed`` command
+or the venv's activation, and the inputs each line reads are made by an earlier line.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE_BOUND_S = 900.0      # one line (the link bench takes about 5 minutes on 2 cores)
+SERVE_BOUND_S = 120.0     # a daemon to SERVING
+
+
+def readme_commands(readme: Path = ROOT / "README.md") -> list[str]:
+    """The lines of the first ```bash block after "## Command line", comments stripped."""
+    text = readme.read_text()
+    section = text[text.index("## Command line"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README.md has no ```bash block under '## Command line'"
+    lines = []
+    for raw in block.group(1).splitlines():
+        words = shlex.split(raw, comments=True)
+        if words:
+            lines.append(shlex.join(words))
+    return lines
+
+
+def _option(words: list[str], name: str) -> str | None:
+    return words[words.index(name) + 1] if name in words else None
+
+
+def test_every_readme_line_reads_only_what_an_earlier_line_made():
+    lines = readme_commands()
+    assert lines[0] == "source .venv/bin/activate", "the block starts by saying how the venv is used"
+    made: set[str] = set()
+    for line in lines[1:]:
+        words = shlex.split(line)
+        assert words[0] == "graphfeed", line
+        reads = [w for w in (_option(words, "--graph"), _option(words, "--partition")) if w]
+        if words[1] in ("partition", "info"):
+            reads.append(words[2])
+        for path in reads:
+            assert path in made, f"`{line}` reads {path}, which no earlier README line creates"
+        for flag in ("--out", "--output"):
+            if _option(words, flag):
+                made.add(_option(words, flag))
+        if "--link" in words:
+            assert any("--link-split" in w for w in lines), "the link bench needs a --link-split partition"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _fresh_clone(tmp: Path) -> Path:
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=300)
+    venv = os.environ.get("GRAPHFEED_README_VENV")
+    if venv:
+        (clone / ".venv").symlink_to(Path(venv).resolve())
+    else:
+        subprocess.run(["bash", "scripts/dev.sh", "setup"], cwd=clone, check=True, timeout=3600)
+    return clone
+
+
+def _wait_serving(clone: Path, port: str, proc: subprocess.Popen) -> None:
+    probe = (f"import sys, time\nfrom graphfeed.testing.cluster import wait_for_health\n"
+             f"wait_for_health('127.0.0.1:{port}', timeout={SERVE_BOUND_S})\n")
+    res = subprocess.run([str(clone / ".venv/bin/python"), "-c", probe], cwd=clone, timeout=SERVE_BOUND_S + 30,
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and proc.poll() is None, f"server on port {port} did not serve:\n{res.stderr}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("GRAPHFEED_README_TEST") != "1",
+                    reason="long (about 15 min + set-up): GRAPHFEED_README_TEST=1 runs the README in a fresh clone")
+def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
+    clone = _fresh_clone(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}   # a fresh shell
+    servers: list[subprocess.Popen] = []
+    try:
+        for line in readme_commands()[1:]:
+            words = shlex.split(line)
+            if "--device" in words and _option(words, "--device") == "cuda" and not _cuda():
+                continue
+            shell = f"set -euo pipefail; source .venv/bin/activate; {line}"
+            if words[1] == "serve":
+                log = open(tmp_path / f"serve-{_option(words, '--port')}.log", "w")
+                servers.append(subprocess.Popen(["bash", "-c", shell], cwd=clone, env=env, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True))
+                _wait_serving(clone, _option(words, "--port"), servers[-1])
+                continue
+            res = subprocess.run(["bash", "-c", shell], cwd=clone, env=env, capture_output=True, text=True,
+                                 timeout=LINE_BOUND_S)
+            assert res.returncode == 0, f"`{line}` exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    finally:
+        for proc in servers:
+            os.killpg(proc.pid, signal.SIGTERM)
+        codes = [proc.wait(60) for proc in servers]
+    assert codes == [0] * len(servers), f"servers' exit codes after SIGTERM: {codes}"
+
+
+if __name__ == "__main__":
+    print("\n".join(readme_commands()), file=sys.stdout)
