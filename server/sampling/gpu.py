@@ -24,7 +24,7 @@ from graphfeed.server.partition.store import Partition, Topology
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_subgraph
 from graphfeed.server.sampling.source import LocalSource, Ready, Rows, center_type, check_owned
-from graphfeed.server.sampling.types import OneHop, SampledSubgraph
+from graphfeed.server.sampling.types import NodeRows, OneHop, SampledSubgraph
 
 TOPOLOGY_PLACEMENTS = ("auto", "gpu", "uva")
 TOPOLOGY_SHARE = 0.5      # "auto": the topology goes to GPU memory when it takes at most this share of the free memory
@@ -240,8 +240,10 @@ class GpuSource(LocalSource):
         if cache is not None:
             self.reads += local.numel()
             self.hits += int((cache.slot.index_select(0, local) >= 0).sum()) if cache.num_cached else 0
-        rows = (x, None if y is None else y.index_select(0, local), self._orig[ntype].index_select(0, local))
-        return tuple(None if t is None else t.to(gids.device) for t in rows)  # type: ignore[return-value]
+        y_rows = None if y is None else y.index_select(0, local)
+        on = gids.device   # answered where the ids are (a peer's request: the host)
+        return NodeRows(x=None if x is None else x.to(on), y=None if y_rows is None else y_rows.to(on),
+                        n_id=self._orig[ntype].index_select(0, local).to(on))
 
     # membership, edge features and id lookups read the host arrays (link loaders' negatives, edge features:
     # not the sampling path); asked with device ids, they answer on that device
