@@ -188,7 +188,7 @@ def test_a_cache_that_cannot_be_had_falls_back_with_one_warning(cluster, caplog,
         # a server that cannot serve rows (here: the worker answers the call with an error, as an older
         # graphfeed without hot_rows would)
         calls = client.group.calls
-        monkeypatch.setattr(calls, "call_sync", lambda part, name, args, timeout, real=calls.call_sync:
+        monkeypatch.setattr(calls, "call", lambda part, name, args, timeout, real=calls.call:
                             real(part, "gather" if name == "hot_rows" else name, args, timeout))
         loader, why = _fallback(client, caplog, feature_cache_mb=BUDGET_MB)
         assert "cannot serve feature rows" in why
