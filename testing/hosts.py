@@ -71,6 +71,9 @@ _COUNTER = [0]
 _REASON: list[str | None] = []
 
 
+UNPIN = ("-u", "TP_SOCKET_IFNAME", "-u", "GLOO_SOCKET_IFNAME")   # env(1) arguments
+
+
 class HostsError(RuntimeError):
     """An emulated host could not be set up, or an ``ip``/``tc`` command failed."""
 
@@ -183,8 +186,9 @@ class Host:
     blocked: set[str] = field(default_factory=set)
 
     def command(self, argv: Sequence[str]) -> tuple[str, ...]:
-        """``argv`` as a command line that runs it on this host."""
-        return (*ENTER, str(self.pid1), "--", *map(str, argv))
+        """``argv`` as a command line that runs it on this host, without the interface pins of the process that
+        starts it (``lo`` pinned for an earlier cluster on loopback is not this host's interface)."""
+        return (*ENTER, str(self.pid1), "--", "env", *UNPIN, *map(str, argv))
 
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` on this host (``subprocess.Popen`` keywords; its own process group by default)."""

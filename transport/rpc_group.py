@@ -137,15 +137,24 @@ def join_group(name: str, rank: int, world_size: int, rendezvous: str, *, rpc_ti
 
 
 IFNAME_VARIABLES = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")   # TensorPipe's, Gloo's
+_OUR_PINS: dict[str, str] = {}   # the values pin_interfaces set itself (the operator's own values are kept)
 
 
 def pin_interfaces(data_address: str) -> str | None:
-    """Have TensorPipe and Gloo use the interface of ``data_address`` (a variable already set wins);
-    the interface, or None when no interface here has that address (then both pick their own)."""
+    """Have TensorPipe and Gloo use the interface of ``data_address`` (a variable the operator set wins);
+    the interface, or None when no interface here has that address (then both pick their own).  A value
+    this function set for an earlier group (e.g. ``lo`` for a cluster on loopback) is replaced, never
+    carried over to a group at another address."""
     ifname = interface_for(data_address)
-    if ifname is not None:
-        for var in IFNAME_VARIABLES:
-            os.environ.setdefault(var, ifname)
+    for var in IFNAME_VARIABLES:
+        current = os.environ.get(var)
+        if current is not None and current != _OUR_PINS.get(var):
+            continue   # set by the operator
+        if ifname is None:
+            os.environ.pop(var, None)
+            _OUR_PINS.pop(var, None)
+        else:
+            os.environ[var] = _OUR_PINS[var] = ifname
     return ifname
 
 
