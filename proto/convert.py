@@ -7,6 +7,7 @@ the partition (does the split or the node type exist, are the ids in range) stay
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import cast
 
 import numpy as np
@@ -37,12 +38,49 @@ def edge_type_from_proto(msg: pb.EdgeType) -> EdgeType:
     return msg.src, msg.rel, msg.dst
 
 
+def _plain_to_proto(record, msg, skip: tuple[str, ...] = ()) -> None:
+    """Copy ``record``'s plain fields onto the fields of ``msg`` that have the same name.
+
+    The one naming convention between the records and ``control.proto``, so that a new scalar
+    option travels without an edit here: field ``x`` of the record is field ``x`` of the message,
+    ``None`` travels as the unset field (``""`` / ``0``); a per-hop tuple travels as the repeated
+    field ``x_per_hop``.  Fields in ``skip`` (structured ones) are converted by hand.
+    ``tests/core/test_proto.py`` checks that every field of the records has its message field."""
+    names = msg.DESCRIPTOR.fields_by_name
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name in skip or value is None:
+            continue
+        if isinstance(value, tuple):
+            getattr(msg, f"{f.name}_per_hop").extend(value)
+        elif f.name in names:
+            setattr(msg, f.name, value)
+        else:
+            raise TypeError(f"{type(record).__name__}.{f.name} has no field of its name in control.proto: add it")
+
+
+def _plain_from_proto(cls, msg, skip: tuple[str, ...] = ()) -> dict:
+    """The keyword arguments of ``cls`` that ``msg`` carries (the inverse of :func:`_plain_to_proto`):
+    an empty string is the record's default; ``x_per_hop``, when set, is ``x`` as a tuple."""
+    names = msg.DESCRIPTOR.fields_by_name
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or f.name not in names:
+            continue
+        value = getattr(msg, f.name)
+        per_hop = f"{f.name}_per_hop"
+        if per_hop in names and len(getattr(msg, per_hop)):
+            if value:
+                raise ValueError(f"set {f.name} (every hop) or {per_hop}, not both")
+            out[f.name] = tuple(getattr(msg, per_hop))
+        elif value != "":
+            out[f.name] = value
+    return out
+
+
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
-    per_hop = list(spec.replace) if isinstance(spec.replace, tuple) else []
-    msg = pb.SamplingSpec(replace=bool(spec.replace) and not per_hop, replace_per_hop=per_hop,
-                          direction=spec.direction, weight_attr=spec.weight_attr or "",
-                          time_attr=spec.time_attr or "", temporal_strategy=spec.temporal_strategy,
-                          disjoint=spec.disjoint)
+    msg = pb.SamplingSpec()
+    _plain_to_proto(spec, msg, skip=("num_neighbors",))
     if not spec.is_typed:
         msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
         return msg
@@ -60,14 +98,13 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
     else:
         num_neighbors = tuple(msg.num_neighbors)
     try:
-        if msg.replace_per_hop and msg.replace:
-            raise ValueError("set replace (every hop) or replace_per_hop, not both")
-        replace = tuple(msg.replace_per_hop) if msg.replace_per_hop else msg.replace
-        return SamplingSpec(num_neighbors, replace=replace, direction=msg.direction or "in",
-                            weight_attr=msg.weight_attr or None, time_attr=msg.time_attr or None,
-                            temporal_strategy=msg.temporal_strategy or "uniform", disjoint=msg.disjoint)
+        return SamplingSpec(num_neighbors, **_plain_from_proto(SamplingSpec, msg, skip=("num_neighbors",)))
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
+
+
+# LoaderSpec fields converted by hand (records of their own); the rest travel by name
+_LOADER_STRUCTURED = ("sampling", "input", "feature_cache")
 
 
 def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionRequest:
@@ -75,10 +112,8 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
     so the servers number it as the local loader does (each part's nodes in id order); an ordered
     loader spells it out as ids first (:meth:`LoaderSpec.ordered_input`)."""
     req = pb.OpenSessionRequest(group_id=group_id, spec=sampling_to_proto(spec.sampling),
-                                batch_size=spec.batch_size, shuffle=spec.shuffle, drop_last=spec.drop_last,
-                                seed=spec.seed, rank=spec.rank, world_size=spec.world_size, kind=spec.kind,
-                                node_type=spec.input.node_type or "", feature_dtype=spec.feature_dtype or "",
-                                ordered=spec.ordered)
+                                node_type=spec.input.node_type or "")
+    _plain_to_proto(spec, req, skip=_LOADER_STRUCTURED)
     if isinstance(spec.input, LinkInput):
         req.link.CopyFrom(link_to_proto(spec.input))
     elif spec.input.split is not None:
@@ -136,12 +171,10 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
     """The :class:`LoaderSpec` an OpenSession request asks for; ValueError naming what is wrong."""
     sampling = sampling_from_proto(req.spec)
     node_input = _node_input(req)
-    world_size = req.world_size or 1  # 0 = unset (not DDP): one rank
+    plain = _plain_from_proto(LoaderSpec, req, skip=_LOADER_STRUCTURED)
+    plain["world_size"] = req.world_size or 1  # 0 = unset (not DDP): one rank
     try:
-        return LoaderSpec(sampling, node_input, batch_size=req.batch_size, shuffle=req.shuffle,
-                          drop_last=req.drop_last, seed=req.seed, rank=req.rank, world_size=world_size,
-                          kind=req.kind, feature_dtype=req.feature_dtype or None, ordered=req.ordered,
-                          feature_cache=_feature_cache(req))
+        return LoaderSpec(sampling, node_input, feature_cache=_feature_cache(req), **plain)
     except ValueError as exc:
         raise ValueError(f"rank = {req.rank}, world_size = {req.world_size}, batch_size = {req.batch_size}, "
                          f"feature_dtype = {req.feature_dtype!r}, ordered = {req.ordered}: {exc}") from None

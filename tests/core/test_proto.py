@@ -1,6 +1,7 @@
 """The wire contracts: checked-in gRPC stubs match control.proto; every batch field is documented."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -9,8 +10,17 @@ import torch
 from graphfeed.core import batch
 from graphfeed.core.constants import DEFAULT_NODE_TYPE
 from graphfeed.core.feature_cache import CachedIds, drop_cached_rows
+from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 from graphfeed.proto import control_pb2
-from graphfeed.proto.convert import edge_type_from_proto, edge_type_to_proto, graph_schema
+from graphfeed.proto.convert import (
+    edge_type_from_proto,
+    edge_type_to_proto,
+    graph_schema,
+    loader_spec_from_proto,
+    open_session_request,
+    sampling_from_proto,
+    sampling_to_proto,
+)
 
 
 def test_generated_stubs_are_current():
@@ -70,3 +80,25 @@ def test_control_service_surface():
                                                   "OpenSession", "StartEpoch", "CloseSession", "GetStats"}
     # no RPC may stop a server: the daemon outlives its clients
     assert not any("shutdown" in m.name.lower() or "stop" in m.name.lower() for m in service.methods)
+
+
+def test_every_spec_field_travels_by_name():
+    """A new option needs no edit in proto/convert.py: each plain field of SamplingSpec and LoaderSpec has the
+    message field of its name (a per-hop tuple: ``<name>_per_hop``), and a spec with no field at its default
+    comes back equal from the wire."""
+    for cls, msg, structured in ((SamplingSpec, control_pb2.SamplingSpec, {"num_neighbors"}),
+                                 (LoaderSpec, control_pb2.OpenSessionRequest, {"sampling", "input", "feature_cache"})):
+        names = msg.DESCRIPTOR.fields_by_name
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in structured and f.name not in names]
+        assert not missing, f"{cls.__name__} fields with no control.proto field of their name: {missing}"
+    sampling = SamplingSpec((4, 3), replace=(True, False), direction="out", time_attr="time",
+                            temporal_strategy="last", disjoint=True)
+    assert sampling_from_proto(sampling_to_proto(sampling)) == sampling
+    weighted = SamplingSpec((2,), replace=True, weight_attr="edge_attr:1")
+    assert sampling_from_proto(sampling_to_proto(weighted)) == weighted
+    spec = LoaderSpec(weighted, NodeInput(ids=torch.tensor([3, 1, 2])), batch_size=7, shuffle=True, drop_last=True,
+                      seed=11, rank=1, world_size=2, kind="val", feature_dtype="bfloat16")
+    back = loader_spec_from_proto(open_session_request(spec, "g"))
+    assert back == spec and back.input.ids.tolist() == [3, 1, 2]
+    fields = {f.name: getattr(back, f.name) for f in dataclasses.fields(LoaderSpec) if f.name not in {"input"}}
+    assert fields == {f.name: getattr(spec, f.name) for f in dataclasses.fields(LoaderSpec) if f.name != "input"}
