@@ -289,12 +289,20 @@ class _Ring:
         self.unmapped: list[int] = []   # retired and released: the worker may drop them
         self.wanted = 0                 # slot bytes a too-big batch asked for (0: no growth asked)
         self.can_grow = True            # False once a growth failed: the part stays on its slots
+        self.starved = False            # a request waited out the slot wait since the last release
         self.lock = threading.RLock()
 
-    def submit(self, ask: _Ask) -> None:
+    def submit(self, ask: _Ask) -> bool:
+        """Queue ``ask`` for a slot.  False (not queued) while the ring is starved: every slot is held and a
+        request has already waited out the slot wait since the last release, so the caller pulls this one
+        over the channel's calls at once (a trainer that keeps every batch, ``list(loader)``, would otherwise
+        wait the slot wait again for every batch)."""
         with self.lock:
+            if self.starved and not self.free:
+                return False
             self.waiting.append(ask)
         self.pump()
+        return True
 
     def pump(self) -> None:
         """Dispatch waiting requests while there are free slots (in request order)."""
@@ -313,6 +321,7 @@ class _Ring:
                 self.unmapped.append(slot)
                 return
             self.free.append(slot)
+            self.starved = False
         if not self.channel.closed:
             self.pump()
 
@@ -323,6 +332,8 @@ class _Ring:
             late = [a for a in self.waiting if now - a.since > limit]
             for a in late:
                 self.waiting.remove(a)
+            if late:
+                self.starved = True
         return late
 
     def ask_growth(self, needed: int, cap: int) -> bool:
@@ -433,7 +444,9 @@ class ShmChannel(BatchChannel):
             self.counts["rpc"] += 1
             return self.rpc.request(part, session_id, secret, epoch, seq)
         pending = Pending()
-        ring.submit(_Ask((session_id, secret, epoch, seq), pending, time.monotonic()))
+        if not ring.submit(_Ask((session_id, secret, epoch, seq), pending, time.monotonic())):
+            self.counts["slot_wait"] += 1   # every slot is still held: not another slot wait for this one
+            return self.rpc.request(part, session_id, secret, epoch, seq)
         return pending
 
     def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:

@@ -185,6 +185,21 @@ def test_a_ring_swaps_generations_and_unmaps_a_held_old_slot_when_its_batch_is_f
     assert not ring.maps and not _mine()
 
 
+def test_a_starved_ring_sends_the_next_requests_past_it_until_a_slot_is_released():
+    """A trainer that keeps every batch (``list(loader)``) holds every slot: once one request has waited out the
+    slot wait, the next ones are not queued (the channel pulls them over its calls at once) until a release."""
+    channel = _RecordingChannel()
+    ring = shm._Ring(channel, 0, _slots([0], 4096), 4096)
+    assert ring.submit(shm._Ask((), Pending(), time.monotonic())) and channel.sent == [0]   # slot 0 now held
+    assert ring.submit(shm._Ask((), Pending(), time.monotonic() - 5.0)), "queued: nothing waited out yet"
+    assert len(ring.overdue(2.0)) == 1 and not ring.waiting
+    assert not ring.submit(shm._Ask((), Pending(), time.monotonic())), "starved: not queued again"
+    assert not ring.waiting
+    ring.release(0)
+    assert ring.submit(shm._Ask((), Pending(), time.monotonic())) and channel.sent == [0, 0], "a release ends it"
+    ring.retire_all()
+
+
 def test_grown_size_is_a_quarter_more_rounded_up_to_a_mib():
     assert shm.grown_size(1) == shm.MIB
     assert shm.grown_size(129 * shm.MIB) == 162 * shm.MIB   # 161.25 MiB, rounded up
