@@ -32,6 +32,7 @@ ALLOWED = {
     "proto": {"proto", "core"},
     "transport": {"transport", "core"},
     "client": {"client", "core", "proto", "transport"},
+    "pyg": {"pyg", "core", "proto", "transport", "client"},
     "testing": {"testing", "core", "proto", "client"},
     "cuda_ext": {"cuda_ext"},
     "server": {"server", "core", "proto", "transport", "cuda_ext"},

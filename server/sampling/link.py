@@ -142,19 +142,24 @@ def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -
 
 def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: SamplingSpec, plan_entry: BatchSpec,
                        epoch: int, seq: int, feature_dtype: torch.dtype | None = None,
-                       stage: Callable[[str], ContextManager] | None = None) -> dict[str, torch.Tensor]:
+                       stage: Callable[[str], ContextManager] | None = None,
+                       keys: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` of a link loader: the seed edges at ``positions`` (resolved in
     ``seeds``), their negatives, and the sample of every endpoint (sorted, distinct: the batch's
     first ``batch_size`` nodes), encoded, its features cast to ``feature_dtype`` (None = as stored).
+    ``keys`` (default ``positions``): the seed edges' positions in the loader's input, which key their
+    negatives and become ``input_id`` -- a batch made outside an epoch indexes ``seeds`` by ``positions``
+    but is keyed by where its seed edges sit in the caller's input (:mod:`graphfeed.server.sampling.adhoc`).
     :class:`StrictNegativeError` as :func:`draw_negatives`."""
     link, seed, b = seeds.link, plan_entry.seed, positions.numel()
+    keys = positions if keys is None else keys
     src_type, dst_type = link.end_types(graph.label_type)
     src, dst = seeds.src.index_select(0, positions), seeds.dst.index_select(0, positions)
     own = torch.arange(b)                       # disjoint: seed edge i is subgraph i
     ends = [(src_type, src, own), (dst_type, dst, own)]
     times = None if link.time is None else link.time.index_select(0, positions)
     if link.neg is not None:
-        neg_src, neg_dst = draw_negatives(graph, src, positions, link.neg.count(b), link.neg.strict, seed,
+        neg_src, neg_dst = draw_negatives(graph, src, keys, link.neg.count(b), link.neg.strict, seed,
                                           link.edge_type)
         paired = torch.arange(neg_dst.numel()) % b        # negative j pairs with seed edge j mod b
         if link.neg.mode == "triplet":                     # a seed edge's negatives join its subgraph
@@ -169,7 +174,7 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
         extra["seed_time" if "src_index" in extra else "edge_label_time"] = times
     if link.edge_type is not None and not graph.is_homogeneous:
         extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
-    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=positions,
+    return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=keys,
                          feature_dtype=feature_dtype, stage=stage, extra=extra, subgraphs=subgraphs,
                          seed_time=times if spec.temporal else None)
 

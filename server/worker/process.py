@@ -274,6 +274,23 @@ class SessionWorker:
         self._online.submit(run)
         return out
 
+    def sample_seeds(self, session_id: str, seeds, positions, batch_seed: int) -> Pending:
+        """One batch for a seed record (PyG's samplers, :meth:`Session.sample_seeds`) with session
+        ``session_id``'s sampling options, produced on the worker's online threads; the Pending fails with
+        ValueError for bad seeds."""
+        session = self.session(session_id)
+        out = Pending()
+
+        def run() -> None:
+            try:
+                out.set_result(session.sample_seeds(seeds, positions, int(batch_seed)))
+            except Exception as exc:  # noqa: BLE001 -- every failure goes to the caller's future
+                self.telemetry.count_error("online")
+                out.set_exception(exc)
+
+        self._online.submit(run)
+        return out
+
     def authorize(self, session_id: str, secret) -> None:
         """PermissionError unless ``secret`` is the one the daemon issued for ``session_id`` (constant time)."""
         expected = self.secrets.get(session_id)

@@ -26,6 +26,13 @@ also carry the session's secret.
 * ``sample(session_id, secret, node_ids, seed)`` -- online sampling (``Client.sample``): one batch
   for arbitrary original node ids with the session's sampling options, outside any epoch (async:
   runs on the worker's online threads; bad ids fail the call with ValueError).
+* ``sample_seeds(session_id, secret, seeds, positions, batch_seed)`` -- PyG's samplers
+  (:mod:`graphfeed.pyg`): one batch for a seed record (a ``NodeInput`` of original ids of one node type,
+  or a ``LinkInput`` of seed edges with their negative sampling) at the caller's input ``positions``, with
+  the batch seed the caller names (:func:`graphfeed.server.sampling.adhoc.produce_for_seeds`; async).
+* ``node_rows(ntype, orig_ids)`` / ``part_edges(etype, max_edges)`` -- PyG's ``FeatureStore`` /
+  ``GraphStore`` (:mod:`graphfeed.pyg.stores`): the stored rows of the original ids this part owns, and
+  this part's edges of one type (refused when the type has more than ``max_edges`` edges).
 * ``one_hop(etype, gids, spec, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
   through one edge type (``spec``: the session's :class:`SamplingSpec`, passed whole) / read features
   (a :class:`~graphfeed.server.sampling.types.NodeRows`) of nodes of one type that this worker's part owns
@@ -48,7 +55,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
-from graphfeed.core.spec import SamplingSpec, feature_dtype
+from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, feature_dtype
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
@@ -141,6 +148,68 @@ def sample_pending(session_id: str, secret: bytes, node_ids: torch.Tensor, seed:
         return worker.sample(session_id, node_ids, int(seed))
     except (PermissionError, LookupError, ValueError) as exc:
         return Pending.failed(exc)
+
+
+@rpc.functions.async_execution
+def sample_seeds(session_id: str, secret: bytes, seeds, positions: torch.Tensor,
+                 batch_seed: int) -> torch.futures.Future:
+    """One batch (wire dict) for ``seeds`` (a :class:`NodeInput` with ids or a :class:`LinkInput` with
+    seed edges, original ids, any parts) at input ``positions`` with session ``session_id``'s sampling
+    options and batch seed ``batch_seed`` (:func:`graphfeed.server.sampling.adhoc.produce_for_seeds`).
+    ValueError (one line) for bad seeds; PermissionError for a wrong ``secret``."""
+    return _as_remote_errors(sample_seeds_pending(session_id, secret, seeds, positions, batch_seed))
+
+
+def sample_seeds_pending(session_id: str, secret: bytes, seeds, positions: torch.Tensor, batch_seed: int) -> Pending:
+    """:func:`sample_seeds` in no transport's terms."""
+    worker = _bound()
+    try:
+        worker.authorize(session_id, secret)
+        if not isinstance(seeds, (NodeInput, LinkInput)):
+            raise ValueError(f"seeds must be a NodeInput or a LinkInput record, got {type(seeds).__name__}")
+        return worker.sample_seeds(session_id, seeds, positions, int(batch_seed))
+    except (PermissionError, LookupError, ValueError) as exc:
+        return Pending.failed(exc)
+
+
+def node_rows(ntype: str, orig_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(mask, rows)``: which of original ids ``orig_ids`` of node type ``ntype`` this part owns, and the
+    stored per-node fields of those (``{"x": ..., "y": ...}``: every :class:`NodeRows` field the type has
+    besides ``n_id``), in the order of ``orig_ids[mask]``.  ValueError for an unknown type."""
+    worker = _bound()
+    ntype = str(ntype)
+    if ntype not in worker.part.node_types:
+        raise ValueError(f"unknown node type {ntype!r}; the graph's node types are {worker.part.node_types}")
+    mask, gids = worker.part.nodes(ntype).to_global(torch.as_tensor(orig_ids, dtype=torch.int64).reshape(-1))
+    rows = worker.graph.sources[worker.part.part_id].gather(ntype, gids)
+    return mask, {name: t for name, t in rows.items() if t is not None and name != "n_id"}
+
+
+def part_edges(etype: tuple, max_edges: int) -> dict:
+    """The edges of type ``etype`` this part stores (each edge is stored by the part that owns its
+    destination in CSC, else its source in CSR): ``{"src": global ids, "dst": global ids, "eid": original
+    edge ids, "orig": {node type: (first global id, original ids of this part's nodes of the type)}}`` for
+    both end types, so the caller maps global ids back to original ones once it has every part's answer.
+    ValueError for an unknown type, and when the whole graph has more than ``max_edges`` edges of the type
+    (the caller's bound on a topology pulled into one process)."""
+    worker = _bound()
+    etype = tuple(str(n) for n in etype)
+    if etype not in worker.part.edge_types:
+        raise ValueError(f"unknown edge type {etype}; the graph's edge types are {worker.part.edge_types}")
+    store = worker.part.edges(etype)   # type: ignore[arg-type]
+    if store.num_edges > int(max_edges):
+        raise ValueError(f"edge type {etype} has {store.num_edges} edges, more than the {int(max_edges)} this "
+                         f"graph store pulls into one process: keep the topology on the servers (sample with "
+                         f"GraphfeedSampler) or raise max_edges")
+    kind = "csc" if "csc" in worker.part.meta.topologies else "csr"
+    topo = store.topology(kind)
+    center_type, other_type = (etype[2], etype[0]) if kind == "csc" else (etype[0], etype[2])
+    owned = worker.part.nodes(center_type)
+    center = torch.repeat_interleave(torch.arange(topo.num_nodes), topo.indptr.diff()) + owned.start
+    other = topo.indices.to(torch.int64)
+    src, dst = (other, center) if kind == "csc" else (center, other)
+    orig = {t: (int(worker.part.nodes(t).start), worker.part.nodes(t).orig_id.clone()) for t in {etype[0], etype[2]}}
+    return {"src": src, "dst": dst, "eid": topo.eid.to(torch.int64), "orig": orig}
 
 
 def attach(names: list[str], size: int, ids: list[int] | None = None) -> list[bytes]:
@@ -246,7 +315,7 @@ def part_identity() -> tuple | None:
 
 
 ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
-                     hot_rows, part_identity})
+                     hot_rows, part_identity, sample_seeds, node_rows, part_edges})
 assert {f.__name__ for f in ALLOWED} == set(rpc_group.WORKER_RPC_FUNCTIONS)
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
@@ -255,7 +324,7 @@ def secure_functions() -> dict[str, Function]:
     """What the worker's secure listener answers: the same functions, async ones answering with a Pending."""
     table = {f.__name__: Function(f) for f in ALLOWED}
     table.update(pull=Function(pull_pending, True), pull_into=Function(pull_into_pending, True),
-                 sample=Function(sample_pending, True))
+                 sample=Function(sample_pending, True), sample_seeds=Function(sample_seeds_pending, True))
     return table
 
 

@@ -18,7 +18,8 @@ import torch
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
-from graphfeed.core.spec import LoaderSpec
+from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput
+from graphfeed.server.sampling.adhoc import produce_for_seeds
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
@@ -200,6 +201,18 @@ class Session:
         with self.telemetry.stage("batch"):
             batch = sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
                                  feature_dtype=self.spec.feature_torch_dtype)
+        self._check_bytes(batch)
+        return batch
+
+    def sample_seeds(self, seeds: NodeInput | LinkInput, positions: torch.Tensor, batch_seed: int
+                     ) -> dict[str, torch.Tensor]:
+        """One batch (wire form) for a seed record at input ``positions`` with batch seed ``batch_seed`` and
+        this session's sampling options and feature dtype (:func:`produce_for_seeds`); ValueError for bad
+        seeds (and for a sample over the worker's work caps)."""
+        self.last_used = time.monotonic()
+        with self.telemetry.stage("batch"):
+            batch = produce_for_seeds(self.graph, seeds, positions, self.spec.sampling, batch_seed,
+                                      stage=self.telemetry.stage, feature_dtype=self.spec.feature_torch_dtype)
         self._check_bytes(batch)
         return batch
 

@@ -1,0 +1,20 @@
+"""graphfeed as PyG's remote backend: ``NodeLoader`` / ``LinkLoader`` over the servers.
+
+    import graphfeed.client as gf
+    from graphfeed.pyg import GraphfeedSampler, GraphfeedFeatureStore, GraphfeedGraphStore
+    from torch_geometric.loader import NodeLoader
+
+    client = gf.connect(["host1:7000", "host2:7000"])
+    fs, gs = GraphfeedFeatureStore(client), GraphfeedGraphStore(client)
+    sampler = GraphfeedSampler(client, [10, 5], feature_store=fs)
+    loader = NodeLoader((fs, gs), node_sampler=sampler, input_nodes=train_ids, batch_size=512)
+
+The topology stays on the servers (PyG's own ``NeighborSampler`` would pull it into the trainer), and
+each batch's features come back with its sample.  README, "PyG remote backend", lists which PyG
+arguments carry over.  Imports graphfeed.client and below (never graphfeed.server).
+"""
+from graphfeed.pyg.convert import BatchRows
+from graphfeed.pyg.sampler import GraphfeedSampler
+from graphfeed.pyg.stores import GraphfeedFeatureStore, GraphfeedGraphStore
+
+__all__ = ["GraphfeedSampler", "GraphfeedFeatureStore", "GraphfeedGraphStore", "BatchRows"]

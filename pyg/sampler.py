@@ -1,0 +1,198 @@
+"""``GraphfeedSampler``: PyG's ``BaseSampler`` whose sampling runs on the graphfeed servers.
+
+``NodeLoader(data=(feature_store, graph_store), node_sampler=GraphfeedSampler(client, [10, 5]), ...)`` and
+``LinkLoader(..., link_sampler=...)`` keep the topology on the servers: each ``sample_from_nodes`` /
+``sample_from_edges`` is one call to one session worker (round robin), which samples across every part
+and gathers the batch's feature rows, as graphfeed's loaders do.  The rows come back with the sample
+(``metadata[-1]``, :class:`~graphfeed.pyg.convert.BatchRows`) and are handed to the feature store, so the
+loader's ``filter_fn`` reads ``x``/``y`` without a second round trip.
+
+Seeding.  Batch ``i`` since :meth:`GraphfeedSampler.set_epoch` ``(e)`` is sampled with graphfeed's batch
+seed ``batch_seed(seed, e, i)`` (:mod:`graphfeed.core.seeding`), and a seed edge's negatives are keyed by
+its position in the loader's input, as in graphfeed's link loaders.  So a PyG loader with
+``shuffle=False`` gives, batch for batch, what ``client.neighbor_loader`` / ``link_neighbor_loader`` give
+over the same input ids with the same ``batch_size``, ``seed`` and epoch (``ordered`` input).  Without
+``set_epoch`` the count simply goes on (every batch still has its own seed).
+
+The sampler runs in the trainer's process (its client's data path lives there): a DataLoader worker
+process (``num_workers > 0``) is refused with a one-line error; the servers already sample in parallel.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from torch_geometric.sampler import BaseSampler, EdgeSamplerInput, NegativeSampling, NodeSamplerInput
+
+from graphfeed.client.errors import InvalidRequest, ServerError
+from graphfeed.client.sessions import SessionSet
+from graphfeed.core import spec as specs
+from graphfeed.core.seeding import batch_seed
+from graphfeed.proto.convert import open_session_request
+from graphfeed.pyg.convert import to_sampler_output
+
+if TYPE_CHECKING:
+    from graphfeed.client.client import Client
+    from graphfeed.pyg.stores import GraphfeedFeatureStore
+
+SESSION_KIND = "pyg"   # the sessions' metrics label
+WAIT_SLACK = 30.0      # seconds beyond rpc_timeout a sample may take
+
+
+class GraphfeedSampler(BaseSampler):
+    """Neighbor sampling by the servers of ``client`` (a connected :class:`graphfeed.client.Client`).
+
+    ``num_neighbors``: fanouts per hop, or ``{(src, rel, dst): [...]}`` on a typed graph (as PyG's
+    ``NeighborSampler``); ``replace``, ``disjoint``, ``weight_attr`` as PyG's; ``direction`` (``"in"``,
+    graphfeed's) samples in- or out-edges; ``feature_dtype`` casts the rows the servers send (``"bf16"``,
+    ``"fp16"``); ``seed`` the loader seed of the module doc.  ``feature_store``: the
+    :class:`~graphfeed.pyg.stores.GraphfeedFeatureStore` the loader reads, handed each batch's rows.
+    Refused with one line (ValueError): ``subgraph_type`` other than ``"directional"``, ``time_attr`` /
+    ``temporal_strategy`` (temporal sampling: use graphfeed's loaders), negative sampling ``weight``.
+    """
+
+    def __init__(self, client: Client, num_neighbors, *, feature_store: GraphfeedFeatureStore | None = None,
+                 seed: int = 0, replace: bool = False, disjoint: bool = False, direction: str = "in",
+                 weight_attr: str | None = None, feature_dtype=None, subgraph_type: str = "directional",
+                 time_attr: str | None = None, temporal_strategy: str = "uniform"):
+        if str(getattr(subgraph_type, "value", subgraph_type)) != "directional":
+            raise ValueError(f"subgraph_type={subgraph_type!r} is not offered by graphfeed's servers: use "
+                             f"'directional' (direction='out' samples out-edges)")
+        if time_attr is not None or temporal_strategy != "uniform":
+            raise ValueError("temporal sampling (time_attr, temporal_strategy) is not offered through PyG's "
+                             "loaders: use client.neighbor_loader(..., time_attr=...)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
+            raise ValueError(f"seed must be an integer in 0..2**64-1, got {seed!r}")
+        self.client, self.seed, self.feature_store = client, seed, feature_store
+        self.spec = specs.LoaderSpec.of(specs.NodeInput(ids=torch.tensor([0])), num_neighbors, batch_size=1,
+                                        replace=replace, disjoint=disjoint, direction=direction,
+                                        weight_attr=weight_attr, feature_dtype=feature_dtype, rank=0,
+                                        world_size=1, kind=SESSION_KIND, ordered=False)
+        self.spec.check_schema(client.node_types, client.edge_types)
+        self.epoch, self._index = 0, 0
+        self._lock = threading.Lock()
+        self._next_part = itertools.count()
+        self._sessions: SessionSet | None = None
+
+    # ---- seeding -------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next batch is batch 0 of ``epoch`` (see the module doc)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        with self._lock:
+            self.epoch, self._index = epoch, 0
+
+    def _next_seed(self) -> int:
+        with self._lock:
+            index, self._index = self._index, self._index + 1
+            return batch_seed(self.seed, self.epoch, index)
+
+    # ---- PyG's contract ------------------------------------------------------------------------
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs):
+        """One batch for the seeds of ``index`` (original ids of ``index.input_type``, None: the label type)."""
+        if index.time is not None:
+            raise ValueError("input_time (temporal sampling) is not offered through PyG's loaders: use "
+                             "client.neighbor_loader(..., input_time=...)")
+        seeds = specs.NodeInput(ids=index.node, node_type=index.input_type)
+        wire = self._sample(seeds, index.input_id)
+        return self._output(wire, None, link=False)
+
+    def sample_from_edges(self, index: EdgeSamplerInput, neg_sampling: NegativeSampling | None = None):
+        """One link batch for the seed edges of ``index`` (original ids; ``input_type`` their edge type), with
+        negatives drawn by the servers as graphfeed's link loaders draw them (strict: never an edge)."""
+        if index.time is not None:
+            raise ValueError("edge_label_time (temporal sampling) is not offered through PyG's loaders: use "
+                             "client.link_neighbor_loader(..., edge_label_time=...)")
+        neg = _negatives(neg_sampling)
+        homogeneous = list(self.client.node_types) == [self.client.label_type] and len(self.client.edge_types) == 1
+        etype = None if index.input_type is None or homogeneous else tuple(index.input_type)
+        link = specs.LinkInput(torch.stack([index.row, index.col]), index.label, neg, etype)  # type: ignore[arg-type]
+        wire = self._sample(link, index.input_id)
+        return self._output(wire, None if neg is None else neg.mode, link=True)
+
+    @property
+    def edge_permutation(self):
+        return None   # e_id are original edge ids already
+
+    # ---- the call ------------------------------------------------------------------------------
+
+    def _output(self, wire, neg_mode: str | None, link: bool):
+        out, rows = to_sampler_output(wire, neg_mode, link)
+        if self.feature_store is not None:
+            self.feature_store.offer(rows)
+        return out
+
+    def _sample(self, seeds, input_id: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("GraphfeedSampler runs in the trainer process, where its client's data path is: "
+                               "pass num_workers=0 to the loader (the servers sample in parallel already)")
+        self.client._check_usable()
+        size = seeds.num_edges if isinstance(seeds, specs.LinkInput) else seeds.ids.numel()  # type: ignore[union-attr]
+        positions = torch.arange(size) if input_id is None else input_id.to(torch.int64).reshape(-1)
+        return self._call(seeds, positions, self._next_seed())
+
+    def _call(self, seeds, positions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+        """One ``sample_seeds`` call: an idle-expired session is re-opened and a lost server waited for
+        (:meth:`Client.recover`) once, then the call is made again."""
+        client = self.client
+        for attempt in (0, 1):
+            generation = client.generation
+            sessions = self._open_sessions()
+            part = next(self._next_part) % len(client.servers)
+            server = client.servers[part].name
+            try:
+                pending = client.group.calls.call(part, "sample_seeds", (sessions.ids[part], sessions.secrets[part],
+                                                                         seeds, positions, int(seed)),
+                                                  client.rpc_timeout)
+                return pending.result(timeout=client.rpc_timeout + WAIT_SLACK)
+            except ValueError as exc:   # the worker refused the seeds: the server's INVALID_ARGUMENT
+                raise InvalidRequest(f"{server}: sample: {_first_line(exc)}") from None
+            except Exception as exc:    # noqa: BLE001 -- a lost server, an expired session, a timeout
+                message = f"sample of {positions.numel()} seed(s) failed: {_first_line(exc)}"
+                if attempt == 0 and "unknown session" in message:
+                    sessions.reopen(close_old=True)
+                    continue
+                if attempt == 0 and (client.generation != generation or client.group.probe()):
+                    client.recover((server, message), exc, generation)
+                    continue
+                raise ServerError(server, message) from exc
+        raise AssertionError("unreachable")
+
+    def _open_sessions(self) -> SessionSet:
+        """This sampler's session on every server (opened at the first sample; re-opened by the client
+        after it re-forms its group, as a loader's)."""
+        if self._sessions is None or self._sessions.closed:
+            spec, client = self.spec, self.client
+            self._sessions = SessionSet(client, lambda: open_session_request(spec, client.group.group_id)).open()
+        return self._sessions
+
+    def close(self) -> None:
+        """Close the sampler's sessions on the servers (the client's close does it too)."""
+        if self._sessions is not None:
+            self._sessions.close()
+            self._sessions = None
+
+
+def _negatives(neg: NegativeSampling | None) -> specs.NegativeSampling | None:
+    """PyG's negative sampling as graphfeed's record; ValueError for PyG's per-node ``weight``."""
+    if neg is None:
+        return None
+    if getattr(neg, "weight", None) is not None:
+        raise ValueError("negative sampling weights are not offered by graphfeed's servers (destinations are "
+                         "uniform over the nodes, strict): drop NegativeSampling(weight=...)")
+    return specs.NegativeSampling.of(neg)
+
+
+def _first_line(exc: BaseException) -> str:
+    for line in str(exc).strip().splitlines():
+        line = line.strip()
+        if line and not line.startswith("Traceback"):
+            return line
+    return type(exc).__name__
+
+
+__all__: Sequence[str] = ["GraphfeedSampler"]
