@@ -31,6 +31,7 @@ from graphfeed.client.sessions import SessionSet
 from graphfeed.core import spec as specs
 from graphfeed.core.seeding import batch_seed
 from graphfeed.proto.convert import open_session_request
+from graphfeed.pyg.calls import WAIT_SLACK, remote_message
 from graphfeed.pyg.convert import to_sampler_output
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from graphfeed.pyg.stores import GraphfeedFeatureStore
 
 SESSION_KIND = "pyg"   # the sessions' metrics label
-WAIT_SLACK = 30.0      # seconds beyond rpc_timeout a sample may take
 
 
 class GraphfeedSampler(BaseSampler):
@@ -150,9 +150,9 @@ class GraphfeedSampler(BaseSampler):
                                                   client.rpc_timeout)
                 return pending.result(timeout=client.rpc_timeout + WAIT_SLACK)
             except ValueError as exc:   # the worker refused the seeds: the server's INVALID_ARGUMENT
-                raise InvalidRequest(f"{server}: sample: {_first_line(exc)}") from None
+                raise InvalidRequest(f"{server}: sample: {remote_message(exc)}") from None
             except Exception as exc:    # noqa: BLE001 -- a lost server, an expired session, a timeout
-                message = f"sample of {positions.numel()} seed(s) failed: {_first_line(exc)}"
+                message = f"sample of {positions.numel()} seed(s) failed: {remote_message(exc)}"
                 if attempt == 0 and "unknown session" in message:
                     sessions.reopen(close_old=True)
                     continue
@@ -185,14 +185,6 @@ def _negatives(neg: NegativeSampling | None) -> specs.NegativeSampling | None:
         raise ValueError("negative sampling weights are not offered by graphfeed's servers (destinations are "
                          "uniform over the nodes, strict): drop NegativeSampling(weight=...)")
     return specs.NegativeSampling.of(neg)
-
-
-def _first_line(exc: BaseException) -> str:
-    for line in str(exc).strip().splitlines():
-        line = line.strip()
-        if line and not line.startswith("Traceback"):
-            return line
-    return type(exc).__name__
 
 
 __all__: Sequence[str] = ["GraphfeedSampler"]

@@ -20,6 +20,7 @@ from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.data.graph_store import EdgeLayout
 
 from graphfeed.core.constants import DEFAULT_NODE_TYPE
+from graphfeed.pyg.calls import on_every_part
 from graphfeed.pyg.convert import BatchRows, edge_type_of
 
 if TYPE_CHECKING:
@@ -28,29 +29,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_EDGES = 50_000_000   # edges of one type a graph store pulls into the trainer by default
 MAX_WHOLE_TYPE_ROWS = 10_000_000  # rows an index-less read (a whole node type) may ask for
 KEPT_BATCHES = 8                 # batches whose rows the feature store keeps (the loader reads the newest)
-WAIT_SLACK = 30.0
-
-
-def _wait_all(client: Client, name: str, args_of) -> list[Any]:
-    """``name`` on every part's worker at once (``args_of(part)``), the answers in part order."""
-    client._check_usable()
-    pending = [client.group.calls.call(p, name, args_of(p), client.rpc_timeout) for p in range(len(client.servers))]
-    answers = []
-    for part, p in enumerate(pending):
-        try:
-            answers.append(p.result(timeout=client.rpc_timeout + WAIT_SLACK))
-        except ValueError as exc:   # the worker refused the request: its one line, naming the server
-            raise ValueError(f"{client.servers[part].name}: {name}: {_first_line(exc)}") from None
-    return answers
-
-
-def _first_line(exc: BaseException) -> str:
-    """The worker's message without torch's wrapping (``On worker1: ValueError: ...``) or traceback lines."""
-    for line in str(exc).strip().splitlines():
-        line = line.strip()
-        if line and not line.startswith("Traceback"):
-            return line.split("ValueError: ", 1)[-1]
-    return type(exc).__name__
 
 
 class GraphfeedFeatureStore(FeatureStore):
@@ -124,7 +102,7 @@ class GraphfeedFeatureStore(FeatureStore):
             empty = torch.empty(0, dtype=torch.int64)
             schema = {}
             for ntype in self.client.node_types:
-                _, rows = _wait_all(self.client, "node_rows", lambda p: (ntype, empty))[0]
+                _, rows = on_every_part(self.client, "node_rows", lambda p, t=ntype: (t, empty))[0]
                 schema[ntype] = {a: (tuple(t.shape[1:]), t.dtype) for a, t in rows.items()}
             self._schema = schema
         return self._schema
@@ -137,7 +115,7 @@ class GraphfeedFeatureStore(FeatureStore):
         table = {a: torch.empty((ids.numel(), *shape), dtype=dtype)
                  for a, (shape, dtype) in self.schema()[ntype].items() if a in columns}
         found = torch.zeros(ids.numel(), dtype=torch.bool)
-        for mask, rows in _wait_all(self.client, "node_rows", lambda p: (ntype, ids)):
+        for mask, rows in on_every_part(self.client, "node_rows", lambda p: (ntype, ids)):
             found |= mask
             for a in table:
                 table[a][mask] = rows[a]
@@ -186,7 +164,8 @@ class GraphfeedFeatureStore(FeatureStore):
 
     def _check_attr(self, ntype: str, attr: str) -> None:
         if attr not in self.schema()[ntype]:
-            raise KeyError(f"node type {ntype!r} stores no {attr!r}; it stores {sorted(self.schema()[ntype]) or 'none'}")
+            stored = sorted(self.schema()[ntype]) or "nothing"
+            raise KeyError(f"node type {ntype!r} stores no {attr!r}; it stores {stored}")
 
 
 class GraphfeedGraphStore(GraphStore):
@@ -208,7 +187,7 @@ class GraphfeedGraphStore(GraphStore):
             raise ValueError(f"layout {EdgeLayout(edge_attr.layout).value!r} is not offered: a GraphfeedGraphStore "
                              f"gives 'coo' (convert it with torch_geometric.utils if needed)")
         etype = edge_type_of(edge_attr.edge_type, [tuple(e) for e in self.client.edge_types])  # type: ignore[misc]
-        answers = _wait_all(self.client, "part_edges", lambda p: (etype, self.max_edges))
+        answers = on_every_part(self.client, "part_edges", lambda p: (etype, self.max_edges))
         original = self._original_ids(etype, answers)
         src = torch.cat([original[etype[0]][a["src"]] for a in answers])
         dst = torch.cat([original[etype[2]][a["dst"]] for a in answers])

@@ -114,7 +114,9 @@ def test_link_loader_equals_graphfeed_link_loader(pyg_cluster, pyg_graph, connec
         bounds = np.cumsum([0] + [b.input_id.numel() for b in ours])
         batches = [list(range(s, e)) for s, e in zip(bounds[:-1], bounds[1:])]
         sampler = GraphfeedSampler(client, FANOUTS, feature_store=fs, seed=3)
-        loader = LinkLoader((fs, gs), link_sampler=sampler, edge_label_index=seed_edges[:, order], input_id=order,
+        # PyG's loaders over (feature store, graph store) name the edge type, also of a homogeneous graph
+        loader = LinkLoader((fs, gs), link_sampler=sampler, edge_label_index=(DEFAULT_EDGE_TYPE, seed_edges[:, order]),
+                            input_id=order,
                             neg_sampling=neg, batch_sampler=batches)
         got = list(loader)
         assert len(got) == len(ours) > 4

@@ -1,0 +1,38 @@
+"""The pyg layer's calls to the session workers (through the client's ``DataCalls``) and their errors' text."""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from graphfeed.client.client import Client
+
+WAIT_SLACK = 30.0   # seconds beyond rpc_timeout an answer may take
+_PREFIX = re.compile(r"^\w+(?:Error|Exception): ")                     # "ValueError: ..."
+_WRAPPED = re.compile(r"^\w+(?:Error|Exception)\((['\"])(.*)\1\)$")   # torch RPC's repr of a remote error
+
+
+def on_every_part(client: Client, name: str, args_of: Callable[[int], tuple]) -> list[Any]:
+    """Worker function ``name(*args_of(part))`` on every part at once, the answers in part order; a worker's
+    refusal (ValueError) is raised as one line naming the server."""
+    client._check_usable()
+    pending = [client.group.calls.call(p, name, args_of(p), client.rpc_timeout) for p in range(len(client.servers))]
+    answers = []
+    for part, p in enumerate(pending):
+        try:
+            answers.append(p.result(timeout=client.rpc_timeout + WAIT_SLACK))
+        except ValueError as exc:
+            raise ValueError(f"{client.servers[part].name}: {name}: {remote_message(exc)}") from None
+    return answers
+
+
+def remote_message(exc: BaseException) -> str:
+    """A worker's error message without the transport's wrapping (``On WorkerInfo(...):``, the remote
+    traceback, ``ValueError('...')``)."""
+    for line in str(exc).strip().splitlines():
+        line = _PREFIX.sub("", line.strip())
+        if not line or line.startswith(("Traceback", "On WorkerInfo")):
+            continue
+        wrapped = _WRAPPED.match(line)
+        return _PREFIX.sub("", wrapped.group(2)) if wrapped else line
+    return type(exc).__name__
