@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 DEFAULT_MAX_EDGES = 50_000_000   # edges of one type a graph store pulls into the trainer by default
 MAX_WHOLE_TYPE_ROWS = 10_000_000  # rows an index-less read (a whole node type) may ask for
 KEPT_BATCHES = 8                 # batches whose rows the feature store keeps (the loader reads the newest)
+
+
+def _same_args(args: tuple) -> Callable[[int], tuple]:
+    """The arguments of a call made alike on every part."""
+    return lambda part: args
 
 
 class GraphfeedFeatureStore(FeatureStore):
@@ -102,7 +107,7 @@ class GraphfeedFeatureStore(FeatureStore):
             empty = torch.empty(0, dtype=torch.int64)
             schema = {}
             for ntype in self.client.node_types:
-                _, rows = on_every_part(self.client, "node_rows", lambda p, t=ntype: (t, empty))[0]
+                _, rows = on_every_part(self.client, "node_rows", _same_args((ntype, empty)))[0]
                 schema[ntype] = {a: (tuple(t.shape[1:]), t.dtype) for a, t in rows.items()}
             self._schema = schema
         return self._schema
@@ -115,7 +120,7 @@ class GraphfeedFeatureStore(FeatureStore):
         table = {a: torch.empty((ids.numel(), *shape), dtype=dtype)
                  for a, (shape, dtype) in self.schema()[ntype].items() if a in columns}
         found = torch.zeros(ids.numel(), dtype=torch.bool)
-        for mask, rows in on_every_part(self.client, "node_rows", lambda p: (ntype, ids)):
+        for mask, rows in on_every_part(self.client, "node_rows", _same_args((ntype, ids))):
             found |= mask
             for a in table:
                 table[a][mask] = rows[a]
@@ -187,7 +192,7 @@ class GraphfeedGraphStore(GraphStore):
             raise ValueError(f"layout {EdgeLayout(edge_attr.layout).value!r} is not offered: a GraphfeedGraphStore "
                              f"gives 'coo' (convert it with torch_geometric.utils if needed)")
         etype = edge_type_of(edge_attr.edge_type, [tuple(e) for e in self.client.edge_types])  # type: ignore[misc]
-        answers = on_every_part(self.client, "part_edges", lambda p: (etype, self.max_edges))
+        answers = on_every_part(self.client, "part_edges", _same_args((etype, self.max_edges)))
         original = self._original_ids(etype, answers)
         src = torch.cat([original[etype[0]][a["src"]] for a in answers])
         dst = torch.cat([original[etype[2]][a["dst"]] for a in answers])
