@@ -9,6 +9,7 @@ point down only), the "may import" column of ``docs/ARCHITECTURE.md``:
          |            |
          +-> client   +-> proto, transport -> core
              testing
+    pyg -> client
 
 and inside ``server/`` (``SERVER_ALLOWED``):
 
