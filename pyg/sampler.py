@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -75,6 +76,7 @@ class GraphfeedSampler(BaseSampler):
         self._lock = threading.Lock()
         self._next_part = itertools.count()
         self._sessions: SessionSet | None = None
+        self._finalizer: weakref.finalize | None = None
 
     # ---- seeding -------------------------------------------------------------------------------
 
@@ -168,13 +170,28 @@ class GraphfeedSampler(BaseSampler):
         if self._sessions is None or self._sessions.closed:
             spec, client = self.spec, self.client
             self._sessions = SessionSet(client, lambda: open_session_request(spec, client.group.group_id)).open()
+            # dropped without close(): its sessions go to the client, which closes them as a dropped loader's
+            self._finalizer = weakref.finalize(self, client._orphans.extend, _Orphaned(self._sessions.live_ids))
         return self._sessions
 
     def close(self) -> None:
         """Close the sampler's sessions on the servers (the client's close does it too)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if self._sessions is not None:
             self._sessions.close()
             self._sessions = None
+
+
+class _Orphaned:
+    """The ``(part, session id)`` pairs of a dropped sampler's sessions (read when it is collected)."""
+
+    def __init__(self, ids: list[str]):
+        self.ids = ids
+
+    def __iter__(self):
+        return iter(list(enumerate(self.ids)))
 
 
 def _negatives(neg: NegativeSampling | None) -> specs.NegativeSampling | None:

@@ -7,6 +7,8 @@ stores read rows by original id and edges by type (and refuse a topology over th
 """
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -192,3 +194,10 @@ def test_refusals_are_one_line(pyg_cluster, connect):
         assert next(iter(ok)).n_id[:2].tolist() == [1, 2]   # the server is still up
         assert pyg_stores.KEPT_BATCHES >= 1
         sampler.close()
+        # a sampler dropped without close() hands its sessions to the client, which closes them
+        dropped = GraphfeedSampler(client, FANOUTS)
+        dropped._open_sessions()
+        before = len(client._orphans)
+        del dropped
+        gc.collect()
+        assert len(client._orphans) == before + len(client.servers)
