@@ -64,13 +64,15 @@ def _no_server_reads(fs, monkeypatch):
     return reads
 
 
-def test_node_loader_equals_graphfeed_loader_over_two_epochs(pyg_cluster, connect, monkeypatch):
+@pytest.mark.parametrize("options", [{}, {"disjoint": True, "replace": True, "direction": "out"}])
+def test_node_loader_equals_graphfeed_loader_over_two_epochs(pyg_cluster, connect, monkeypatch, options):
     ids = torch.randperm(3000, generator=torch.Generator().manual_seed(1))[:700]
     with connect([s.address for s in pyg_cluster], timeout=60) as client:
         fs, gs = _stores(client)
-        sampler = GraphfeedSampler(client, FANOUTS, feature_store=fs, seed=5)
+        sampler = GraphfeedSampler(client, FANOUTS, feature_store=fs, seed=5, **options)
         loader = NodeLoader((fs, gs), node_sampler=sampler, input_nodes=ids, batch_size=64, shuffle=False)
-        ours = client.neighbor_loader(input_nodes=ids, num_neighbors=FANOUTS, batch_size=64, shuffle=False, seed=5)
+        ours = client.neighbor_loader(input_nodes=ids, num_neighbors=FANOUTS, batch_size=64, shuffle=False, seed=5,
+                                      **options)
         reads = _no_server_reads(fs, monkeypatch)
         for epoch in range(2):
             sampler.set_epoch(epoch)
@@ -80,6 +82,7 @@ def test_node_loader_equals_graphfeed_loader_over_two_epochs(pyg_cluster, connec
                 assert (b.epoch, b.batch_index) == (epoch, i)
                 assert_same_batch(_comparable(a), _comparable(b))
                 assert a.edge_index.size(1) > 0 and a.x.size(0) == a.n_id.numel()
+                assert ("batch" in a) == bool(options.get("disjoint"))
         assert reads == [], "x and y came from the sampled batches, not from another call"
         sampler.close()
 
