@@ -167,6 +167,11 @@ def test_typed_node_and_link_loaders_equal_graphfeed_loaders(shared_mag_cluster,
         for a, b in zip(got, want):
             _same(_comparable(a), _comparable(b))
         edges = gs.get_edge_index(edge_type=writes, layout="coo")
+        want = np.asarray(graph.edges[writes].edge_index)
+        assert sorted(zip(*(t.tolist() for t in edges))) == sorted(zip(want[0].tolist(), want[1].tolist()))
+        assert {a.edge_type for a in gs.get_all_edge_attrs()} == set(map(tuple, client.edge_types))
+        x = fs.get_tensor("paper", "x", papers[:10])
+        assert torch.equal(x, torch.from_numpy(np.asarray(graph.nodes["paper"].x)[papers[:10].numpy()]))
         seed_edges = torch.stack(edges)[:, ::50].contiguous()
         mine = list(client.link_neighbor_loader(FANOUTS, edge_label_index=(writes, seed_edges), neg_sampling="binary",
                                                 batch_size=32, seed=9))
