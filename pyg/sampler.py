@@ -25,6 +25,7 @@ import weakref
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+from torch.utils.data import get_worker_info
 from torch_geometric.sampler import BaseSampler, EdgeSamplerInput, NegativeSampling, NodeSamplerInput
 
 from graphfeed.client.errors import InvalidRequest, ServerError
@@ -73,7 +74,8 @@ class GraphfeedSampler(BaseSampler):
                                         world_size=1, kind=SESSION_KIND, ordered=False)
         self.spec.check_schema(client.node_types, client.edge_types)
         self.epoch, self._index = 0, 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # the batch counter
+        self._open_lock = threading.Lock()   # the sessions, opened at the first sample
         self._next_part = itertools.count()
         self._sessions: SessionSet | None = None
         self._finalizer: weakref.finalize | None = None
@@ -129,7 +131,7 @@ class GraphfeedSampler(BaseSampler):
         return out
 
     def _sample(self, seeds, input_id: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        if torch.utils.data.get_worker_info() is not None:
+        if get_worker_info() is not None:
             raise RuntimeError("GraphfeedSampler runs in the trainer process, where its client's data path is: "
                                "pass num_workers=0 to the loader (the servers sample in parallel already)")
         self.client._check_usable()
@@ -167,12 +169,13 @@ class GraphfeedSampler(BaseSampler):
     def _open_sessions(self) -> SessionSet:
         """This sampler's session on every server (opened at the first sample; re-opened by the client
         after it re-forms its group, as a loader's)."""
-        if self._sessions is None or self._sessions.closed:
-            spec, client = self.spec, self.client
-            self._sessions = SessionSet(client, lambda: open_session_request(spec, client.group.group_id)).open()
-            # dropped without close(): its sessions go to the client, which closes them as a dropped loader's
-            self._finalizer = weakref.finalize(self, client._orphans.extend, _Orphaned(self._sessions.live_ids))
-        return self._sessions
+        with self._open_lock:
+            if self._sessions is None or self._sessions.closed:
+                spec, client = self.spec, self.client
+                self._sessions = SessionSet(client, lambda: open_session_request(spec, client.group.group_id)).open()
+                # dropped without close(): its sessions go to the client, which closes them as a dropped loader's
+                self._finalizer = weakref.finalize(self, client._orphans.extend, _Orphaned(self._sessions.live_ids))
+            return self._sessions
 
     def close(self) -> None:
         """Close the sampler's sessions on the servers (the client's close does it too)."""
