@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from graphfeed.client.errors import ServerError
+
 if TYPE_CHECKING:
     from graphfeed.client.client import Client
 
@@ -23,6 +25,8 @@ def on_every_part(client: Client, name: str, args_of: Callable[[int], tuple]) ->
             answers.append(p.result(timeout=client.rpc_timeout + WAIT_SLACK))
         except ValueError as exc:
             raise ValueError(f"{client.servers[part].name}: {name}: {remote_message(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 -- a lost server or a timeout, named like the loaders name it
+            raise ServerError(client.servers[part].name, f"{name} failed: {remote_message(exc)}") from exc
     return answers
 
 

@@ -11,6 +11,7 @@ batch's :class:`BatchRows`.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,6 +32,9 @@ class BatchRows:
 
     nodes: Mapping[str, torch.Tensor]
     rows: Mapping[str, Mapping[str, torch.Tensor]]
+    #: ``edge_attr`` of the sampled edges per edge type where the graph has edge features (aligned with ``edge``):
+    #: PyG's ``filter_fn`` joins no edge features, so a script reads them here (``out.metadata[-1]``)
+    edge_rows: Mapping[EdgeType, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 def to_sampler_output(wire: Mapping[str, torch.Tensor], neg_mode: str | None, link: bool
@@ -41,7 +45,10 @@ def to_sampler_output(wire: Mapping[str, torch.Tensor], neg_mode: str | None, li
     nodes = {t: wire[batch_codec.node_key("n_id", t)] for t in lay.node_types}
     rows = {t: {name: wire[batch_codec.node_key(name, t)] for name in ROW_FIELDS
                 if batch_codec.node_key(name, t) in wire} for t in lay.node_types}
-    metadata = (*_metadata(wire, neg_mode, link), BatchRows(nodes, rows))
+    edge_rows = {e: wire[batch_codec.edge_key("edge_attr", e)] for e in lay.edge_types
+                 if batch_codec.edge_key("edge_attr", e) in wire}
+    batch_rows = BatchRows(nodes, rows, edge_rows)
+    metadata = (*_metadata(wire, neg_mode, link), batch_rows)
     edges = {e: wire[batch_codec.edge_key("edge_index", e)] for e in lay.edge_types}
     e_ids = {e: wire[batch_codec.edge_key("e_id", e)] for e in lay.edge_types}
     counts_n = {t: wire[batch_codec.node_key("num_sampled_nodes", t)].tolist() for t in lay.node_types}
@@ -57,7 +64,7 @@ def to_sampler_output(wire: Mapping[str, torch.Tensor], neg_mode: str | None, li
         out = HeteroSamplerOutput(
             node=nodes, row={e: edges[e][0] for e in edges}, col={e: edges[e][1] for e in edges}, edge=e_ids,
             batch=subgraph or None, num_sampled_nodes=counts_n, num_sampled_edges=counts_e, metadata=metadata)
-    return out, BatchRows(nodes, rows)
+    return out, batch_rows
 
 
 def _metadata(wire: Mapping[str, torch.Tensor], neg_mode: str | None, link: bool) -> tuple:
