@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, ContextManager
 
 import torch
 
+from graphfeed.core.constants import MAX_BATCH_SIZE
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, check_sample_ids
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
@@ -78,6 +79,9 @@ def _positions(positions) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.dtype.is_floating_point \
             or positions.dtype == torch.bool:
         raise ValueError("positions must be a 1-D integer tensor: each seed's position in the loader's input")
+    if positions.numel() > MAX_BATCH_SIZE:
+        raise ValueError(f"a batch of {positions.numel()} seeds is more than the {MAX_BATCH_SIZE} a batch may have: "
+                         f"pass a smaller batch_size")
     positions = positions.to(torch.int64)
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0 (input positions), got {int(positions.min())}")
