@@ -5,7 +5,8 @@
 #  1. builds the native ops with their CUDA kernels (graphfeed build-native, into $GRAPHFEED_CACHE_DIR);
 #     meanwhile generates the `medium` graph and partitions it into 2 parts (--method random unless
 #     pymetis is installed);
-#  2. runs the GPU tests (tests/daemon/test_gpu_serving.py, tests/sampling/test_gpu_sampling.py, the CUDA parity tests);
+#  2. runs the GPU tests (tests/daemon/test_gpu_serving.py, tests/sampling/test_gpu_sampling.py, the CUDA parity tests,
+#     tests/pyg/test_gpu.py: PyG's loaders over GPU daemons);
 #  3. runs the GPU benches against the same runs on the CPU, on medium / 2 parts, batch 1024, fanout 15,10,5:
 #     bench sample (CPU vs --device cuda, sampling only and with features), bench remote (CPU daemons vs
 #     --server-device cuda), and the trainer's wait per batch with --trainer-device cuda, without and with
@@ -77,8 +78,9 @@ print('native ops:', cuda_ext.load_ops() is not None, '| CUDA kernels:', cuda_ex
 
 # ---- 2. the GPU tests --------------------------------------------------------------------------------------
 say "GPU tests"
-timeout 150 $PY -m pytest -q --maxfail=5 -p no:cacheprovider --tb=short -rfEs tests/daemon/test_gpu_serving.py \
-  tests/sampling/test_gpu_sampling.py tests/sampling/test_native_ops.py tests/sampling/test_native_typed.py -k "gpu or cuda" >"$OUT/pytest.txt" 2>&1
+timeout 200 $PY -m pytest -q --maxfail=5 -p no:cacheprovider --tb=short -rfEs tests/daemon/test_gpu_serving.py \
+  tests/sampling/test_gpu_sampling.py tests/sampling/test_native_ops.py tests/sampling/test_native_typed.py \
+  tests/pyg/test_gpu.py -k "gpu or cuda" >"$OUT/pytest.txt" 2>&1
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|^E  " "$OUT/pytest.txt" | tail -30
 say "GPU tests done"
 
