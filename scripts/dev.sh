@@ -15,7 +15,8 @@ STAMP=$VENV/.graphfeed-setup
 
 setup() {
   local want
-  want=$(cat pyproject.toml setup.py | sha256sum | cut -c1-16)
+  # the package folders count too: the editable install maps each top-level folder it saw
+  want=$( (cat pyproject.toml setup.py; ls -d -- */__init__.py) | sha256sum | cut -c1-16)
   if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
     return
   fi
