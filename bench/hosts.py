@@ -12,9 +12,11 @@ and stops before and after the measured epochs until this process has read its c
 * ``seeds_per_s`` ... ``cpu_s_per_epoch_trainer``: as ``bench remote`` (trainer's own view);
 * ``cpu_s_per_epoch_each``: CPU seconds per measured epoch of the trainer and of each server
   (daemon + session workers), read from here (``/proc``), and ``cpu_s_per_epoch`` their sum;
-* ``links``: per host, MB sent and received per batch (its veth's byte counters over the measured
-  epochs / their batches), the rate in Gbit/s and, with ``--link-rate``, the utilisation of the
-  busier direction (1.0 = the link is the limit).
+* ``links``: per host, MB sent and received per batch and bytes per seed (its veth's byte counters over
+  the measured epochs / their batches or seeds), the rate in Gbit/s and, with ``--link-rate``, the
+  utilisation of the busier direction (1.0 = the link is the limit);
+* ``server_to_server_mb_per_batch`` / ``server_to_server_bytes_per_seed``: what the servers sent each
+  other (all the servers sent less what the trainer received: every link ends at the one bridge).
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
         raise RuntimeError(f"--hosts: {reason}")
     with server_logs("graphfeed-bench-hosts-") as log_dir, emulated as em:
         for k, host in enumerate(em.hosts[1:]):
-            em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir)
+            em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir,
+                            env=cfg.server_env())
         result = _run_trainer(em, cfg)
     result.update(hosts=hosts, link_rate=link_rate, servers=parts, peer_path="rpc (across hosts)",
                   graph=cfg.graph_folder)
@@ -73,8 +76,12 @@ def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:
     result["cpu_s_per_epoch_each"] = each
     result["cpu_s_per_epoch"] = round(sum(each.values()), 3)
     batches = max(1, result["batches_per_epoch"] * epochs)
-    result["links"] = [_link(host, counters1[host.name] - counters0[host.name], batches, em.rate_bits)
-                       for host in em.hosts]
+    seeds = max(1, result["seeds_per_epoch"] * epochs)
+    moved = {host.name: counters1[host.name] - counters0[host.name] for host in em.hosts}
+    result["links"] = [_link(host, moved[host.name], batches, seeds, em.rate_bits) for host in em.hosts]
+    between = max(0, sum(moved[h.name].sent for h in em.hosts[1:]) - moved[em.hosts[0].name].received)
+    result["server_to_server_mb_per_batch"] = round(between / batches / 1e6, 3)
+    result["server_to_server_bytes_per_seed"] = round(between / seeds, 1)
     return result
 
 
@@ -82,12 +89,14 @@ def _counters(em: EmulatedHosts) -> dict[str, LinkCounters]:
     return {host.name: host.counters() for host in em.hosts}
 
 
-def _link(host: Host, moved: LinkCounters, batches: int, rate_bits: float | None) -> dict:
+def _link(host: Host, moved: LinkCounters, batches: int, seeds: int, rate_bits: float | None) -> dict:
     role = "trainer" if host.index == 0 else f"part {host.index - 1}"
     gbit_out, gbit_in = (8 * b / max(moved.at, 1e-9) / 1e9 for b in (moved.sent, moved.received))
     return {"host": host.name, "role": role,
             "sent_mb_per_batch": round(moved.sent / batches / 1e6, 3),
             "received_mb_per_batch": round(moved.received / batches / 1e6, 3),
+            "sent_bytes_per_seed": round(moved.sent / seeds, 1),
+            "received_bytes_per_seed": round(moved.received / seeds, 1),
             "gbit_s_out": round(gbit_out, 3), "gbit_s_in": round(gbit_in, 3),
             "utilisation": None if rate_bits is None else round(max(gbit_out, gbit_in) * 1e9 / rate_bits, 3)}
 

@@ -93,6 +93,10 @@ def _add_remote(sub) -> None:
     p.add_argument("--feature-cache-mb", type=float, default=0.0,
                    help="the loader's hot-feature cache in MiB: the servers skip the rows of the highest in-degree "
                         "nodes it holds (default 0 = none)")
+    p.add_argument("--peer-cache-mb", type=float, default=0.0,
+                   help="started servers (--servers N, --hosts N): each replicates this many MiB of the other parts' "
+                        "rows its edges reach most, so peers are asked only for the rest (peer_cache_bytes; "
+                        "default 0 = none)")
     p.add_argument("--server-device", default="cpu",
                    help="with --servers N: where the started servers sample: cpu (default), cuda or cuda:N")
     p.add_argument("--trainer-device", default=None,
@@ -169,6 +173,7 @@ def _run_remote(args) -> int:
                             compare=args.compare, channel=args.channel, peer_path=args.peer_path,
                             transport=args.transport, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
+                            peer_cache_mb=args.peer_cache_mb,
                             server_device=args.server_device, trainer_device=args.trainer_device,
                             pin_memory=args.pin_memory, step_ms=args.step_ms, **_workload(args))
     try:

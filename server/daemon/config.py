@@ -79,6 +79,7 @@ class ServerConfig:
     rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
     join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
     colocated_reads: bool = True       # read peer parts whose files this host shares directly, not over RPC
+    peer_cache_bytes: int = 0          # per session worker: other parts' hottest feature rows kept here (0 = none)
     device: str = "cpu"                # where session workers sample: "cpu" or "cuda[:N]" (a GPU of this host)
     gpu_cache_bytes: int = 1 << 30     # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"         # device: cuda -- topology in "gpu" memory, pinned host memory ("uva"), "auto"
@@ -296,6 +297,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "rpc_timeout": _seconds(0.0, 86400.0),
     "join_timeout": _seconds(0.0, 86400.0),
     "colocated_reads": _flag,
+    "peer_cache_bytes": _bytes_or_auto,
     "device": _device,
     "gpu_cache_bytes": _bytes,
     "gpu_topology": _choice(("auto", "gpu", "uva")),

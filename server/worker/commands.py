@@ -51,6 +51,7 @@ class GroupSpec:
     buffer_bytes: int = 256 << 20    # per session
     join_timeout: float = 60.0       # give up joining the RPC group after this
     colocated_reads: bool = True     # read peers' parts from their files when this host shares them
+    peer_cache_bytes: int = 0        # other parts' hottest rows replicated here (worker/peer_cache.py); 0 = none
     device: str = "cpu"              # where the worker samples: "cpu" or "cuda[:N]" (server/sampling/gpu.py)
     gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
