@@ -32,10 +32,12 @@ pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, r
 
 FANOUTS = [5, 3]
 NODE = dict(batch_size=16, shuffle=True, seed=7)
+NODE_BF16 = dict(NODE, feature_dtype="bf16")   # peer rows travel as bf16 too
 LINK = dict(batch_size=64, shuffle=True, seed=3, neg_sampling_ratio=1.0)
 LEASE = 6.0            # s: a trainer that vanished is reaped this long after its last heartbeat
 RPC_TIMEOUT = 8.0      # s: a pull (and a worker's call to its peer)
 TRAINER_BOUND = 150.0  # s: one trainer process, torch import and connect included, on a loaded 2-core box
+PEER_CACHE = 64 << 10  # bytes of the other part's hottest rows each server keeps (about half of them here)
 
 # The trainer on host0: argv[1] is a JSON config; prints one line per event, writes its batches to cfg["out"].
 TRAINER = r"""
@@ -55,8 +57,8 @@ try:
             sys.stdin.readline()
         got = {}
         for kind in cfg["loaders"]:
-            if kind == "node":
-                loader = client.neighbor_loader("train", cfg["fanouts"], prefetch=2, **cfg["node"])
+            if kind.startswith("node"):
+                loader = client.neighbor_loader("train", cfg["fanouts"], prefetch=2, **cfg[kind])
             else:
                 loader = client.link_neighbor_loader(cfg["fanouts"], edge_label_index=torch.load(cfg["edges"]),
                                                      prefetch=2, **cfg["link"])
@@ -102,7 +104,8 @@ def hosts(parts_dir, tmp_path_factory):
     with EmulatedHosts(3, resolve=["none", "loopback", "loopback"],
                        work_dir=tmp_path_factory.mktemp("hosts_work")) as hosts:
         for k, host in enumerate(hosts.hosts[1:]):
-            hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k)
+            hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k,
+                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE)})
         yield hosts
 
 
@@ -118,7 +121,8 @@ def _stats(address: str) -> pb.ServerStats:
 def _config(hosts, **cfg) -> dict:
     """The trainer's configuration (:data:`TRAINER`): these servers, the test's bounds, ``cfg`` on top."""
     return dict(servers=_servers(hosts), timeout=60.0, rpc_timeout=RPC_TIMEOUT, reconnect_timeout=0.0, lease=LEASE,
-                stuck_after=TRAINER_BOUND - 10.0, loaders=["node"], fanouts=FANOUTS, node=NODE, link=LINK) | cfg
+                stuck_after=TRAINER_BOUND - 10.0, loaders=["node"], fanouts=FANOUTS, node=NODE, node_bf16=NODE_BF16,
+                link=LINK) | cfg
 
 
 class Trainer:
@@ -215,15 +219,19 @@ def test_hosts_are_separate_and_leave_nothing_behind(tmp_path):
 
 def test_node_and_link_epochs_equal_local_loader_on_every_key(hosts, parts_dir, seed_edges, tmp_path):
     before = hosts[0].counters()
-    trainer = Trainer(hosts, tmp_path, loaders=["node", "link"], edges=str(seed_edges))
+    trainer = Trainer(hosts, tmp_path, loaders=["node", "link", "node_bf16"], edges=str(seed_edges))
     assert trainer.until("connected") == "connected torch-rpc", "no shared memory crosses hosts"
     got = trainer.finish()
     moved = hosts[0].counters() - before
     want_node = list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE))
     want_link = list(LocalLinkNeighborLoader(parts_dir, FANOUTS, edge_label_index=torch.load(seed_edges), **LINK))
+    want_bf16 = list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE_BF16))
     assert len(got["node"]) == len(want_node) > 1 and len(got["link"]) == len(want_link) > 1
-    for a, b in zip(got["node"] + got["link"], want_node + want_link, strict=True):
+    assert want_bf16[0].x.dtype == torch.bfloat16
+    for a, b in zip(got["node"] + got["link"] + got["node_bf16"], want_node + want_link + want_bf16, strict=True):
         assert_same_batch(a, b)
+    for server in hosts.servers:   # the batches above used the replicated rows (and still equal the local loader)
+        assert "of other parts' hottest rows (peer_cache_bytes)" in server.logs(), server.log_tail(20)
     x_bytes = sum(b.x.numel() * b.x.element_size() for b in got["node"])
     assert moved.received > x_bytes, f"the batches crossed host0's link ({moved.received} bytes received)"
     _no_tracebacks(hosts)
