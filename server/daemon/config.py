@@ -80,6 +80,7 @@ class ServerConfig:
     buffer_batches: int = 8            # per session: produced-but-not-pulled batches
     buffer_bytes: int = 256 << 20      # per session: produced-but-not-pulled bytes
     rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
+    peer_timeout: float = 0.0          # a worker's call to a peer worker (0 = rpc_timeout / 2: below a pull's bound)
     join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
     colocated_reads: bool = True       # read peer parts whose files this host shares directly, not over RPC
     peer_cache_bytes: int = 0          # per session worker: other parts' hottest feature rows kept here (0 = none)
@@ -316,6 +317,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "buffer_batches": _int(1, 1 << 20),
     "buffer_bytes": _bytes,
     "rpc_timeout": _seconds(0.0, 86400.0),
+    "peer_timeout": _seconds(0.0, 86400.0, allow_zero=True),
     "join_timeout": _seconds(0.0, 86400.0),
     "colocated_reads": _flag,
     "peer_cache_bytes": _bytes_or_auto,

@@ -104,7 +104,7 @@ class SessionWorker:
         else:
             self.calls = TorchRpcCalls(spec.group_key)
         self.server: SecureServer | None = None
-        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part), self.calls)
+        self.graph = worker_graph(part, spec.peer_bound, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
         self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
@@ -164,7 +164,7 @@ class SessionWorker:
         s = self.spec
         say = f"graphfeed session worker part{s.part_id} group {s.group_id}:"
         try:
-            copied = replicate_hot_rows(self.graph, self.part, s.peer_cache_bytes, s.rpc_timeout)
+            copied = replicate_hot_rows(self.graph, self.part, s.peer_cache_bytes, s.peer_bound)
         except PeerError as exc:
             print(f"{say} {exc}; those rows come from their peers for every batch", file=sys.stderr, flush=True)
             return

@@ -105,7 +105,8 @@ def hosts(parts_dir, tmp_path_factory):
                        work_dir=tmp_path_factory.mktemp("hosts_work")) as hosts:
         for k, host in enumerate(hosts.hosts[1:]):
             hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k,
-                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE)})
+                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE),
+                                    "GRAPHFEED_RPC_TIMEOUT": str(RPC_TIMEOUT)})   # peer calls: half of it
         yield hosts
 
 
@@ -291,6 +292,8 @@ def test_peer_only_partition_is_a_bounded_error_and_frees_the_sessions(hosts, tm
         b.unblock(a)
     trainer.finish(3)
     assert line.startswith("error") and "ServerError" in line, line
+    # a peer call's bound (RPC_TIMEOUT / 2) is shorter than the pull's: the error names the peer, not a timeout
+    assert "on peer worker part" in line, line
     assert took < RPC_TIMEOUT * 3 + 45.0, f"the error took {took:.0f} s"
     _wait_no_sessions(hosts, 20.0)     # the trainer reached both servers: it closed its group itself
     _no_tracebacks(hosts)
