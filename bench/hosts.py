@@ -33,8 +33,9 @@ PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
 
 
-def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None) -> dict:
-    """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result."""
+def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None, tls: bool = False) -> dict:
+    """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result.
+    ``tls``: TLS on the servers with a self-signed certificate made for the hosts' addresses (the client's CA)."""
     from graphfeed.server.partition.format import read_meta
 
     parts = read_meta(cfg.graph_folder).num_parts
@@ -46,13 +47,50 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
     if reason:
         raise RuntimeError(f"--hosts: {reason}")
     with server_logs("graphfeed-bench-hosts-") as log_dir, emulated as em:
+        probe = None
+        if tls:
+            import grpc
+
+            cert, key = hosts_certificate(log_dir, [h.address for h in em.hosts])
+            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport="secure")
+            with open(cert, "rb") as f:   # the health probe trusts the servers' certificate
+                probe = grpc.ssl_channel_credentials(root_certificates=f.read())
         for k, host in enumerate(em.hosts[1:]):
             em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir,
-                            env=cfg.server_env())
+                            env=cfg.server_env(), tls=probe)
         result = _run_trainer(em, cfg)
     result.update(hosts=hosts, link_rate=link_rate, servers=parts, peer_path="rpc (across hosts)",
-                  graph=cfg.graph_folder)
+                  graph=cfg.graph_folder, peer_cache_mb=cfg.peer_cache_mb)
     return result
+
+
+def hosts_certificate(folder: str, addresses: list[str]) -> tuple[str, str]:
+    """A self-signed certificate (EC P-256, valid 2 days) naming ``addresses``, and its key: PEM paths in ``folder``."""
+    import datetime as dt
+    import ipaddress
+    import os
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key, now = ec.generate_private_key(ec.SECP256R1()), dt.datetime.now(dt.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "graphfeed emulated hosts")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(folder, "hosts.crt"), os.path.join(folder, "hosts.key")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:

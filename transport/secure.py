@@ -243,10 +243,10 @@ class ReceiveBuffers:
                 return torch.from_numpy(buf)[:n]
         fresh = np.empty(n, dtype=np.uint8)
         if len(self._owned) >= self.keep:   # replace a free buffer of the wrong size, if there is one
-            free = [b for b in self._owned if sys.getrefcount(b) == 3]   # the list, b, the argument
+            free = [k for k in range(len(self._owned)) if sys.getrefcount(self._owned[k]) == 2]   # list, argument
             if not free:
                 return torch.from_numpy(fresh)
-            self._owned.remove(free[0])
+            del self._owned[free[0]]   # by position: list.remove would compare arrays elementwise
         self._owned.append(fresh)
         return torch.from_numpy(fresh)
 

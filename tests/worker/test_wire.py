@@ -156,3 +156,16 @@ def test_large_bodies_reuse_receive_buffers_only_once_nothing_views_them(mac):
     assert receiver.buffers.reused == 2
     for s in (a, b):
         s.close()
+
+
+def test_receive_buffers_replace_a_free_buffer_of_another_size():
+    buffers = secure.ReceiveBuffers(keep=2)
+    small, mid = buffers.take(2 << 20), buffers.take(3 << 20)
+    del small
+    big = buffers.take(9 << 20)                 # the pool is full: the free 2 MiB buffer makes room
+    assert sorted(b.nbytes for b in buffers._owned) == [3 << 20, 9 << 20]
+    held = buffers.take(9 << 20)                # the 9 MiB one is in use: fresh memory, not pooled
+    assert held.data_ptr() != big.data_ptr() and buffers.reused == 0
+    del big, mid
+    assert buffers.take(9 << 20).numel() == 9 << 20 and buffers.reused == 1
+    assert buffers.take(100).numel() == 100 and buffers.reused == 1   # small bodies are never pooled
