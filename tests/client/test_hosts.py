@@ -7,6 +7,12 @@ all, the servers' to 127.0.1.1), the set-up where an unpinned Gloo announces 127
 trainer is a real process on host0 (:data:`TRAINER`) that writes what it received; the test
 compares it with the in-process loader.  Skipped where namespaces cannot be made (not root, no
 ``ip``/``unshare``/``tc``), with the reason.
+
+Not here: a 60 s link outage of a server (the group is reaped after its lease and the client re-forms
+it and resumes).  It was checked by hand (issue 25); as a test it is the 60 s outage plus the reap, a
+new group's start-up and the rest of the epoch -- over 90 s on this 2-core machine, more than the
+whole module's other tests together; the short outage and the one beyond ``reconnect_timeout`` below
+bound the same code paths from both sides.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, mag_tiny_parts
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -33,6 +39,7 @@ pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, r
 FANOUTS = [5, 3]
 NODE = dict(batch_size=16, shuffle=True, seed=7)
 NODE_BF16 = dict(NODE, feature_dtype="bf16")   # peer rows travel as bf16 too
+TYPED = dict(batch_size=48, input_nodes=("paper", "train"), shuffle=True, seed=5, feature_dtype="bf16")
 LINK = dict(batch_size=64, shuffle=True, seed=3, neg_sampling_ratio=1.0)
 LEASE = 6.0            # s: a trainer that vanished is reaped this long after its last heartbeat
 RPC_TIMEOUT = 8.0      # s: a pull (and a worker's call to its peer)
@@ -59,6 +66,9 @@ try:
         for kind in cfg["loaders"]:
             if kind.startswith("node"):
                 loader = client.neighbor_loader("train", cfg["fanouts"], prefetch=2, **cfg[kind])
+            elif kind == "typed":
+                args = dict(cfg["typed"], input_nodes=tuple(cfg["typed"]["input_nodes"]))
+                loader = client.neighbor_loader(num_neighbors=cfg["fanouts"], prefetch=2, **args)
             else:
                 loader = client.link_neighbor_loader(cfg["fanouts"], edge_label_index=torch.load(cfg["edges"]),
                                                      prefetch=2, **cfg["link"])
@@ -110,6 +120,18 @@ def hosts(parts_dir, tmp_path_factory):
         yield hosts
 
 
+@pytest.fixture(scope="module")
+def typed_hosts(tmp_path_factory):
+    """``(hosts, parts folder)``: mag-tiny (3 node types, 5 edge types; METIS, 2 parts) served across hosts."""
+    parts = tmp_path_factory.mktemp("hosts_mag") / "parts"
+    mag_tiny_parts(parts)
+    with EmulatedHosts(3, work_dir=tmp_path_factory.mktemp("hosts_mag_work")) as hosts:
+        for k, host in enumerate(hosts.hosts[1:]):
+            hosts.start_server(host, hosts.copy_parts(host, parts, [k]), k,
+                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE)})
+        yield hosts, parts
+
+
 def _servers(hosts) -> list[str]:
     return [s.address for s in hosts.servers]
 
@@ -123,7 +145,7 @@ def _config(hosts, **cfg) -> dict:
     """The trainer's configuration (:data:`TRAINER`): these servers, the test's bounds, ``cfg`` on top."""
     return dict(servers=_servers(hosts), timeout=60.0, rpc_timeout=RPC_TIMEOUT, reconnect_timeout=0.0, lease=LEASE,
                 stuck_after=TRAINER_BOUND - 10.0, loaders=["node"], fanouts=FANOUTS, node=NODE, node_bf16=NODE_BF16,
-                link=LINK) | cfg
+                link=LINK, typed=TYPED) | cfg
 
 
 class Trainer:
@@ -237,6 +259,19 @@ def test_node_and_link_epochs_equal_local_loader_on_every_key(hosts, parts_dir, 
     assert moved.received > x_bytes, f"the batches crossed host0's link ({moved.received} bytes received)"
     _no_tracebacks(hosts)
     _wait_no_sessions(hosts, 10.0)
+
+
+def test_typed_epoch_equals_local_loader_on_every_key(typed_hosts, tmp_path):
+    hosts, parts = typed_hosts
+    got = Trainer(hosts, tmp_path, loaders=["typed"]).finish()["typed"]
+    want = list(LocalNeighborLoader(parts, FANOUTS, **TYPED))
+    assert len(got) == len(want) > 1
+    for a, b in zip(got, want, strict=True):
+        assert_same_batch(a, b)
+    assert got[0]["paper"].x.dtype == torch.bfloat16
+    for server in hosts.servers:   # rows of several node types replicated (papers and fields have features)
+        assert "of other parts' hottest rows (peer_cache_bytes)" in server.logs(), server.log_tail(20)
+    _no_tracebacks(hosts)
 
 
 # ---- link outages ---------------------------------------------------------------------------------
