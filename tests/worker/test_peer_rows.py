@@ -170,3 +170,13 @@ def test_peer_cache_bytes_is_a_daemon_setting(tiny_parts_dir):
     cfg = load_config(environ={"GRAPHFEED_PEER_CACHE_BYTES": "64MiB"},
                       flags={"partition": str(tiny_parts_dir), "part": 0})
     assert cfg.peer_cache_bytes == 64 << 20
+
+
+def test_peer_calls_are_bounded_below_a_pull(tiny_parts_dir):
+    from graphfeed.server.worker.commands import GroupSpec
+
+    spec = GroupSpec(group_id="g", rendezvous="", world_size=3, rank=1, part_id=0, partition_root=str(tiny_parts_dir))
+    assert spec.peer_bound == spec.rpc_timeout / 2 == 30.0
+    assert GroupSpec(**{**spec.__dict__, "peer_timeout": 4.0}).peer_bound == 4.0
+    cfg = load_config(environ={"GRAPHFEED_PEER_TIMEOUT": "5"}, flags={"partition": str(tiny_parts_dir), "part": 0})
+    assert GroupSpec.settings_of(cfg)["peer_timeout"] == 5.0
