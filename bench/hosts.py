@@ -12,9 +12,11 @@ and stops before and after the measured epochs until this process has read its c
 * ``seeds_per_s`` ... ``cpu_s_per_epoch_trainer``: as ``bench remote`` (trainer's own view);
 * ``cpu_s_per_epoch_each``: CPU seconds per measured epoch of the trainer and of each server
   (daemon + session workers), read from here (``/proc``), and ``cpu_s_per_epoch`` their sum;
-* ``links``: per host, MB sent and received per batch (its veth's byte counters over the measured
-  epochs / their batches), the rate in Gbit/s and, with ``--link-rate``, the utilisation of the
-  busier direction (1.0 = the link is the limit).
+* ``links``: per host, MB sent and received per batch and bytes per seed (its veth's byte counters over
+  the measured epochs / their batches or seeds), the rate in Gbit/s and, with ``--link-rate``, the
+  utilisation of the busier direction (1.0 = the link is the limit);
+* ``server_to_server_mb_per_batch`` / ``server_to_server_bytes_per_seed``: what the servers sent each
+  other (all the servers sent less what the trainer received: every link ends at the one bridge).
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
 
 
-def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None) -> dict:
-    """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result."""
+def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None, tls: bool = False) -> dict:
+    """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result.
+    ``tls``: TLS on the servers with a self-signed certificate made for the hosts' addresses (the client's CA)."""
     from graphfeed.server.partition.format import read_meta
 
     parts = read_meta(cfg.graph_folder).num_parts
@@ -44,12 +47,50 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
     if reason:
         raise RuntimeError(f"--hosts: {reason}")
     with server_logs("graphfeed-bench-hosts-") as log_dir, emulated as em:
+        probe = None
+        if tls:
+            import grpc
+
+            cert, key = hosts_certificate(log_dir, [h.address for h in em.hosts])
+            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport="secure")
+            with open(cert, "rb") as f:   # the health probe trusts the servers' certificate
+                probe = grpc.ssl_channel_credentials(root_certificates=f.read())
         for k, host in enumerate(em.hosts[1:]):
-            em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir)
+            em.start_server(host, em.copy_parts(host, cfg.graph_folder, [k]), k, log_dir=log_dir,
+                            env=cfg.server_env(), tls=probe)
         result = _run_trainer(em, cfg)
     result.update(hosts=hosts, link_rate=link_rate, servers=parts, peer_path="rpc (across hosts)",
-                  graph=cfg.graph_folder)
+                  graph=cfg.graph_folder, peer_cache_mb=cfg.peer_cache_mb)
     return result
+
+
+def hosts_certificate(folder: str, addresses: list[str]) -> tuple[str, str]:
+    """A self-signed certificate (EC P-256, valid 2 days) naming ``addresses``, and its key: PEM paths in ``folder``."""
+    import datetime as dt
+    import ipaddress
+    import os
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key, now = ec.generate_private_key(ec.SECP256R1()), dt.datetime.now(dt.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "graphfeed emulated hosts")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(folder, "hosts.crt"), os.path.join(folder, "hosts.key")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
 
 
 def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:
@@ -73,8 +114,12 @@ def _run_trainer(em: EmulatedHosts, cfg: RemoteBenchConfig) -> dict:
     result["cpu_s_per_epoch_each"] = each
     result["cpu_s_per_epoch"] = round(sum(each.values()), 3)
     batches = max(1, result["batches_per_epoch"] * epochs)
-    result["links"] = [_link(host, counters1[host.name] - counters0[host.name], batches, em.rate_bits)
-                       for host in em.hosts]
+    seeds = max(1, result["seeds_per_epoch"] * epochs)
+    moved = {host.name: counters1[host.name] - counters0[host.name] for host in em.hosts}
+    result["links"] = [_link(host, moved[host.name], batches, seeds, em.rate_bits) for host in em.hosts]
+    between = max(0, sum(moved[h.name].sent for h in em.hosts[1:]) - moved[em.hosts[0].name].received)
+    result["server_to_server_mb_per_batch"] = round(between / batches / 1e6, 3)
+    result["server_to_server_bytes_per_seed"] = round(between / seeds, 1)
     return result
 
 
@@ -82,12 +127,14 @@ def _counters(em: EmulatedHosts) -> dict[str, LinkCounters]:
     return {host.name: host.counters() for host in em.hosts}
 
 
-def _link(host: Host, moved: LinkCounters, batches: int, rate_bits: float | None) -> dict:
+def _link(host: Host, moved: LinkCounters, batches: int, seeds: int, rate_bits: float | None) -> dict:
     role = "trainer" if host.index == 0 else f"part {host.index - 1}"
     gbit_out, gbit_in = (8 * b / max(moved.at, 1e-9) / 1e9 for b in (moved.sent, moved.received))
     return {"host": host.name, "role": role,
             "sent_mb_per_batch": round(moved.sent / batches / 1e6, 3),
             "received_mb_per_batch": round(moved.received / batches / 1e6, 3),
+            "sent_bytes_per_seed": round(moved.sent / seeds, 1),
+            "received_bytes_per_seed": round(moved.received / seeds, 1),
             "gbit_s_out": round(gbit_out, 3), "gbit_s_in": round(gbit_in, 3),
             "utilisation": None if rate_bits is None else round(max(gbit_out, gbit_in) * 1e9 / rate_bits, 3)}
 

@@ -28,7 +28,8 @@ feature row goes over torch RPC between the workers as it does between hosts.
 ``feature_dtype`` casts features on the servers (``bf16``/``fp16``); ``feature_cache_mb`` gives the
 loader a hot-feature cache of that many MiB (the servers skip its rows); ``feature_bytes_per_epoch``
 is the bytes of ``x`` the servers sent per measured epoch (median): the trainer's ``x`` less the rows
-its feature cache filled in.
+its feature cache filled in.  ``peer_cache_mb`` has each started server keep that many MiB of the other
+parts' rows its edges reach most (``peer_cache_bytes``): its peers are asked only for the rest.
 
 Memory: ``peak_rss_mb`` is the trainer's (this process's ``ru_maxrss``, as ``bench
 sample``); ``servers_peak_rss_mb`` sums the peak resident sets (``VmHWM``) of every
@@ -102,6 +103,7 @@ class RemoteBenchConfig:
     tls_key: str | None = None        # ... and key
     feature_dtype: str | None = None  # features cast on the servers ("bf16", "fp16"); None = as stored
     feature_cache_mb: float = 0.0     # the loader's hot-feature cache (MiB; 0 = none)
+    peer_cache_mb: float = 0.0        # started servers: other parts' hottest rows replicated on each (MiB; 0 = none)
     link: bool = False                # seeds are the edges of link split ``input`` (bench.sample's link mode)
     neg_ratio: float = 1.0            # link mode: binary negatives per seed edge (0 = none)
     server_device: str = "cpu"        # started servers: where their workers sample ("cpu", "cuda[:N]")
@@ -138,6 +140,20 @@ class RemoteBenchConfig:
         if not 0 <= self.feature_cache_mb < float("inf"):   # NaN fails too
             raise ValueError(f"--feature-cache-mb must be a number of MiB >= 0 (0 = no cache), "
                              f"got {self.feature_cache_mb}")
+        if not 0 <= self.peer_cache_mb < float("inf"):
+            raise ValueError(f"--peer-cache-mb must be a number of MiB >= 0 (0 = none), got {self.peer_cache_mb}")
+
+    def server_env(self) -> dict[str, str]:
+        """The daemon settings of the servers this run starts (``GRAPHFEED_<KEY>`` variables)."""
+        env = {"GRAPHFEED_COLOCATED_READS": "false"} if self.peer_path == "rpc" else {}
+        env["GRAPHFEED_DEVICE"] = self.server_device
+        if self.transport != "auto":
+            env["GRAPHFEED_DATA_PATH"] = self.transport
+        if self.tls_cert and self.tls_key:
+            env.update(GRAPHFEED_TLS_CERT=self.tls_cert, GRAPHFEED_TLS_KEY=self.tls_key)
+        if self.peer_cache_mb:
+            env["GRAPHFEED_PEER_CACHE_BYTES"] = str(int(self.peer_cache_mb * 2**20))
+        return env
 
 
 # ---- servers on loopback (graphfeed.testing.cluster starts and stops them) -------------------------
@@ -286,6 +302,7 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
     result.update(transport)
     result["feature_dtype"] = cfg.feature_dtype
     result["feature_cache_mb"] = cfg.feature_cache_mb
+    result["peer_cache_mb"] = cfg.peer_cache_mb
     result["feature_bytes_per_epoch"] = int(statistics.median(feature_bytes))
     result["wait_ms_per_batch"] = round(statistics.median(wait_ms), 3)
     result.update(server_device=cfg.server_device, trainer_device=cfg.trainer_device, pin_memory=cfg.pin_memory,
@@ -359,12 +376,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
     with ExitStack() as stack:
         if isinstance(cfg.servers, int):
             _check_parts(cfg.graph_folder, cfg.servers)
-            env = {"GRAPHFEED_COLOCATED_READS": "false"} if cfg.peer_path == "rpc" else {}
-            env["GRAPHFEED_DEVICE"] = cfg.server_device
-            if cfg.transport != "auto":
-                env["GRAPHFEED_DATA_PATH"] = cfg.transport
-            if cfg.tls_cert and cfg.tls_key:
-                env.update(GRAPHFEED_TLS_CERT=cfg.tls_cert, GRAPHFEED_TLS_KEY=cfg.tls_key)
+            env = cfg.server_env()
             log_dir = stack.enter_context(server_logs("graphfeed-bench-remote-"))
             probe = None
             if cfg.tls_cert and cfg.tls_key:

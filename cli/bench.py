@@ -71,6 +71,9 @@ def _add_remote(sub) -> None:
                    help="instead of --servers: N emulated hosts (namespaces; needs root), the trainer on one and a "
                         "server per part of --graph on each other one (N = parts + 1); adds CPU per process and "
                         "bytes per batch on each link")
+    p.add_argument("--tls", action="store_true",
+                   help="with --hosts: TLS on the servers (secure data path) with a self-signed certificate made for "
+                        "the emulated hosts' addresses")
     p.add_argument("--link-rate", default=None,
                    help="with --hosts: shape each host's link to this tc rate (e.g. 1gbit; default unshaped)")
     p.add_argument("--features", action="store_true",
@@ -93,6 +96,10 @@ def _add_remote(sub) -> None:
     p.add_argument("--feature-cache-mb", type=float, default=0.0,
                    help="the loader's hot-feature cache in MiB: the servers skip the rows of the highest in-degree "
                         "nodes it holds (default 0 = none)")
+    p.add_argument("--peer-cache-mb", type=float, default=0.0,
+                   help="started servers (--servers N, --hosts N): each replicates this many MiB of the other parts' "
+                        "rows its edges reach most, so peers are asked only for the rest (peer_cache_bytes; "
+                        "default 0 = none)")
     p.add_argument("--server-device", default="cpu",
                    help="with --servers N: where the started servers sample: cpu (default), cuda or cuda:N")
     p.add_argument("--trainer-device", default=None,
@@ -164,15 +171,19 @@ def _run_remote(args) -> int:
         raise UsageError("bench remote: give --servers N (or host:port,...) or --hosts N, one of them")
     if args.link_rate is not None and args.hosts is None:
         raise UsageError("--link-rate shapes the links of emulated hosts: give --hosts N too")
+    if args.tls and args.hosts is None:
+        raise UsageError("--tls makes a certificate for emulated hosts: give --hosts N (or --tls-cert with --servers)")
     servers = _servers(args.servers) if args.servers is not None else max(1, args.hosts - 1)
     cfg = RemoteBenchConfig(servers=servers, graph=args.graph, prefetch=args.prefetch,
                             compare=args.compare, channel=args.channel, peer_path=args.peer_path,
                             transport=args.transport, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             feature_dtype=args.feature_dtype, feature_cache_mb=args.feature_cache_mb,
+                            peer_cache_mb=args.peer_cache_mb,
                             server_device=args.server_device, trainer_device=args.trainer_device,
                             pin_memory=args.pin_memory, step_ms=args.step_ms, **_workload(args))
     try:
-        result = _hosts_bench(cfg, args.hosts, args.link_rate) if args.hosts is not None else bench_remote(cfg)
+        hosts = args.hosts is not None
+        result = _hosts_bench(cfg, args.hosts, args.link_rate, args.tls) if hosts else bench_remote(cfg)
     except RuntimeError as exc:  # a server failed to start or stop, a comparison run failed: one line
         print(f"graphfeed bench remote: error: {exc}", file=sys.stderr)
         return 1
@@ -180,12 +191,12 @@ def _run_remote(args) -> int:
     return 0
 
 
-def _hosts_bench(cfg, hosts: int, link_rate: str | None) -> dict:
+def _hosts_bench(cfg, hosts: int, link_rate: str | None, tls: bool = False) -> dict:
     from graphfeed.bench.hosts import bench_remote_hosts
 
     if cfg.compare:
         raise UsageError("--compare runs with --servers only (the in-process figure has no hosts)")
-    return bench_remote_hosts(cfg, hosts, link_rate)
+    return bench_remote_hosts(cfg, hosts, link_rate, tls)
 
 
 def run(args) -> int:

@@ -26,15 +26,19 @@ Frames (after the set-up, both directions)::
     header   JSON     {"k": "call" | "ok" | "err", "id": n, "fn": name, "v": value, "b": [[offset, nbytes], ...]}
     (mac)    32 B     without TLS only: HMAC-SHA256(direction key, counter | "h" | prefix | header)
     body     bytes    the value's tensor buffers (:mod:`graphfeed.transport.wire`)
-    (mac)    32 B     without TLS only: HMAC-SHA256(direction key, counter | "b" | body)
+    (mac)    16 B     without TLS only: AES-128-GMAC(body key, nonce = counter | "body", body)
 
-The direction keys are ``HMAC(K, "c2s"/"s2c" | cn | sn | B)``; the counter makes a replayed,
+The direction keys are ``HMAC(K, "c2s"/"s2c" | cn | sn | B)`` (a body key is the first 16 bytes of
+``HMAC(direction key, "body-gmac")``; GMAC, not HMAC-SHA256, because it costs about a tenth of the CPU
+per byte with AES instructions: 0.07 vs 0.6 CPU-s per GB, and the counter keeps every nonce fresh
+under its key); the counter makes a replayed,
 dropped or reordered frame fail.  With TLS, TLS authenticates and encrypts every record, and the
 frames carry no MAC.  A frame whose MAC fails ends the connection before its header is parsed (and
 before its body is allocated).
 Values are encoded with :mod:`graphfeed.transport.wire` (JSON + raw tensor bytes; records by an
-allow-list); the body is received straight into one preallocated tensor and the decoded tensors
-are views of it.
+allow-list); the body is received straight into one buffer and the decoded tensors are views of it.
+Large bodies reuse the buffers of earlier frames once nothing of those frames is alive
+(:class:`ReceiveBuffers`), so a trainer's receive costs no fresh pages per batch.
 """
 from __future__ import annotations
 
@@ -47,13 +51,16 @@ import secrets
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from graphfeed.transport import wire
 from graphfeed.transport.calls import DataCalls
@@ -62,7 +69,7 @@ from graphfeed.transport.pending import Pending
 log = logging.getLogger(__name__)
 
 MAGIC = b"GFDP"
-VERSION = 1
+VERSION = 2                   # 2: bodies authenticated by AES-GMAC (1: HMAC-SHA256)
 NONCE = 32
 HELLO = len(MAGIC) + 1 + NONCE
 MAC = 32
@@ -75,6 +82,9 @@ MAX_HEADER = 16 << 20
 MAX_BODY = 16 << 30
 SWEEP_INTERVAL = 0.25         # seconds between checks for calls past their timeout
 CHUNK = 16 << 20              # bytes per recv_into
+BODY_TAG = 16                 # bytes of a body's GMAC
+POOLED_BODY = 1 << 20         # bodies of at least this many bytes are received into reused buffers
+POOL_BUFFERS = 6              # reused receive buffers per connection (about the batches in flight and in use)
 
 
 class Refused(ConnectionError):
@@ -194,13 +204,61 @@ def _direction_keys(key: bytes, cn: bytes, sn: bytes, binding: bytes) -> tuple[b
 
 # ---- framed connection -------------------------------------------------------------------------------
 
+def _body_key(direction_key: bytes) -> bytes:
+    return hmac.digest(direction_key, b"body-gmac", "sha256")[:16]
+
+
+def _body_tag(key: bytes, seq: bytes, pieces) -> bytes:
+    """AES-128-GMAC of the concatenated ``pieces`` under ``key`` with nonce ``seq`` (8 bytes) | ``"body"``."""
+    mac = Cipher(algorithms.AES(key), modes.GCM(seq + b"body")).encryptor()
+    for piece in pieces:
+        mac.authenticate_additional_data(piece)
+    mac.finalize()
+    return mac.tag
+
+
+class ReceiveBuffers:
+    """The memory a connection receives frame bodies into: a large body (:data:`POOLED_BODY` bytes or more)
+    goes into a buffer of an earlier frame once no tensor decoded from that frame is alive, so its pages are
+    not faulted in (and zeroed by the kernel) again for every batch.
+
+    A buffer is a numpy array; the tensors viewing it share one storage, which holds one reference to the
+    array until the last of them is freed -- the array's reference count says whether it is in use.  At most
+    ``keep`` buffers are kept; a body that finds none free (or none of a fitting size) gets fresh memory.
+    """
+
+    def __init__(self, keep: int = POOL_BUFFERS):
+        self.keep = keep
+        self._owned: list[np.ndarray] = []
+        self.reused = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """An uninitialised uint8 tensor of ``n`` bytes (one reader thread calls this)."""
+        if n < POOLED_BODY:
+            return torch.empty(n, dtype=torch.uint8)
+        for buf in self._owned:
+            # references: the list, the loop variable and the argument -- no storage of a live tensor
+            if n <= buf.nbytes <= 2 * n and sys.getrefcount(buf) == 3:
+                self.reused += 1
+                return torch.from_numpy(buf)[:n]
+        fresh = np.empty(n, dtype=np.uint8)
+        if len(self._owned) >= self.keep:   # replace a free buffer of the wrong size, if there is one
+            free = [k for k in range(len(self._owned)) if sys.getrefcount(self._owned[k]) == 2]   # list, argument
+            if not free:
+                return torch.from_numpy(fresh)
+            del self._owned[free[0]]   # by position: list.remove would compare arrays elementwise
+        self._owned.append(fresh)
+        return torch.from_numpy(fresh)
+
 class Connection:
     """One authenticated socket: :meth:`send` (thread-safe) and :meth:`recv` (one reader thread)."""
 
     def __init__(self, sock, recv_key: bytes, send_key: bytes, mac: bool, where: str):
         self.sock, self.where, self.mac = sock, where, mac
         self._recv_key, self._send_key = recv_key, send_key
+        self._recv_body_key, self._send_body_key = _body_key(recv_key), _body_key(send_key)
         self._recv_seq, self._send_seq = 0, 0
+        self.buffers = ReceiveBuffers()
         self._send_lock = threading.Lock()
         self.closed = False
         self._outbox: queue.SimpleQueue | None = None
@@ -242,10 +300,7 @@ class Connection:
             if self.mac:
                 seq = self._send_seq.to_bytes(8, "big")
                 pieces.append(hmac.digest(self._send_key, seq + b"h" + prefix + header, "sha256"))
-                h = hmac.new(self._send_key, seq + b"b", hashlib.sha256)
-                for piece in body:
-                    h.update(piece)
-                body.append(h.digest())
+                body.append(_body_tag(self._send_body_key, seq, body))
             self._send_seq += 1
             for piece in pieces + body:
                 self.sock.sendall(piece)
@@ -262,15 +317,13 @@ class Connection:
             got = _recv_exact(self.sock, MAC)
             if not hmac.compare_digest(got, hmac.digest(self._recv_key, seq + b"h" + prefix + header, "sha256")):
                 raise FrameError("a frame's header failed its MAC (tampered, replayed or reordered)")
-        body = torch.empty(body_len, dtype=torch.uint8)
+        body = self.buffers.take(body_len)
         if body_len:
             self._recv_into(body.numpy().data)
         if self.mac:
-            got = _recv_exact(self.sock, MAC)
-            h = hmac.new(self._recv_key, seq + b"b", hashlib.sha256)
-            if body_len:
-                h.update(body.numpy().data)
-            if not hmac.compare_digest(got, h.digest()):
+            got = _recv_exact(self.sock, BODY_TAG)
+            want = _body_tag(self._recv_body_key, seq, [body.numpy().data] if body_len else [])
+            if not hmac.compare_digest(got, want):
                 raise FrameError("a frame's body failed its MAC (tampered)")
         self._recv_seq += 1
         meta = wire.loads_header(header)

@@ -26,6 +26,7 @@ source it came from and what is expected.  Raises :class:`ConfigError`.
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -68,6 +69,8 @@ class ServerConfig:
     host: str = "127.0.0.1"            # control-plane (gRPC) bind address
     port: int = 50051                  # control-plane port; 0 = any free port
     data_address: str = ""             # interface the torch RPC data path binds to ("" = host)
+    # CIDRs a worker may dial as its peers (JoinGroup's endpoints); () = the data address's own network
+    peer_networks: tuple[str, ...] = ()
     metrics_port: int | None = None    # Prometheus HTTP port (None = off)
     lease_seconds: float = 15.0        # a group without Heartbeat for this long is reaped
     drain_grace_seconds: float = 20.0  # on SIGTERM, wait this long for open groups to close
@@ -77,8 +80,10 @@ class ServerConfig:
     buffer_batches: int = 8            # per session: produced-but-not-pulled batches
     buffer_bytes: int = 256 << 20      # per session: produced-but-not-pulled bytes
     rpc_timeout: float = 60.0          # torch RPC call timeout in the data path
+    peer_timeout: float = 0.0          # a worker's call to a peer worker (0 = rpc_timeout / 2: below a pull's bound)
     join_timeout: float = 60.0         # a worker gives up joining its trainer's RPC group after this
     colocated_reads: bool = True       # read peer parts whose files this host shares directly, not over RPC
+    peer_cache_bytes: int = 0          # per session worker: other parts' hottest feature rows kept here (0 = none)
     device: str = "cpu"                # where session workers sample: "cpu" or "cuda[:N]" (a GPU of this host)
     gpu_cache_bytes: int = 1 << 30     # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"         # device: cuda -- topology in "gpu" memory, pinned host memory ("uva"), "auto"
@@ -199,6 +204,23 @@ def _flag(v) -> bool:
     raise ValueError("expected true or false")
 
 
+def _networks(v) -> tuple[str, ...]:
+    """IP networks in CIDR form: a list, or one comma-separated string ("" = none)."""
+    items = v.split(",") if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)):
+        raise ValueError("expected CIDR networks: a list or a comma-separated string like 10.0.0.0/16,fd00::/64")
+    out = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(text, strict=False)))
+        except ValueError:
+            raise ValueError(f"{text!r} is not a network in CIDR form (like 10.0.0.0/16)") from None
+    return tuple(out)
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def parse(v):
         if not isinstance(v, str) or v.strip().lower() not in options:
@@ -285,6 +307,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "host": _string(),
     "port": _int(0, MAX_PORT),
     "data_address": _string(allow_empty=True),
+    "peer_networks": _networks,
     "metrics_port": _optional(_int(0, MAX_PORT)),
     "lease_seconds": _seconds(0.0, 86400.0),
     "drain_grace_seconds": _seconds(0.0, 86400.0, allow_zero=True),
@@ -294,8 +317,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "buffer_batches": _int(1, 1 << 20),
     "buffer_bytes": _bytes,
     "rpc_timeout": _seconds(0.0, 86400.0),
+    "peer_timeout": _seconds(0.0, 86400.0, allow_zero=True),
     "join_timeout": _seconds(0.0, 86400.0),
     "colocated_reads": _flag,
+    "peer_cache_bytes": _bytes_or_auto,
     "device": _device,
     "gpu_cache_bytes": _bytes,
     "gpu_topology": _choice(("auto", "gpu", "uva")),

@@ -289,6 +289,9 @@ class ControlServicer(pb_grpc.ControlServicer):
                            f"OpenGroupReply.data_endpoint of every server in part order")
         for address in request.endpoints:
             _check_endpoint(address)
+        own = str(getattr(group.handle, "endpoint", "") or "")
+        await asyncio.to_thread(check_peer_endpoints, list(request.endpoints), self.served.part_id, context.peer(),
+                                own or self.config.effective_data_address, self.config.peer_networks)
         group.renew(self.registry.clock())
         await self._call(group, JoinPeers(tuple(request.endpoints)))
         return pb.JoinGroupReply()
@@ -574,6 +577,52 @@ def check_dial_back(rendezvous: str, peer: str, data_address: str) -> None:
                        f"rendezvous = {rendezvous!r} is not the address this OpenGroup came from ({shown}) nor "
                        f"this server's data address ({data_address}): the server dials back only its caller; "
                        f"set advertise_host to the address this trainer reaches the server from, or leave it unset")
+
+
+def check_peer_endpoints(endpoints: list[str], part: int, peer: str, data_address: str,
+                         networks: tuple[str, ...] = ()) -> None:
+    """JoinGroup's endpoints are dialled by this server's worker (every part's but its own): each must stand
+    for addresses the worker may dial -- the caller's own (workers on the trainer's host), this server's
+    data address (same-host peers), or addresses in ``networks`` (the daemon's ``peer_networks``; when
+    empty, the network of the interface that holds the data address, from the routing table).  A name
+    counts only when every address it resolves to is allowed.  PERMISSION_DENIED naming the endpoint and
+    the fix otherwise: an authenticated client cannot make a worker connect to a third party."""
+    caller = _addresses(peer_host(peer)) if peer_host(peer) else set()
+    own = _addresses(data_address.rpartition(":")[0] if data_address.count(":") == 1 or "]:" in data_address
+                     else data_address)
+    nets = [ipaddress.ip_network(n) for n in networks] if networks else connected_networks(own)
+    for p, address in enumerate(endpoints):
+        if p == part:   # the worker never dials its own entry
+            continue
+        wanted = _addresses(address.rpartition(":")[0])
+        loopback = wanted and caller and all(ip.is_loopback for ip in wanted | caller)
+        if wanted and (loopback or all(ip in caller or ip in own or any(ip in n for n in nets) for ip in wanted)):
+            continue
+        shown = ", ".join(map(str, nets)) or "none"
+        raise RequestError(grpc.StatusCode.PERMISSION_DENIED,
+                           f"endpoint {address[:80]!r} of part {p} is not an address this server's worker may dial "
+                           f"(the caller {peer_host(peer) or peer}, this server's data address {data_address}, "
+                           f"peer networks: {shown}): a worker dials only its group's servers; give every server's "
+                           f"OpenGroupReply.data_endpoint, or set peer_networks to the servers' network")
+
+
+def connected_networks(addresses) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The directly connected IPv4 networks (routes without a gateway, ``/proc/net/route``) that hold one of
+    ``addresses``; none where the table cannot be read (only exact addresses are allowed then)."""
+    try:
+        with open("/proc/net/route") as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return []
+    out = []
+    for row in rows:
+        if len(row) < 8 or row[2] != "00000000" or row[7] == "00000000":
+            continue
+        dest, mask = (ipaddress.IPv4Address(int(h, 16).to_bytes(4, "little")) for h in (row[1], row[7]))
+        net = ipaddress.ip_network(f"{dest}/{mask}", strict=False)
+        if any(ip in net for ip in addresses if ip.version == 4) and net not in out:
+            out.append(net)
+    return out
 
 
 def _check_endpoint(address: str) -> None:

@@ -262,7 +262,7 @@ class GpuSource(LocalSource):
         mask, gids = super().start_to_global(orig_ids.cpu(), ntype).wait()
         return Ready((mask.to(orig_ids.device), gids.to(orig_ids.device)))
 
-    def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
+    def start_gather(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Ready[Rows]:
         return Ready(self.gather(ntype, gids))
 
     def gather_to(self, ntype: str, gids: torch.Tensor, out: Rows, pos: torch.Tensor) -> None:

@@ -167,13 +167,14 @@ class PartitionedGraph:
                             subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes,
                             budget=self.budget)
 
-    def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows:
+    def gather_typed(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Rows:
         """The :class:`NodeRows` (x, y, n_id) of the nodes ``gids`` of type ``ntype`` (x / y None where the type
-        has none)."""
+        has none), in the stored dtypes.  ``dtype``: the dtype the batch's features are cast to next (a loader's
+        ``feature_dtype``), which peers may send their rows in (:meth:`NodeRows.in_transport_dtype`)."""
         with self.telemetry.stage("feature_gather"):
             if self._whole is not None:
                 return self._whole.gather(ntype, gids.to(self._whole.device))
-            return self._gather(ntype, gids)
+            return self._gather(ntype, gids, dtype)
 
     def local_node_time(self, ntype: str, gids: torch.Tensor) -> torch.Tensor:
         """Stored timestamps of nodes ``gids`` of type ``ntype``, all owned by parts in this process (a
@@ -328,7 +329,7 @@ class PartitionedGraph:
             tel.observe_stage("remote_sample", tel.clock() - t0)
         return stitch(gids.numel(), pieces, gids.device)
 
-    def _gather(self, ntype: str, gids: torch.Tensor) -> Rows:
+    def _gather(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Rows:
         """Rows of ``gids`` (type ``ntype``) from their owners, copied into place (one local owner: its
         rows as they are).  Remote pieces are asked for first; local rows are copied straight into
         place meanwhile (one copy), then each remote piece as it arrives."""
@@ -339,7 +340,7 @@ class PartitionedGraph:
         n, store, device = gids.numel(), self._like.part.nodes(ntype), gids.device
         out = NodeRows.read(store, lambda column: dispatch.empty_rows(column, n, device)).with_fields(
             n_id=torch.empty(n, dtype=torch.int64, device=device))
-        remote = [(pos, self.sources[p].start_gather(ntype, gids[pos].to(self.sources[p].device)))
+        remote = [(pos, self.sources[p].start_gather(ntype, gids[pos].to(self.sources[p].device), dtype))
                   for p, pos in split if self.sources[p].held() is None]
         for p, pos in split:
             held = self.sources[p].held()
@@ -350,7 +351,8 @@ class PartitionedGraph:
             for name, dst in out.items():
                 src = getattr(rows, name)
                 if dst is not None and src is not None:
-                    dispatch.gather_rows_to(src.to(device, non_blocking=True), None, dst, pos)
+                    # a peer's rows in the transport dtype are widened back exactly
+                    dispatch.gather_rows_to(src.to(device, dst.dtype, non_blocking=True), None, dst, pos)
             del rows   # freed before the next piece is read, which then reuses its memory (no page faults)
         return out
 

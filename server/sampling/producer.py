@@ -36,7 +36,7 @@ class SamplingGraph(Protocol):
                      input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
                      subgraph_time: torch.Tensor | None = None) -> TypedSubgraph: ...
 
-    def gather_typed(self, ntype: str, gids: torch.Tensor) -> Rows: ...
+    def gather_typed(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Rows: ...
 
     def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
 
@@ -68,7 +68,7 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
     sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type, subgraphs, seed_time)
     if seed_time is not None and extra is None:   # a node batch carries PyG's seed_time
         extra = {"seed_time": seed_time}
-    nodes = {t: _node_fields(graph, sub, t) for t in graph.node_types}
+    nodes = {t: _node_fields(graph, sub, t, feature_dtype) for t in graph.node_types}
     edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
         edges = {e: _edge_fields(sub, e) for e in sub.row}
@@ -118,10 +118,11 @@ def sample_nodes(graph: PartitionedGraph, node_ids, spec: SamplingSpec, seed: in
                           feature_dtype=feature_dtype)
 
 
-def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str) -> dict:
-    """One node type's batch fields: gathered rows of its sampled nodes (empty when none was sampled)."""
+def _node_fields(graph: SamplingGraph, sub: TypedSubgraph, ntype: str, dtype: torch.dtype | None) -> dict:
+    """One node type's batch fields: gathered rows of its sampled nodes (empty when none was sampled); peers
+    may send their rows in the features' transport ``dtype``."""
     gids = sub.nodes.get(ntype, torch.empty(0, dtype=torch.int64))
-    rows = graph.gather_typed(ntype, gids)
+    rows = graph.gather_typed(ntype, gids, dtype)
     counts = sub.num_sampled_nodes.get(ntype, [0] * (1 + max((len(c) for c in sub.num_sampled_edges.values()),
                                                             default=0)))
     batch = None if sub.subgraph is None else sub.subgraph.get(ntype, torch.empty(0, dtype=torch.int64))

@@ -70,7 +70,10 @@ class PartSource(Protocol):
     def start_one_hop(self, etype: EdgeType, gids: torch.Tensor, spec: SamplingSpec, fanout: int, seed: int,
                       hop: int, seed_time: torch.Tensor | None = None) -> Handle[OneHop]: ...
 
-    def start_gather(self, ntype: str, gids: torch.Tensor) -> Handle[Rows]: ...
+    def start_gather(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Handle[Rows]:
+        """The rows of ``gids``; ``dtype``: the batch's feature transport dtype, which a peer may send ``x`` in
+        (:meth:`NodeRows.in_transport_dtype`: the batch ends the same); a held part reads its rows as stored."""
+        ...
 
     # link loaders (edge type / node type None: the default one, a homogeneous graph's) and edge features
     # (the default edge type)
@@ -122,8 +125,8 @@ class LocalSource:
                       hop: int, seed_time: torch.Tensor | None = None) -> Ready[OneHop]:
         return Ready(self.one_hop(etype, gids, spec, fanout, seed, hop, seed_time))
 
-    def start_gather(self, ntype: str, gids: torch.Tensor) -> Ready[Rows]:
-        """Rows the driver copies into place next (``index_copy_``): read with torch's ``index_select``,
+    def start_gather(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Ready[Rows]:
+        """Rows (as stored) the driver copies into place next (``index_copy_``): read with torch's ``index_select``,
         so both copies stay on torch's thread pool (the native gather's pool and torch's spinning
         OpenMP threads contend for the cores: measured ~1.5x slower on a busy 2-core machine)."""
         store = self.part.nodes(ntype)

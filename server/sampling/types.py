@@ -53,6 +53,20 @@ class NodeRows:
         """A copy with some fields replaced."""
         return replace(self, **tensors)
 
+    def in_transport_dtype(self, dtype: torch.dtype | None) -> NodeRows:
+        """These rows as a peer sends them for a batch whose features travel as ``dtype`` (a loader's
+        ``feature_dtype``): floating-point ``x`` cast to a floating ``dtype``, the rest as stored.
+
+        The batch is cast to ``dtype`` at the end (:func:`graphfeed.core.batch.cast_features`), and a value
+        cast to a narrower float, widened back and cast again is the value cast once: the batch is the same,
+        with fewer bytes on the wire.  A non-float ``dtype`` (a quantized transport) leaves the rows as
+        stored, since a quantization need not survive that round trip."""
+        x = self.x
+        if dtype is None or not dtype.is_floating_point or x is None or not x.is_floating_point() \
+                or x.dtype == dtype:
+            return self
+        return replace(self, x=x.to(dtype))
+
 
 NODE_ROW_FIELDS = tuple(f.name for f in fields(NodeRows))
 

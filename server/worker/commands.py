@@ -46,11 +46,13 @@ class GroupSpec:
     partition_root: str      # the partition folder (META.json inside)
     data_address: str = "127.0.0.1"   # interface TensorPipe binds to
     rpc_timeout: float = 60.0
+    peer_timeout: float = 0.0        # bound of one call to a peer worker (0 = rpc_timeout / 2); see peer_bound
     num_producers: int = 2           # batches produced concurrently per worker
     buffer_batches: int = 8          # per session, produced-but-not-pulled
     buffer_bytes: int = 256 << 20    # per session
     join_timeout: float = 60.0       # give up joining the RPC group after this
     colocated_reads: bool = True     # read peers' parts from their files when this host shares them
+    peer_cache_bytes: int = 0        # other parts' hottest rows replicated here (worker/peer_cache.py); 0 = none
     device: str = "cpu"              # where the worker samples: "cpu" or "cuda[:N]" (server/sampling/gpu.py)
     gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
     gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
@@ -68,6 +70,13 @@ class GroupSpec:
     PER_GROUP: ClassVar[frozenset[str]] = frozenset({"group_id", "rendezvous", "world_size", "rank", "part_id",
                                                      "partition_root", "data_address", "gpu_topology", "budget",
                                                      "data_path", "group_key"})
+
+    @property
+    def peer_bound(self) -> float:
+        """Seconds one call to a peer worker may take: shorter than a pull's bound (the trainer's rpc_timeout,
+        60 s by default, as the daemon's), so a batch whose peer does not answer fails with the error naming
+        that peer before the trainer's pull gives up on the batch."""
+        return self.peer_timeout or self.rpc_timeout / 2
 
     @classmethod
     def settings_of(cls, config) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
 from graphfeed.server.sampling.types import NodeRows, OneHop
+from graphfeed.server.worker import peer_cache
+from graphfeed.server.worker.peer_cache import RowCache
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import wire
 from graphfeed.transport.calls import DataCalls
@@ -83,6 +85,34 @@ def colocate(graph: PartitionedGraph, part: Partition, timeout: float,
     return local
 
 
+def replicate_hot_rows(graph: PartitionedGraph, part: Partition, budget_bytes: int, timeout: float) -> int:
+    """Copy the rows of the other parts' nodes that ``part``'s edges reach most (:mod:`.peer_cache`), up to
+    ``budget_bytes``, onto the peers' :class:`RemoteSource` here, so their ``gather`` calls ask only for the
+    rest.  Parts read locally (:func:`colocate`) are skipped.  Each peer ``gather`` is bounded by
+    ``timeout`` seconds; a peer that fails leaves its source without a cache (:class:`PeerError` is raised
+    after the others are filled).  Returns the bytes replicated."""
+    remote = {s.part_id: s for s in graph.sources if isinstance(s, RemoteSource)}
+    chosen = peer_cache.pick(part, budget_bytes, remote)
+    failed: list[str] = []
+    total = 0
+    for p, source in remote.items():
+        wanted = {t: g[part.nodes(t).book.owner(g) == p] for t, g in chosen.items()}
+        wanted = {t: g for t, g in wanted.items() if g.numel()}
+        def gather(q: int, ntype: str, gids: torch.Tensor, calls: DataCalls = source.calls) -> NodeRows:
+            return _node_rows(calls.call_sync(q, "gather", (ntype, gids), timeout))
+
+        try:
+            caches = peer_cache.fill(part, wanted, gather)
+        except Exception as exc:  # noqa: BLE001 -- that peer stays uncached; reported below
+            failed.append(f"part{p}: {_first_line(exc)}")
+            continue
+        source.cached = caches.get(p, {})
+        total += sum(c.nbytes for c in source.cached.values())
+    if failed:
+        raise PeerError(f"could not replicate hot rows of {'; '.join(failed)}")
+    return total
+
+
 class RemoteSource:
     """Part ``part_id`` on its worker in the group, through ``calls``.
 
@@ -97,6 +127,7 @@ class RemoteSource:
         self.part_id, self.calls = part_id, calls
         self.rpc_timeout = float(rpc_timeout)
         self.telemetry = telemetry
+        self.cached: dict[str, RowCache] = {}   # per node type: this peer's rows replicated here (peer_cache)
 
     def held(self) -> None:
         return None
@@ -106,8 +137,22 @@ class RemoteSource:
         fut = self._call("one_hop", tuple(etype), gids, spec, fanout, seed, hop, seed_time)
         return PeerCall(self, fut, "one_hop", _one_hop)
 
-    def start_gather(self, ntype: str, gids: torch.Tensor) -> PeerCall[Rows]:
-        return PeerCall(self, self._call("gather", ntype, gids), "gather", _node_rows)
+    def start_gather(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> PeerCall[Rows]:
+        """The peer's rows of ``gids``, ``x`` sent in ``dtype`` when it is a floating transport dtype (the
+        batch's ``feature_dtype``: half the bytes of fp32 with bf16/fp16)."""
+        cache = self.cached.get(ntype)
+        if cache is None:
+            return PeerCall(self, self._gather_call(ntype, gids, dtype), "gather", _node_rows)
+        hit, index = cache.find(gids)
+        n = gids.numel()
+        if bool(hit.all()):   # nothing to ask the peer
+            return PeerCall(self, Pending.completed(None), "gather", lambda _: cache.assemble(n, hit, index, None))
+        fut = self._gather_call(ntype, gids[~hit], dtype)
+        return PeerCall(self, fut, "gather", lambda value: cache.assemble(n, hit, index, _node_rows(value)))
+
+    def _gather_call(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None) -> Pending:
+        args = (ntype, gids) if dtype is None else (ntype, gids, str(dtype).removeprefix("torch."))
+        return self._call("gather", *args)
 
     def start_has_edges(self, pairs: torch.Tensor, kind: str, etype: EdgeType | None = None) -> PeerCall[torch.Tensor]:
         return PeerCall(self, self._call("has_edges", pairs, kind, etype), "has_edges", _same)

@@ -59,7 +59,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     execute,
 )
-from graphfeed.server.worker.peers import colocate, worker_graph
+from graphfeed.server.worker.peers import PeerError, colocate, replicate_hot_rows, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import rpc_group
@@ -104,7 +104,7 @@ class SessionWorker:
         else:
             self.calls = TorchRpcCalls(spec.group_key)
         self.server: SecureServer | None = None
-        self.graph = worker_graph(part, spec.rpc_timeout, self.telemetry, self._source(part), self.calls)
+        self.graph = worker_graph(part, spec.peer_bound, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
         self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
@@ -155,7 +155,22 @@ class SessionWorker:
                 print(f"graphfeed session worker part{s.part_id} group {s.group_id}: reads part(s) "
                       f"{', '.join(map(str, local))} from their files on this host, not over the data path "
                       f"(colocated_reads: false turns this off)", file=sys.stderr, flush=True)
+        if s.peer_cache_bytes and self.part.meta.num_parts > 1:
+            self._replicate()
         self.joined.set()
+
+    def _replicate(self) -> None:
+        """Copy the other parts' hottest rows here (``peer_cache_bytes``); a failure costs only the copies."""
+        s = self.spec
+        say = f"graphfeed session worker part{s.part_id} group {s.group_id}:"
+        try:
+            copied = replicate_hot_rows(self.graph, self.part, s.peer_cache_bytes, s.peer_bound)
+        except PeerError as exc:
+            print(f"{say} {exc}; those rows come from their peers for every batch", file=sys.stderr, flush=True)
+            return
+        if copied:
+            print(f"{say} keeps {copied / 2**20:.1f} MiB of other parts' hottest rows (peer_cache_bytes)",
+                  file=sys.stderr, flush=True)
 
     def join(self) -> None:
         s = self.spec

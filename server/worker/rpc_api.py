@@ -33,10 +33,10 @@ also carry the session's secret.
 * ``node_rows(ntype, orig_ids)`` / ``part_edges(etype, max_edges)`` -- PyG's ``FeatureStore`` /
   ``GraphStore`` (:mod:`graphfeed.pyg.stores`): the stored rows of the original ids this part owns, and
   this part's edges of one type (refused when the type has more than ``max_edges`` edges).
-* ``one_hop(etype, gids, spec, ...)`` / ``gather(ntype, gids)`` -- peer workers sample a frontier
+* ``one_hop(etype, gids, spec, ...)`` / ``gather(ntype, gids, dtype)`` -- peer workers sample a frontier
   through one edge type (``spec``: the session's :class:`SamplingSpec`, passed whole) / read features
-  (a :class:`~graphfeed.server.sampling.types.NodeRows`) of nodes of one type that this worker's part owns
-  (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
+  (a :class:`~graphfeed.server.sampling.types.NodeRows`, ``x`` in the batch's feature transport dtype) of
+  nodes of one type that this worker's part owns (a homogeneous graph: ``("_N", "to", "_N")`` / ``"_N"``).
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
@@ -265,11 +265,15 @@ def one_hop(etype: tuple, gids: torch.Tensor, spec: SamplingSpec, fanout: int, s
     return own.serve_one_hop(etype, gids, spec, int(fanout), int(seed), int(hop), seed_time)
 
 
-def gather(ntype: str, gids: torch.Tensor) -> NodeRows:
+def gather(ntype: str, gids: torch.Tensor, dtype: str | None = None) -> NodeRows:
     """The :class:`NodeRows` (x, y, n_id) of nodes ``gids`` of type ``ntype`` owned by this worker's part
-    (x / y None where the type has none); ValueError for an unknown type or ids not owned."""
+    (x / y None where the type has none), ``x`` in the feature transport dtype named ``dtype``
+    (:meth:`NodeRows.in_transport_dtype`; None = as stored); ValueError for an unknown type, ids not owned
+    or a dtype that is no feature transport dtype."""
     worker = _bound()
-    return worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
+    name = feature_dtype(dtype)   # ValueError for anything but a feature transport dtype
+    rows = worker.graph.sources[worker.part.part_id].gather(str(ntype), gids)   # checks type and ownership
+    return rows if name is None else rows.in_transport_dtype(getattr(torch, name))
 
 
 def has_edges(pairs: torch.Tensor, kind: str, etype: tuple | None = None) -> torch.Tensor:

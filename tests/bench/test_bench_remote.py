@@ -122,6 +122,8 @@ def test_feature_cache_lowers_the_feature_bytes_of_the_same_epoch(tiny_parts_dir
     (["--hosts", "4"], "--hosts 4: the trainer takes one host and each of the 2 part(s)"),
     (["--hosts", "3", "--link-rate", "fast"], "link_rate must be a tc rate such as '1gbit'"),
     (["--hosts", "3", "--compare"], "--compare runs with --servers only"),
+    (["--servers", "2", "--tls"], "--tls makes a certificate for emulated hosts: give --hosts N"),
+    (["--servers", "2", "--peer-cache-mb", "-1"], "--peer-cache-mb must be a number of MiB >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tiny_parts_dir, capsys, argv, message):
     rc = cli_main(["bench", "remote", "--graph", str(tiny_parts_dir), *argv])

@@ -7,6 +7,12 @@ all, the servers' to 127.0.1.1), the set-up where an unpinned Gloo announces 127
 trainer is a real process on host0 (:data:`TRAINER`) that writes what it received; the test
 compares it with the in-process loader.  Skipped where namespaces cannot be made (not root, no
 ``ip``/``unshare``/``tc``), with the reason.
+
+Not here: a 60 s link outage of a server (the group is reaped after its lease and the client re-forms
+it and resumes).  It was checked by hand (issue 25); as a test it is the 60 s outage plus the reap, a
+new group's start-up and the rest of the epoch -- over 90 s on this 2-core machine, more than the
+whole module's other tests together; the short outage and the one beyond ``reconnect_timeout`` below
+bound the same code paths from both sides.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, mag_tiny_parts
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -32,10 +38,13 @@ pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, r
 
 FANOUTS = [5, 3]
 NODE = dict(batch_size=16, shuffle=True, seed=7)
+NODE_BF16 = dict(NODE, feature_dtype="bf16")   # peer rows travel as bf16 too
+TYPED = dict(batch_size=48, input_nodes=("paper", "train"), shuffle=True, seed=5, feature_dtype="bf16")
 LINK = dict(batch_size=64, shuffle=True, seed=3, neg_sampling_ratio=1.0)
 LEASE = 6.0            # s: a trainer that vanished is reaped this long after its last heartbeat
 RPC_TIMEOUT = 8.0      # s: a pull (and a worker's call to its peer)
 TRAINER_BOUND = 150.0  # s: one trainer process, torch import and connect included, on a loaded 2-core box
+PEER_CACHE = 64 << 10  # bytes of the other part's hottest rows each server keeps (about half of them here)
 
 # The trainer on host0: argv[1] is a JSON config; prints one line per event, writes its batches to cfg["out"].
 TRAINER = r"""
@@ -55,8 +64,11 @@ try:
             sys.stdin.readline()
         got = {}
         for kind in cfg["loaders"]:
-            if kind == "node":
-                loader = client.neighbor_loader("train", cfg["fanouts"], prefetch=2, **cfg["node"])
+            if kind.startswith("node"):
+                loader = client.neighbor_loader("train", cfg["fanouts"], prefetch=2, **cfg[kind])
+            elif kind == "typed":
+                args = dict(cfg["typed"], input_nodes=tuple(cfg["typed"]["input_nodes"]))
+                loader = client.neighbor_loader(num_neighbors=cfg["fanouts"], prefetch=2, **args)
             else:
                 loader = client.link_neighbor_loader(cfg["fanouts"], edge_label_index=torch.load(cfg["edges"]),
                                                      prefetch=2, **cfg["link"])
@@ -102,8 +114,22 @@ def hosts(parts_dir, tmp_path_factory):
     with EmulatedHosts(3, resolve=["none", "loopback", "loopback"],
                        work_dir=tmp_path_factory.mktemp("hosts_work")) as hosts:
         for k, host in enumerate(hosts.hosts[1:]):
-            hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k)
+            hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k,
+                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE),
+                                    "GRAPHFEED_RPC_TIMEOUT": str(RPC_TIMEOUT)})   # peer calls: half of it
         yield hosts
+
+
+@pytest.fixture(scope="module")
+def typed_hosts(tmp_path_factory):
+    """``(hosts, parts folder)``: mag-tiny (3 node types, 5 edge types; METIS, 2 parts) served across hosts."""
+    parts = tmp_path_factory.mktemp("hosts_mag") / "parts"
+    mag_tiny_parts(parts)
+    with EmulatedHosts(3, work_dir=tmp_path_factory.mktemp("hosts_mag_work")) as hosts:
+        for k, host in enumerate(hosts.hosts[1:]):
+            hosts.start_server(host, hosts.copy_parts(host, parts, [k]), k,
+                               env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE)})
+        yield hosts, parts
 
 
 def _servers(hosts) -> list[str]:
@@ -118,7 +144,8 @@ def _stats(address: str) -> pb.ServerStats:
 def _config(hosts, **cfg) -> dict:
     """The trainer's configuration (:data:`TRAINER`): these servers, the test's bounds, ``cfg`` on top."""
     return dict(servers=_servers(hosts), timeout=60.0, rpc_timeout=RPC_TIMEOUT, reconnect_timeout=0.0, lease=LEASE,
-                stuck_after=TRAINER_BOUND - 10.0, loaders=["node"], fanouts=FANOUTS, node=NODE, link=LINK) | cfg
+                stuck_after=TRAINER_BOUND - 10.0, loaders=["node"], fanouts=FANOUTS, node=NODE, node_bf16=NODE_BF16,
+                link=LINK, typed=TYPED) | cfg
 
 
 class Trainer:
@@ -215,19 +242,36 @@ def test_hosts_are_separate_and_leave_nothing_behind(tmp_path):
 
 def test_node_and_link_epochs_equal_local_loader_on_every_key(hosts, parts_dir, seed_edges, tmp_path):
     before = hosts[0].counters()
-    trainer = Trainer(hosts, tmp_path, loaders=["node", "link"], edges=str(seed_edges))
+    trainer = Trainer(hosts, tmp_path, loaders=["node", "link", "node_bf16"], edges=str(seed_edges))
     assert trainer.until("connected") == "connected torch-rpc", "no shared memory crosses hosts"
     got = trainer.finish()
     moved = hosts[0].counters() - before
     want_node = list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE))
     want_link = list(LocalLinkNeighborLoader(parts_dir, FANOUTS, edge_label_index=torch.load(seed_edges), **LINK))
+    want_bf16 = list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE_BF16))
     assert len(got["node"]) == len(want_node) > 1 and len(got["link"]) == len(want_link) > 1
-    for a, b in zip(got["node"] + got["link"], want_node + want_link, strict=True):
+    assert want_bf16[0].x.dtype == torch.bfloat16
+    for a, b in zip(got["node"] + got["link"] + got["node_bf16"], want_node + want_link + want_bf16, strict=True):
         assert_same_batch(a, b)
+    for server in hosts.servers:   # the batches above used the replicated rows (and still equal the local loader)
+        assert "of other parts' hottest rows (peer_cache_bytes)" in server.logs(), server.log_tail(20)
     x_bytes = sum(b.x.numel() * b.x.element_size() for b in got["node"])
     assert moved.received > x_bytes, f"the batches crossed host0's link ({moved.received} bytes received)"
     _no_tracebacks(hosts)
     _wait_no_sessions(hosts, 10.0)
+
+
+def test_typed_epoch_equals_local_loader_on_every_key(typed_hosts, tmp_path):
+    hosts, parts = typed_hosts
+    got = Trainer(hosts, tmp_path, loaders=["typed"]).finish()["typed"]
+    want = list(LocalNeighborLoader(parts, FANOUTS, **TYPED))
+    assert len(got) == len(want) > 1
+    for a, b in zip(got, want, strict=True):
+        assert_same_batch(a, b)
+    assert got[0]["paper"].x.dtype == torch.bfloat16
+    for server in hosts.servers:   # rows of several node types replicated (papers and fields have features)
+        assert "of other parts' hottest rows (peer_cache_bytes)" in server.logs(), server.log_tail(20)
+    _no_tracebacks(hosts)
 
 
 # ---- link outages ---------------------------------------------------------------------------------
@@ -283,6 +327,8 @@ def test_peer_only_partition_is_a_bounded_error_and_frees_the_sessions(hosts, tm
         b.unblock(a)
     trainer.finish(3)
     assert line.startswith("error") and "ServerError" in line, line
+    # a peer call's bound (RPC_TIMEOUT / 2) is shorter than the pull's: the error names the peer, not a timeout
+    assert "on peer worker part" in line, line
     assert took < RPC_TIMEOUT * 3 + 45.0, f"the error took {took:.0f} s"
     _wait_no_sessions(hosts, 20.0)     # the trainer reached both servers: it closed its group itself
     _no_tracebacks(hosts)

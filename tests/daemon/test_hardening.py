@@ -137,6 +137,40 @@ def test_a_foreign_rendezvous_address_is_refused(servers):
         assert stub.GetStats(pb.StatsRequest(), timeout=30).groups_open == 0, "no worker may have been started"
 
 
+def test_peer_endpoints_a_worker_may_dial_are_the_callers_its_own_and_the_peer_networks():
+    from graphfeed.server.daemon.control import check_peer_endpoints
+    from graphfeed.server.daemon.registry import RequestError
+
+    nets = ("10.9.0.0/16",)
+    check_peer_endpoints(["10.9.0.1:7001", "10.9.3.4:7002", "10.1.2.3:7003", "[10.9.0.1]:7004"], 0,
+                         "ipv4:10.1.2.3:5555", "10.9.0.1:7001", nets)
+    # the worker's own entry is never dialled, so it is not checked
+    check_peer_endpoints(["192.0.2.1:22", "10.9.3.4:7002"], 0, "ipv4:10.1.2.3:5555", "10.9.0.1:7001", nets)
+    with pytest.raises(RequestError) as err:
+        check_peer_endpoints(["10.9.0.1:7001", "192.0.2.1:22"], 0, "ipv4:10.1.2.3:5555", "10.9.0.1:7001", nets)
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert err.value.message.startswith("endpoint '192.0.2.1:22' of part 1 is not an address this server's worker "
+                                        "may dial (the caller 10.1.2.3, this server's data address 10.9.0.1:7001, "
+                                        "peer networks: 10.9.0.0/16)") and "set peer_networks" in err.value.message
+    with pytest.raises(RequestError, match="no-such-host.invalid"):   # a name that does not resolve
+        check_peer_endpoints(["10.9.0.1:7001", "no-such-host.invalid:80"], 0, "ipv4:10.1.2.3:1", "10.9.0.1:1", nets)
+    # a trainer on loopback may name loopback peers (every server on its host)
+    check_peer_endpoints(["127.0.0.1:1", "127.0.0.1:2"], 1, "ipv4:127.0.0.1:5", "127.0.0.1:1")
+    with pytest.raises(RequestError, match="of part 0"):   # but not another host's address
+        check_peer_endpoints(["203.0.113.9:2", "127.0.0.1:1"], 1, "ipv4:127.0.0.1:5", "127.0.0.1:1")
+
+
+def test_peer_networks_is_a_daemon_setting(parts_dir):
+    from graphfeed.server.daemon.config import ConfigError, load_config
+
+    flags = {"partition": str(parts_dir), "part": 0}
+    cfg = load_config(environ={"GRAPHFEED_PEER_NETWORKS": "10.0.0.0/8, fd00::/64"}, flags=flags)
+    assert cfg.peer_networks == ("10.0.0.0/8", "fd00::/64")
+    assert load_config(environ={}, flags=flags).peer_networks == ()
+    with pytest.raises(ConfigError, match="'10.0.0.300/8' is not a network in CIDR form"):
+        load_config(environ={"GRAPHFEED_PEER_NETWORKS": "10.0.0.300/8"}, flags=flags)
+
+
 # ---- 4. sessions cannot leak ------------------------------------------------------------------------
 
 def test_dropped_loaders_do_not_exhaust_the_session_limit(servers):

@@ -22,6 +22,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 import torch
@@ -30,6 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
 from graphfeed.client import group as client_group
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
@@ -198,6 +201,25 @@ def test_local_loader_equals_remote_loader_over_the_secure_path(token_cluster, p
         # every call the trainer makes carries its credentials: a wrong session secret is refused by name
         with pytest.raises(PermissionError, match="wrong session secret"):
             client.group.calls.call_sync(0, "pull", (loader.sessions[0], 0, 0, b"\0" * 32), 20)
+
+
+def test_join_group_never_makes_a_worker_dial_a_third_party(token_cluster):
+    """An authenticated client names a foreign address as a peer: refused before the worker hears of it, and
+    the group's own peers stay as they were."""
+    with gf.connect([s.address for s in token_cluster], token=TOKEN, timeout=60, channel="rpc") as client:
+        group = client.group
+        foreign = ["203.0.113.9:22"] * len(token_cluster)
+        for server in token_cluster:
+            with grpc.insecure_channel(server.address) as channel:
+                with pytest.raises(grpc.RpcError) as err:
+                    pb_grpc.ControlStub(channel).JoinGroup(
+                        pb.JoinGroupRequest(group_id=group.group_id, endpoints=foreign),
+                        metadata=[("authorization", f"Bearer {TOKEN}")], timeout=30)
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "endpoint '203.0.113.9:22' of part" in err.value.details()
+            assert "set peer_networks" in err.value.details()
+        batches = list(client.neighbor_loader("train", FANOUTS, **KW))   # the peers still reach each other
+        _seeds_once(batches, client.split_sizes["train"])
 
 
 def test_a_server_with_security_refuses_torch_rpc(token_cluster):

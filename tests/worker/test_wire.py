@@ -133,3 +133,39 @@ def test_refusals_are_counted_every_time_and_logged_once_per_interval():
     log("10.0.0.9:1235", "wrong group proof")
     assert len(counted) == 6 and log.total == 6
     assert len(lines) == 2 and "(1 refused since" in lines[0] and "(5 refused since" in lines[1]
+
+
+@pytest.mark.parametrize("mac", [True, False])
+def test_large_bodies_reuse_receive_buffers_only_once_nothing_views_them(mac):
+    a, b = socket.socketpair()
+    k1, k2 = b"1" * 32, b"2" * 32
+    sender, receiver = secure.Connection(a, k2, k1, mac, "a"), secure.Connection(b, k1, k2, mac, "b")
+    n = secure.POOLED_BODY // 4 + 1000        # float32 elements: a body above the pooling size
+    values = [torch.full((n,), float(i)) for i in range(4)]
+    t = threading.Thread(target=lambda: [sender.send({"k": "ok", "id": i}, v) for i, v in enumerate(values)])
+    t.start()
+    first = receiver.recv()[1]
+    rows = first[:10]                         # a view keeps the first frame's buffer in use
+    del first
+    second = receiver.recv()[1]
+    assert torch.equal(rows, values[0][:10]) and receiver.buffers.reused == 0
+    del rows, second                          # both frames' buffers free: the next two reuse them
+    third, fourth = receiver.recv()[1], receiver.recv()[1]
+    t.join(10)
+    assert torch.equal(third, values[2]) and torch.equal(fourth, values[3])
+    assert receiver.buffers.reused == 2
+    for s in (a, b):
+        s.close()
+
+
+def test_receive_buffers_replace_a_free_buffer_of_another_size():
+    buffers = secure.ReceiveBuffers(keep=2)
+    small, mid = buffers.take(2 << 20), buffers.take(3 << 20)
+    del small
+    big = buffers.take(9 << 20)                 # the pool is full: the free 2 MiB buffer makes room
+    assert sorted(b.nbytes for b in buffers._owned) == [3 << 20, 9 << 20]
+    held = buffers.take(9 << 20)                # the 9 MiB one is in use: fresh memory, not pooled
+    assert held.data_ptr() != big.data_ptr() and buffers.reused == 0
+    del big, mid
+    assert buffers.take(9 << 20).numel() == 9 << 20 and buffers.reused == 1
+    assert buffers.take(100).numel() == 100 and buffers.reused == 1   # small bodies are never pooled
