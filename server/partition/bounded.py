@@ -70,6 +70,8 @@ BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (
 EDGE_TASK_BYTES = 96          # per edge held by a degree/bucket task (input ids, new ids, bucket order, copies)
 SORT_TASK_BYTES = 80          # per edge held by a sort task (columns, packed keys, order, output copies)
 METIS_BYTES_PER_EDGE = 72     # the in-memory METIS path: edge list, symmetric keys, pymetis' int32 copies
+FENNEL_NODE_BYTES = 11        # per node, fennel: groups, then cluster labels and sizes (int32 each) while clustering,
+                              # the best parts so far and the refinement's gains and targets later
 _MIN_WORK = 256 << 10
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
@@ -117,8 +119,8 @@ def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topol
     fixed = fixed_bytes(graph, num_parts, topologies)
     if method == "random":   # the permutation the in-memory path draws (int64 [N_t], one type at a time)
         fixed += 8 * max(t.num_nodes for t in graph.nodes.values())
-    elif method == "fennel":  # groups, the best parts so far, the refinement's gains and targets
-        fixed += 11 * graph.num_nodes
+    elif method == "fennel":
+        fixed += FENNEL_NODE_BYTES * graph.num_nodes
     extra_row = sum(_edge_extra_bytes(e.fields) for e in graph.edges.values())
     work = memory_limit - BASELINE_BYTES - fixed
     if work < _MIN_WORK:

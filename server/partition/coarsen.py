@@ -114,7 +114,7 @@ def cluster(graph: Weighted, cap: int, rng, rounds: int = CLUSTER_ROUNDS) -> tup
     labels = np.arange(n, dtype=np.int64)
     node_size = graph.node_weights.sum(axis=1)
     sizes = node_size.copy()
-    batch = _batch(n)
+    batch = cluster_batch(n)
     for _ in range(rounds):
         changed = 0
         for nodes in np.array_split(rng.permutation(n), max(1, n // batch)):
@@ -128,7 +128,8 @@ def cluster(graph: Weighted, cap: int, rng, rounds: int = CLUSTER_ROUNDS) -> tup
     return labels, dense_labels(labels, sizes)
 
 
-def _batch(n: int) -> int:
+def cluster_batch(n: int) -> int:
+    """Nodes moved together (vectorised) in a graph of ``n``: they do not see each other's moves, so few of them."""
     return int(np.clip(n // 256, 8, 4096))
 
 
@@ -258,7 +259,7 @@ def refine(graph: Weighted, parts: np.ndarray, loads: np.ndarray, caps: np.ndarr
     total = 0
     for _ in range(rounds):
         moved = 0
-        for nodes in np.array_split(rng.permutation(n), max(1, n // _batch(n))):
+        for nodes in np.array_split(rng.permutation(n), max(1, n // cluster_batch(n))):
             conn = _connections(graph, parts, nodes, k)
             own = parts[nodes]
             gain = conn - conn[np.arange(nodes.size), own][:, None] + rng.random(conn.shape) * 0.5

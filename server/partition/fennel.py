@@ -28,6 +28,7 @@ import numpy as np
 from graphfeed.server.partition.coarsen import (
     CLUSTER_FRACTION,
     Weighted,
+    cluster_batch,
     coarse_entries,
     dense_labels,
     from_entries,
@@ -148,7 +149,8 @@ def _coarsen_streamed(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: in
             return labels, coarse
         if lists.cap >= n // k:
             report.log(f"fennel: {count:,} clusters with too many edges between them for memory: placed by size")
-            return labels, _contract_streamed(lists, labels, groups, caps.size, count, 0, edges=False)
+            empty = np.empty(0, dtype=np.int64)
+            return labels, from_entries(empty, empty, _cluster_weights(labels, groups, caps.size, count))
         report.log(f"fennel: {count:,} clusters have too many edges between them for memory: larger clusters")
         sizes[:] = np.bincount(labels, minlength=n)
         lists.cap = min(lists.cap * 4, n // k)
@@ -178,9 +180,8 @@ def _pack_isolated(lists: _Lists, labels: np.ndarray, sizes: np.ndarray, groups:
 
 def _cluster_pass(lists: _Lists, labels: np.ndarray, sizes: np.ndarray, rng) -> int:
     """One label propagation round over the lists, each block's nodes in random batches; returns the changes."""
-    changed = 0
+    changed, batch = 0, cluster_batch(labels.size)
     for lo, hi, indptr, nbrs in lists:
-        batch = int(np.clip((hi - lo) // 256, 8, 4096))
         for nodes in np.array_split(rng.permutation(hi - lo), max(1, (hi - lo) // batch)):
             degree = indptr[nodes + 1] - indptr[nodes]
             rows = np.repeat(np.arange(nodes.size), degree)
@@ -195,12 +196,11 @@ def _cluster_pass(lists: _Lists, labels: np.ndarray, sizes: np.ndarray, rng) -> 
 
 
 def _contract_streamed(lists: _Lists, labels: np.ndarray, groups: np.ndarray, num_groups: int, count: int,
-                       budget: int, edges: bool = True) -> Weighted | None:
-    """The coarse graph of ``labels`` (``0..count-1``), or None once it holds more than ``budget`` entries
-    (``edges=False``: the clusters without edges)."""
+                       budget: int) -> Weighted | None:
+    """The coarse graph of ``labels`` (``0..count-1``), or None once it holds more than ``budget`` entries."""
     pieces: list[tuple[np.ndarray, np.ndarray]] = []
     held = 0
-    for lo, hi, indptr, nbrs in lists if edges else ():
+    for lo, hi, indptr, nbrs in lists:
         pieces.append(coarse_entries(np.repeat(labels[lo:hi], np.diff(indptr)), labels[nbrs], None, count))
         held += pieces[-1][0].size
         if held > budget:
@@ -209,11 +209,16 @@ def _contract_streamed(lists: _Lists, labels: np.ndarray, groups: np.ndarray, nu
             if held > budget:
                 return None
     keys, weights = merge_entries(pieces)
-    node_weights = np.zeros((count, num_groups), dtype=np.int64)
+    return from_entries(keys, weights, _cluster_weights(labels, groups, num_groups, count))
+
+
+def _cluster_weights(labels: np.ndarray, groups: np.ndarray, num_groups: int, count: int) -> np.ndarray:
+    """``[count, G]``: each cluster's nodes of each balance group, summed a slice at a time (no [N] temporaries)."""
+    out = np.zeros((count, num_groups), dtype=np.int64)
     step = 1 << 22
-    for a in range(0, labels.size, step):     # a slice at a time: no [N] temporaries
-        np.add.at(node_weights, (labels[a:a + step], groups[a:a + step]), 1)
-    return from_entries(keys, weights, node_weights)
+    for a in range(0, labels.size, step):
+        np.add.at(out, (labels[a:a + step], groups[a:a + step]), 1)
+    return out
 
 
 def _chunks(job, etype):

@@ -322,6 +322,26 @@ def test_fennel_places_isolated_nodes_and_components_in_balance(tmp_path):
         assert meta.edge_cut <= 0.02 * src.size, meta.edge_cut      # communities stay (almost all) whole
 
 
+def test_fennel_places_clusters_by_size_when_their_graph_never_fits(tmp_path, monkeypatch):
+    """If the clusters' graph stays above its memory budget even for clusters of a part's size, the clusters are
+    placed by size alone and the refinement over the streamed lists finds the cut: still balanced, still better
+    than random."""
+    from graphfeed.server.partition import fennel
+
+    tries = []
+    monkeypatch.setattr(fennel, "_contract_streamed", lambda *args: tries.append(args[-1]))   # always "too big"
+    folder = tmp_path / "g"
+    folder.mkdir()
+    generate_chunked(folder, "tiny", seed=0, chunk_edges=30_000)
+    graph, logs = open_chunked(folder), []
+    meta = partition_chunked(graph, 2, tmp_path / "f", method="fennel", memory_limit=parse_bytes("256MB"),
+                             log=logs.append)
+    assert len(tries) >= 2 and any("placed by size" in line for line in logs), logs
+    _assert_within_caps(tmp_path / "f", meta, np.load(folder / "train_idx.npy"))
+    rand = partition_chunked(graph, 2, tmp_path / "r", method="random", memory_limit=parse_bytes("256MB"))
+    assert meta.edge_cut < 0.9 * rand.edge_cut
+
+
 # ----------------------------------------------------------------------------- the memory bound
 
 _BOUND_SCRIPT = textwrap.dedent("""
@@ -331,11 +351,13 @@ _BOUND_SCRIPT = textwrap.dedent("""
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
     path, out, path_kind, work, slack = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     graph = chunked.open_chunked(path)
-    limit = bounded.BASELINE_BYTES + bounded.fixed_bytes(graph, 2) + 8 * graph.num_nodes + work
-    resource.setrlimit(resource.RLIMIT_AS, (vm() + work + 8 * graph.num_nodes + slack,) * 2)
+    per_node = {"fennel": bounded.FENNEL_NODE_BYTES}.get(path_kind, 8)   # the assignment's own tables
+    limit = bounded.BASELINE_BYTES + bounded.fixed_bytes(graph, 2) + per_node * graph.num_nodes + work
+    resource.setrlimit(resource.RLIMIT_AS, (vm() + work + per_node * graph.num_nodes + slack,) * 2)
     try:
-        if path_kind == "bounded":
-            bounded.partition_chunked(graph, 2, out, method="random", memory_limit=limit)
+        if path_kind in ("bounded", "fennel"):
+            method = "random" if path_kind == "bounded" else "fennel"
+            bounded.partition_chunked(graph, 2, out, method=method, memory_limit=limit)
         else:
             builder.partition_graph(graph.to_graph_input(), 2, out, method="random")
     except MemoryError:
@@ -368,6 +390,30 @@ def test_memory_bound_holds_under_an_address_space_limit(tmp_path):
         assert proc.returncode == code, (kind, proc.stdout, proc.stderr[-2000:])
     meta = read_meta(tmp_path / "bounded")
     assert meta.num_edges["_N__to___N"] == e and meta.node_ranges["_N"][-1] == n
+
+
+def test_fennel_memory_bound_holds_under_an_address_space_limit(tmp_path):
+    """The streaming partitioner under the same kind of limit: 24 MB of edges (12 MB of neighbour lists both
+    ways, int32) against 6 MB of chunk work, its per-node tables and 10 MB of slack; communities of 400 nodes,
+    so the clusters' graph fits in memory and the cut follows them."""
+    rng = np.random.default_rng(0)
+    n, e, work, slack = 60_000, 1_500_000, 6 << 20, 10 << 20
+    src = rng.integers(0, n, e)
+    inside = rng.random(e) < 0.9
+    dst = np.where(inside, src // 400 * 400 + rng.integers(0, 400, e), rng.integers(0, n, e))
+    folder = tmp_path / "g"
+    folder.mkdir()
+    for i, part in enumerate(np.array_split(np.stack([src, dst]).astype(np.int64), 6, axis=1)):
+        np.save(folder / f"edge_index_{i:05d}.npy", part)
+    np.save(folder / "x_00000.npy", rng.standard_normal((n, 4)).astype(np.float32))
+    np.save(folder / "train_idx.npy", np.arange(0, n, 40))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
+    proc = subprocess.run([sys.executable, "-c", _BOUND_SCRIPT, str(folder), str(tmp_path / "p"), "fennel",
+                           str(work), str(slack)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
+    meta = read_meta(tmp_path / "p")
+    assert meta.method == "fennel" and meta.num_edges["_N__to___N"] == e
+    assert meta.edge_cut < 0.2 * e                                  # random parts would cut half
 
 
 # ----------------------------------------------------------------------------- resume, corruption
