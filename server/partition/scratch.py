@@ -18,7 +18,7 @@ from graphfeed.server.partition.chunked import ChunkedGraph
 from graphfeed.server.partition.format import edge_type_dirname
 from graphfeed.server.partition.graph_input import EdgeType
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2   # 2: fennel buckets hold global ids (a version-1 scratch folder is started over)
 
 
 @dataclass(frozen=True)
