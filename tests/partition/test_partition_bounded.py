@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from graphfeed.bench.partition_cut import edge_cut
 from graphfeed.cli.main import main
 from graphfeed.server.partition.bounded import parse_bytes, partition_chunked
 from graphfeed.server.partition.builder import partition_graph
@@ -264,14 +265,6 @@ def test_fennel_cuts_fewer_edges_than_random_on_a_community_graph(tmp_path):
     assert fennel.edge_cut < 0.8 * rand.edge_cut
 
 
-def _cut(graph, parts: np.ndarray) -> int:
-    offsets, cut = graph.node_offsets(), 0
-    for etype in graph.edge_types:
-        ei = graph.read_edges(etype, 0, graph.edges[etype].num_edges)
-        cut += int(np.count_nonzero(parts[ei[0] + offsets[etype[0]]] != parts[ei[1] + offsets[etype[2]]]))
-    return cut
-
-
 def _assert_within_caps(out: Path, meta, train: np.ndarray) -> None:
     """Every part holds at most ``ceil(share * 1.05) + 1`` of the training nodes and of the other nodes."""
     k = meta.num_parts
@@ -295,9 +288,19 @@ def test_fennel_cuts_cora_within_one_and_a_half_times_metis(cora_dir, tmp_path, 
     graph = open_chunked(cora_dir)
     out = tmp_path / "parts"
     meta = partition_chunked(graph, num_parts, out, method="fennel", seed=0, memory_limit=parse_bytes("160MB"))
-    metis = _cut(graph, metis_parts_bounded(graph, num_parts, 0, parse_bytes("1GB")))
+    metis = edge_cut(graph, metis_parts_bounded(graph, num_parts, 0, parse_bytes("1GB")))
     assert meta.edge_cut <= 1.5 * metis, (meta.edge_cut, metis)
     _assert_within_caps(out, meta, np.load(cora_dir / "train_idx.npy"))
+
+
+def test_partition_cut_bench_prints_both_cuts(cora_dir, capsys):
+    pytest.importorskip("pymetis")
+    from graphfeed.bench.partition_cut import main as cut_main
+
+    assert cut_main([str(cora_dir), "-p", "2", "--memory-limit", "160MB"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["parts"] == 2 and row["edges"] == 10_556 and row["metis_cut"] > 0
+    assert row["ratio"] == pytest.approx(row["fennel_cut"] / row["metis_cut"], abs=1e-3) and row["ratio"] <= 1.5
 
 
 def test_fennel_places_isolated_nodes_and_components_in_balance(tmp_path):
@@ -340,6 +343,27 @@ def test_fennel_places_clusters_by_size_when_their_graph_never_fits(tmp_path, mo
     _assert_within_caps(tmp_path / "f", meta, np.load(folder / "train_idx.npy"))
     rand = partition_chunked(graph, 2, tmp_path / "r", method="random", memory_limit=parse_bytes("256MB"))
     assert meta.edge_cut < 0.9 * rand.edge_cut
+
+
+def test_fine_rebalance_moves_the_nodes_that_lose_least_into_parts_with_room():
+    """Two 10-node cliques, all 20 nodes in part 0 (cap 11 per part): rebalancing moves 9 nodes out, all from one
+    clique (equal losses: in id order)."""
+    from graphfeed.server.partition.fennel import _Fine
+
+    ends = [(a + i, a + j) for a in (0, 10) for i in range(10) for j in range(10) if i != j]
+    src, dst = np.array(ends).T
+    indptr = np.zeros(21, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=20), out=indptr[1:])
+    lists = [(0, 20, indptr, dst[np.argsort(src, kind="stable")].astype(np.int32))]
+    state = _Fine(np.zeros(20, dtype=np.int16), np.zeros(20, dtype=np.int8), np.array([11]), 2,
+                  np.random.default_rng(0))
+    assert state.overfull()
+    moved = 0
+    while state.overfull():
+        moved += state.rebalance(lists)
+    assert moved == 9 and not state.overfull() and state.group_sizes.tolist() == [[11, 9]]
+    out = np.flatnonzero(state.parts == 1)
+    assert (out < 10).all() or (out >= 10).all(), out
 
 
 # ----------------------------------------------------------------------------- the memory bound
