@@ -48,7 +48,8 @@ def add_arguments(parser) -> None:
                         help="bounded path: folder for intermediate files and resume markers (default "
                              ".OUTPUT.work next to --output; kept after a failure so a re-run continues)")
     parser.add_argument("--fennel-passes", type=int, default=3,
-                        help="fennel: passes over the graph (first placement + restreams; default 3)")
+                        help="fennel: label propagation rounds over the streamed graph per cluster size "
+                             "(default 3)")
     parser.add_argument("--hotness-epochs", type=int, default=1,
                         help="hotness: epochs of pre-sampling to count accesses (default 1, at most 10)")
     parser.add_argument("--num-neighbors", type=fanouts_arg, default=(15, 10, 5), metavar="F1,F2,...",

@@ -17,7 +17,9 @@ from graphfeed.cli.generate import write_graph
 from graphfeed.server.partition.builder import partition_graph
 from graphfeed.server.partition.inputs import read_graph
 
-CORA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "cora"
+# GRAPHFEED_CORA_DIR: another copy (a git worktree's ../shared is not the main checkout's)
+CORA_DIR = Path(os.environ.get("GRAPHFEED_CORA_DIR")
+                or Path(__file__).resolve().parents[2] / "shared" / "data" / "cora")
 
 
 def pytest_collection_modifyitems(items):

@@ -53,10 +53,12 @@ from graphfeed.server.partition.scratch import (
     count_ids,
     edge_chunks,
     id_dtype,
+    load_bucket,
     mark_done,
     parts_dtype,
     plan_buckets,
     save_atomic,
+    save_by_bucket,
     stable_order,
     write_json_atomic,
 )
@@ -68,6 +70,8 @@ BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (
 EDGE_TASK_BYTES = 96          # per edge held by a degree/bucket task (input ids, new ids, bucket order, copies)
 SORT_TASK_BYTES = 80          # per edge held by a sort task (columns, packed keys, order, output copies)
 METIS_BYTES_PER_EDGE = 72     # the in-memory METIS path: edge list, symmetric keys, pymetis' int32 copies
+FENNEL_NODE_BYTES = 11        # per node, fennel: groups, then cluster labels and sizes (int32 each) while clustering,
+                              # the best parts so far and the refinement's gains and targets later
 _MIN_WORK = 256 << 10
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
@@ -115,8 +119,8 @@ def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topol
     fixed = fixed_bytes(graph, num_parts, topologies)
     if method == "random":   # the permutation the in-memory path draws (int64 [N_t], one type at a time)
         fixed += 8 * max(t.num_nodes for t in graph.nodes.values())
-    elif method == "fennel":  # groups, the best parts so far, the refinement's gains and targets
-        fixed += 11 * graph.num_nodes
+    elif method == "fennel":
+        fixed += FENNEL_NODE_BYTES * graph.num_nodes
     extra_row = sum(_edge_extra_bytes(e.fields) for e in graph.edges.values())
     work = memory_limit - BASELINE_BYTES - fixed
     if work < _MIN_WORK:
@@ -364,19 +368,11 @@ def run_bucket_task(job: Job, task: tuple[str, str, int, int]) -> int:
     ei = graph.read_edges(etype, a, b)
     key_new = np.asarray(job.new_ids(key_type))[ei[row]]
     other_new = np.asarray(job.new_ids(other_type))[ei[1 - row]]
-    table = job.table(f"buckets.{dirname}.{topo}")
-    bucket = np.searchsorted(np.asarray(table["starts"], dtype=np.int64), key_new, side="right") - 1
-    order = stable_order(bucket, len(table["starts"]))   # stable: edge ids stay ascending within a bucket
-    counts = np.bincount(bucket, minlength=len(table["starts"]))
+    starts = np.asarray(job.table(f"buckets.{dirname}.{topo}")["starts"], dtype=np.int64)
     columns = {"key": key_new, "other": other_new, "eid": np.arange(a, b, dtype=np.int64)}
     del ei
     columns.update(_edge_extras(job, etype, other_type, a, b, other_new))
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    for bkt in np.flatnonzero(counts):
-        sel = order[offsets[bkt]:offsets[bkt + 1]]
-        folder = job.bucket_dir(etype, topo, int(bkt))
-        for name, values in columns.items():
-            save_atomic(folder / f"{a:012d}.{name}.npy", values[sel])
+    save_by_bucket(starts, key_new, columns, lambda bkt: job.bucket_dir(etype, topo, bkt), f"{a:012d}")
     mark_done(marker)
     return b - a
 
@@ -436,7 +432,7 @@ def run_sort_task(job: Job, task: tuple[str, str, int]) -> int:
     table = job.table(f"buckets.{dirname}.{topo}")
     part, first, end, offset = table["buckets"][bkt]
     folder = job.bucket_dir(etype, topo, bkt)
-    columns = _load_bucket(folder)
+    columns = load_bucket(folder)
     if not columns:
         mark_done(marker)
         return 0
@@ -456,16 +452,6 @@ def run_sort_task(job: Job, task: tuple[str, str, int]) -> int:
     mark_done(marker)
     shutil.rmtree(folder, ignore_errors=True)   # its edges are in the part now: free the disk
     return int(order.size)
-
-
-def _load_bucket(folder: Path) -> dict[str, np.ndarray]:
-    if not folder.is_dir():
-        return {}
-    by_name: dict[str, list[Path]] = {}
-    for p in sorted(folder.glob("*.npy")):
-        if not p.name.startswith("."):
-            by_name.setdefault(p.name.split(".")[1], []).append(p)
-    return {name: np.concatenate([np.load(p) for p in files]) for name, files in by_name.items()}
 
 
 def write_indptr(job: Job, etype: EdgeType, topo: str, degrees_new: np.ndarray, ranges: list[int]) -> None:
@@ -543,7 +529,7 @@ def _assign(job: Job, graph: ChunkedGraph, memory_limit: int, runner, report: Re
         parts = metis_parts_bounded(graph, plan.num_parts, plan.seed, memory_limit)
     else:
         from graphfeed.server.partition.fennel import fennel_parts
-        parts = fennel_parts(job, runner, report)
+        parts = fennel_parts(job, runner, report, graph.splits)
     save_atomic(path, parts)
     return parts
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, edge_type_dirname
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, TypedView
 from graphfeed.server.partition.input_arrays import InputError, check_split
 
 MANIFEST = "chunks.json"
@@ -203,7 +203,7 @@ class ChunkedEdgeType:
 
 
 @dataclass
-class ChunkedGraph:
+class ChunkedGraph(TypedView):
     """A graph described by its chunk files; node and edge types sorted by name (as :class:`GraphInput`)."""
 
     nodes: dict[str, ChunkedNodeType]
@@ -214,32 +214,6 @@ class ChunkedGraph:
     num_classes: int = 0
     fingerprint: str = ""
     dropped: list[str] = field(default_factory=list)
-
-    @property
-    def node_types(self) -> list[str]:
-        return list(self.nodes)
-
-    @property
-    def edge_types(self) -> list[EdgeType]:
-        return list(self.edges)
-
-    @property
-    def is_homogeneous(self) -> bool:
-        return list(self.nodes) == [DEFAULT_NODE_TYPE] and list(self.edges) == [DEFAULT_EDGE_TYPE]
-
-    @property
-    def num_nodes(self) -> int:
-        return sum(t.num_nodes for t in self.nodes.values())
-
-    @property
-    def num_edges(self) -> int:
-        return sum(e.num_edges for e in self.edges.values())
-
-    def node_offsets(self) -> dict[str, int]:
-        out, start = {}, 0
-        for ntype, t in self.nodes.items():
-            out[ntype], start = start, start + t.num_nodes
-        return out
 
     def read_edges(self, etype: EdgeType, start: int, stop: int) -> np.ndarray:
         """Edges ``[start, stop)`` of ``etype`` as int64 ``[2, n]``; InputError naming the chunk when an id

@@ -1,51 +1,64 @@
-"""Streaming node assignment (Fennel, restreamed) for graphs too large for METIS.
+"""Streaming node assignment for graphs too large for METIS: multilevel, the first level streamed.
 
-Fennel (Tsourakakis et al., WSDM 2014) places nodes one after the other: node v goes to the part p
-maximising ``|N(v) in p| - alpha * gamma * |p| ** (gamma - 1)`` (gamma 1.5, alpha
-``sqrt(k) * M / N ** 1.5``) among parts with room.  Restreaming (Nishimura and Ugander, KDD 2013)
-repeats the pass, each node now seeing every neighbour's latest part, which brings the cut
-much closer to METIS's.  Nodes are placed ``batch`` at a time (vectorised; the first pass breaks
-ties at random), in node id order over the homogeneous view (all node and edge types, edges taken
-in both directions).
+Plain streaming Fennel (Tsourakakis et al., WSDM 2014; restreamed as Nishimura and Ugander, KDD
+2013) places single nodes and cannot move a whole community: on Cora it cut 3.2x METIS's edges.  So
+the nodes are first gathered into clusters by size-constrained label propagation over the neighbour
+lists streamed from disk (``plan.fennel_passes`` rounds; a cluster holds at most 1/16 of a part's
+share of the nodes), the clusters are contracted into a weighted coarse graph that fits in memory
+(else the clusters grow fourfold and the rounds go on), and :mod:`coarsen` partitions that graph:
+more levels in memory, restreamed Fennel on the coarsest, balanced refinement on the way back.  The
+coarse parts are projected onto the nodes, and balanced refinement rounds over the streamed lists
+finish.  The view is homogeneous (all node and edge types, edges taken in both directions).
 
 Balance as METIS's (:data:`metis.BALANCE_SLACK`): every part holds at most ``(1 + slack)`` times
 its share of each group: the label type's training nodes, its other nodes, and each other node type.
 
 Memory: the neighbour lists are bucketed through the scratch folder into blocks of at most
-``plan.sort_edges`` entries (int32 ids), built by chunk tasks; a pass holds one block, the parts
-(int16 [N]) and the group of every node (int8 [N]).
+``plan.sort_edges`` entries (int32 ids), built by chunk tasks; a pass holds one block and per-node
+tables: while clustering the labels and cluster sizes (int32 [N] each), later the parts (int16
+[N]), the best parts so far and the refinement's gains and targets; always each node's group (int8
+[N]).  The coarse graph holds at most half a block's entries.
 """
 from __future__ import annotations
 
-import math
 import shutil
 
 import numpy as np
 
+from graphfeed.server.partition.coarsen import (
+    CLUSTER_FRACTION,
+    Weighted,
+    cluster_batch,
+    coarse_entries,
+    dense_labels,
+    from_entries,
+    merge_entries,
+    partition_levels,
+    relabel_batch,
+)
 from graphfeed.server.partition.metis import BALANCE_SLACK
 from graphfeed.server.partition.scratch import (
     count_ids,
     edge_chunks,
     id_dtype,
+    load_bucket,
     mark_done,
     parts_dtype,
     plan_buckets,
     save_atomic,
+    save_by_bucket,
     stable_order,
     write_json_atomic,
 )
 
-GAMMA = 1.5
-RESTREAM_ALPHA = 0.0   # restreaming passes: alpha times this (0: plain majority; the caps keep the balance)
-MIN_BATCH = 8          # nodes placed together (vectorised); they do not see each other's new parts
-REFINE_ROUNDS = 4      # balanced refinement rounds after the passes (each one pass over the neighbour lists)
+REFINE_ROUNDS = 4      # balanced refinement rounds over the streamed lists (each one pass, two with the cut)
 
 
-def fennel_parts(job, runner, report) -> np.ndarray:
-    """Every node's part (homogeneous view, int16/int32 [N]) after ``job.plan.fennel_passes`` passes."""
-
+def fennel_parts(job, runner, report, splits: dict[str, np.ndarray]) -> np.ndarray:
+    """Every node's part (homogeneous view, int16/int32 [N]): the first level streamed, the rest in memory.
+    ``splits``: the label type's seed splits (the job's graph carries none: it travels to every worker)."""
     graph, plan = job.graph, job.plan
-    n = graph.num_nodes
+    n, k = graph.num_nodes, plan.num_parts
     tasks = [(etype, a, b) for etype in graph.edge_types for a, b in _chunks(job, etype)]
     degrees = np.zeros(n, dtype=np.int32)
 
@@ -55,37 +68,157 @@ def fennel_parts(job, runner, report) -> np.ndarray:
 
     runner.map(_degree_task, job, tasks, "fennel: counting neighbours", combine)
     blocks = [(b[1], b[2]) for b in plan_buckets(degrees, [0, n], plan.sort_edges)]
-    entries = int(degrees.sum(dtype=np.int64))
-    degrees.resize(0, refcheck=False)   # its memory back: the passes hold parts instead
+    degrees.resize(0, refcheck=False)   # its memory back: the passes hold labels and parts instead
     write_json_atomic(job.root / "fennel_blocks.json", {"starts": [b[0] for b in blocks], "blocks": blocks})
     runner.map(_bucket_task, job, tasks, "fennel: bucketing neighbours")
     runner.map(_build_task, job, list(range(len(blocks))), "fennel: building neighbour lists")
-    groups, caps = _groups(graph, plan.num_parts)
-    parts = np.full(n, -1, dtype=parts_dtype(plan.num_parts))
-    alpha = math.sqrt(plan.num_parts) * (entries / 2) / max(n, 1) ** GAMMA
+    groups, caps = _groups(graph, k, splits)
     rng = np.random.default_rng(plan.seed)
-    state = _State(parts, groups, caps, alpha, plan.num_parts, rng)
-    batch = int(np.clip(n // 1000, MIN_BATCH, 1024))
-    for p in range(plan.fennel_passes):
-        state.alpha = alpha * (1.0 if p == 0 else RESTREAM_ALPHA)
-        for b, (lo, hi) in enumerate(report.progress(blocks, f"fennel: pass {p + 1} of {plan.fennel_passes}")):
-            indptr = np.load(_adjacency(job, b, "indptr"))
-            nbrs = np.load(_adjacency(job, b, "nbrs"))
-            for s in range(lo, hi, batch):
-                e = min(s + batch, hi)
-                state.place(s, e, nbrs[indptr[s - lo]:indptr[e - lo]], np.diff(indptr[s - lo:e - lo + 1]))
-        report.log(f"fennel: pass {p + 1}: {state.cut_estimate(job, blocks):,} of {entries // 2:,} edges cut")
-    best, best_cut = parts.copy(), state.cut_estimate(job, blocks)
-    for r in range(REFINE_ROUNDS):
-        moved = state.refine(job, blocks, r)
-        cut = state.cut_estimate(job, blocks)
-        report.log(f"fennel: refinement {r + 1}: {moved:,} nodes moved, {cut:,} edges cut")
-        if cut < best_cut:
-            best[:], best_cut = parts, cut
-        if moved == 0 or cut >= best_cut * 0.999 and cut != best_cut:
-            break
+    lists = _Lists(job, blocks)
+    parts = _multilevel(lists, groups, caps, k, plan, rng, report)
+    best = _refine_fine(_Fine(parts, groups, caps, k, rng), lists, report)
     shutil.rmtree(job.root / "fennel", ignore_errors=True)
     return best
+
+
+def _multilevel(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: int, plan, rng, report) -> np.ndarray:
+    """Clusters over the streamed lists, partitioned in memory, projected onto the nodes (int16/int32 [N])."""
+    n = groups.size
+    labels, coarse = _coarsen_streamed(lists, groups, caps, k, plan, rng, report)
+    report.log(f"fennel: {n:,} nodes clustered into {coarse.num_nodes:,} (at most {lists.cap:,} nodes each), "
+               f"{coarse.nbrs.size // 2:,} pairs of clusters joined by edges")
+    coarse_parts = partition_levels(coarse, caps, k, lists.cap, rng, report.log).astype(parts_dtype(k))
+    del coarse
+    parts = np.empty(n, dtype=parts_dtype(k))
+    step = 1 << 22
+    for a in range(0, n, step):
+        parts[a:a + step] = coarse_parts[labels[a:a + step]]
+    return parts
+
+
+def _refine_fine(state: "_Fine", lists: _Lists, report) -> np.ndarray:
+    """Balanced refinement rounds over the streamed lists; the parts with the fewest cut edges seen."""
+    if state.overfull():
+        report.log(f"fennel: {state.rebalance(lists):,} nodes moved to keep every part within its share")
+    best, best_cut = state.parts.copy(), state.cut_estimate(lists)
+    report.log(f"fennel: {best_cut:,} edges cut before refinement")
+    for r in range(REFINE_ROUNDS):
+        moved = state.refine(lists, r)
+        cut = state.cut_estimate(lists)
+        report.log(f"fennel: refinement {r + 1}: {moved:,} nodes moved, {cut:,} edges cut")
+        if cut < best_cut:
+            best[:], best_cut = state.parts, cut
+        if moved == 0 or cut >= best_cut * 0.999 and cut != best_cut:
+            break
+    return best
+
+
+class _Lists:
+    """The neighbour lists on disk, a block (node range) at a time."""
+
+    def __init__(self, job, blocks: list[tuple[int, int]]):
+        self.job, self.blocks, self.cap = job, blocks, 1
+
+    def __iter__(self):
+        for b, (lo, hi) in enumerate(self.blocks):
+            yield lo, hi, np.load(_adjacency(self.job, b, "indptr")), np.load(_adjacency(self.job, b, "nbrs"))
+
+
+def _coarsen_streamed(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: int, plan, rng,
+                      report) -> tuple[np.ndarray, Weighted]:
+    """``(labels, coarse graph)``: nodes without neighbours packed into clusters by group, then size-constrained
+    label propagation over the streamed lists (``plan.fennel_passes`` rounds), contracted in memory.  While the
+    coarse graph would hold more than half a sort bucket of entries, the cluster cap grows fourfold and more
+    rounds run; clusters of a part's size that still have too many edges between them are placed by size alone
+    (their edges are left to the refinement over the lists)."""
+    n = groups.size
+    labels = np.arange(n, dtype=id_dtype(n))
+    sizes = np.ones(n, dtype=np.int32)
+    lists.cap = max(1, n // (k * CLUSTER_FRACTION))
+    budget = max(plan.sort_edges // 2, 1 << 16)
+    _pack_isolated(lists, labels, sizes, groups, caps.size)
+    while True:
+        for r in range(plan.fennel_passes):
+            changed = _cluster_pass(lists, labels, sizes, rng)
+            report.log(f"fennel: clustering round {r + 1} (cap {lists.cap:,}): {changed:,} nodes changed cluster")
+            if changed <= n // 1000:
+                break
+        count = dense_labels(labels, sizes)
+        coarse = _contract_streamed(lists, labels, groups, caps.size, count, budget)
+        if coarse is not None:
+            return labels, coarse
+        if lists.cap >= n // k:
+            report.log(f"fennel: {count:,} clusters with too many edges between them for memory: placed by size")
+            empty = np.empty(0, dtype=np.int64)
+            return labels, from_entries(empty, empty, _cluster_weights(labels, groups, caps.size, count))
+        report.log(f"fennel: {count:,} clusters have too many edges between them for memory: larger clusters")
+        sizes[:] = np.bincount(labels, minlength=n)
+        lists.cap = min(lists.cap * 4, n // k)
+
+
+def _pack_isolated(lists: _Lists, labels: np.ndarray, sizes: np.ndarray, groups: np.ndarray, num_groups: int) -> None:
+    """Nodes without neighbours (no edge to place them by) into clusters of ``lists.cap`` nodes of one group each, in
+    id order: otherwise each would stay a coarse node of its own."""
+    leader = np.full(num_groups, -1, dtype=np.int64)
+    filled = np.zeros(num_groups, dtype=np.int64)
+    for lo, _, indptr, _ in lists:
+        alone = lo + np.flatnonzero(np.diff(indptr) == 0)
+        for g in range(num_groups):
+            ids = alone[groups[alone] == g]
+            if ids.size == 0:
+                continue
+            pos = filled[g] % lists.cap + np.arange(ids.size)
+            leaders = ids[pos % lists.cap == 0]
+            if pos[0] != 0:
+                leaders = np.r_[leader[g], leaders]
+            cluster_of = leaders[pos // lists.cap]
+            labels[ids] = cluster_of
+            sizes[ids] = 0
+            np.add.at(sizes, cluster_of, 1)
+            leader[g], filled[g] = leaders[-1], filled[g] + ids.size
+
+
+def _cluster_pass(lists: _Lists, labels: np.ndarray, sizes: np.ndarray, rng) -> int:
+    """One label propagation round over the lists, each block's nodes in random batches; returns the changes."""
+    changed, batch = 0, cluster_batch(labels.size)
+    for lo, hi, indptr, nbrs in lists:
+        for nodes in np.array_split(rng.permutation(hi - lo), max(1, (hi - lo) // batch)):
+            degree = indptr[nodes + 1] - indptr[nodes]
+            rows = np.repeat(np.arange(nodes.size), degree)
+            pos = np.arange(rows.size) - np.repeat(np.cumsum(degree) - degree, degree) + np.repeat(indptr[nodes],
+                                                                                                  degree)
+            own = labels[lo + nodes].astype(np.int64)
+            new = relabel_batch(rows, labels[nbrs[pos]].astype(np.int64), None, own,
+                                np.ones(nodes.size, dtype=np.int64), sizes, lists.cap, rng)
+            changed += int(np.count_nonzero(new != own))
+            labels[lo + nodes] = new
+    return changed
+
+
+def _contract_streamed(lists: _Lists, labels: np.ndarray, groups: np.ndarray, num_groups: int, count: int,
+                       budget: int) -> Weighted | None:
+    """The coarse graph of ``labels`` (``0..count-1``), or None once it holds more than ``budget`` entries."""
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
+    held = 0
+    for lo, hi, indptr, nbrs in lists:
+        pieces.append(coarse_entries(np.repeat(labels[lo:hi], np.diff(indptr)), labels[nbrs], None, count))
+        held += pieces[-1][0].size
+        if held > budget:
+            pieces = [merge_entries(pieces)]
+            held = pieces[0][0].size
+            if held > budget:
+                return None
+    keys, weights = merge_entries(pieces)
+    return from_entries(keys, weights, _cluster_weights(labels, groups, num_groups, count))
+
+
+def _cluster_weights(labels: np.ndarray, groups: np.ndarray, num_groups: int, count: int) -> np.ndarray:
+    """``[count, G]``: each cluster's nodes of each balance group, summed a slice at a time (no [N] temporaries)."""
+    out = np.zeros((count, num_groups), dtype=np.int64)
+    step = 1 << 22
+    for a in range(0, labels.size, step):
+        np.add.at(out, (labels[a:a + step], groups[a:a + step]), 1)
+    return out
 
 
 def _chunks(job, etype):
@@ -116,19 +249,12 @@ def _bucket_task(job, task) -> int:
     if marker.exists():
         return 0
     u, v = _ends(job, etype, a, b)
-    key, nbr = np.concatenate([u, v]), np.concatenate([v, u]).astype(id_dtype(job.graph.num_nodes))
+    ids = id_dtype(job.graph.num_nodes)
+    key, nbr = np.concatenate([u, v]).astype(ids), np.concatenate([v, u]).astype(ids)
     del u, v
     starts = np.asarray(job.table("fennel_blocks")["starts"], dtype=np.int64)
-    block = np.searchsorted(starts, key, side="right") - 1
-    order = stable_order(block, starts.size)
-    counts = np.bincount(block, minlength=starts.size)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    tag = f"{'__'.join(etype)}.{a:012d}"
-    for blk in np.flatnonzero(counts):
-        sel = order[offsets[blk]:offsets[blk + 1]]
-        folder = job.root / "fennel" / f"{blk:06d}"
-        save_atomic(folder / f"{tag}.key.npy", (key[sel] - starts[blk]).astype(np.int32))
-        save_atomic(folder / f"{tag}.nbr.npy", nbr[sel])
+    save_by_bucket(starts, key, {"key": key, "nbr": nbr}, lambda blk: job.root / "fennel" / f"{blk:06d}",
+                   f"{'__'.join(etype)}-{a:012d}")
     mark_done(marker)
     return int(key.size)
 
@@ -139,10 +265,9 @@ def _build_task(job, block: int) -> int:
         return 0
     lo, hi = job.table("fennel_blocks")["blocks"][block]
     folder = job.root / "fennel" / f"{block:06d}"
-    keys = sorted(folder.glob("*.key.npy")) if folder.is_dir() else []
-    key = np.concatenate([np.load(p) for p in keys]) if keys else np.empty(0, np.int32)
-    nbr = np.concatenate([np.load(p.with_name(p.name.replace(".key.", ".nbr."))) for p in keys]) if keys else \
-        np.empty(0, np.int32)
+    columns = load_bucket(folder)
+    key = np.subtract(columns.get("key", np.empty(0, np.int64)), lo, dtype=np.int64)
+    nbr = columns.get("nbr", np.empty(0, np.int32))
     order = stable_order(key, hi - lo)
     indptr = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(key, minlength=hi - lo), out=indptr[1:])
@@ -152,73 +277,40 @@ def _build_task(job, block: int) -> int:
     return int(key.size)
 
 
-def _groups(graph, num_parts: int) -> tuple[np.ndarray, np.ndarray]:
+def _groups(graph, num_parts: int, splits: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Each node's balance group (int8 [N]) and each group's capacity per part."""
     offsets, n = graph.node_offsets(), graph.num_nodes
     groups = np.empty(n, dtype=np.int8)
     for i, (ntype, t) in enumerate(graph.nodes.items()):
         groups[offsets[ntype]:offsets[ntype] + t.num_nodes] = i
-    train = offsets[graph.label_type] + np.asarray(graph.splits.get("train", np.empty(0)), dtype=np.int64)
+    train = offsets[graph.label_type] + np.asarray(splits.get("train", np.empty(0)), dtype=np.int64)
     groups[train] = len(graph.nodes)
     sizes = np.bincount(groups, minlength=len(graph.nodes) + 1)
     caps = np.ceil(sizes / num_parts * (1 + BALANCE_SLACK)).astype(np.int64) + 1
     return groups, caps
 
 
-class _State:
-    """The assignment under way: parts, per-group part sizes, Fennel's penalty."""
+class _Fine:
+    """The assignment of the fine nodes: balanced refinement over the streamed lists."""
 
-    def __init__(self, parts, groups, caps, alpha: float, num_parts: int, rng):
-        self.parts, self.groups, self.caps, self.alpha, self.k, self.rng = parts, groups, caps, alpha, num_parts, rng
+    def __init__(self, parts, groups, caps, num_parts: int, rng):
+        self.parts, self.groups, self.caps, self.k, self.rng = parts, groups, caps, num_parts, rng
         self.group_sizes = np.zeros((caps.size, num_parts), dtype=np.int64)
-        self.sizes = np.zeros(num_parts, dtype=np.int64)
+        for g in range(caps.size):
+            self.group_sizes[g] = np.bincount(parts[groups == g], minlength=num_parts)
+        self.sizes = self.group_sizes.sum(axis=0)
 
-    def place(self, s: int, e: int, nbrs: np.ndarray, degree: np.ndarray) -> None:
-        """(Re)place nodes ``[s, e)`` whose neighbour lists are ``nbrs`` (``degree`` entries each)."""
-        k, m = self.k, e - s
-        old = self.parts[s:e].astype(np.int64)
-        g = self.groups[s:e].astype(np.int64)
-        placed = old >= 0
-        np.subtract.at(self.group_sizes, (g[placed], old[placed]), 1)
-        self.sizes -= np.bincount(old[placed], minlength=k)
-        nbr_parts = self.parts[nbrs].astype(np.int64)
-        rows = np.repeat(np.arange(m), degree)
-        seen = nbr_parts >= 0
-        counts = np.bincount(rows[seen] * k + nbr_parts[seen], minlength=m * k).reshape(m, k).astype(np.float64)
-        score = counts - self.alpha * GAMMA * np.sqrt(self.sizes)[None, :]
-        score += self.rng.random((m, k)) * 1e-3          # ties at random (early first-pass nodes see no one)
-        choice = self._within_caps(score, g)
-        np.add.at(self.group_sizes, (g, choice), 1)
-        self.sizes += np.bincount(choice, minlength=k)
-        self.parts[s:e] = choice
+    def overfull(self) -> bool:
+        return bool((self.group_sizes > self.caps[:, None]).any())
 
-    def _within_caps(self, score: np.ndarray, g: np.ndarray) -> np.ndarray:
-        room = self.caps[:, None] - self.group_sizes            # [groups, k]
-        score[room[g] <= 0] = -np.inf
-        for _ in range(self.k + 1):
-            choice = np.argmax(score, axis=1)
-            over = False
-            for grp in np.unique(g):
-                mine = np.flatnonzero(g == grp)
-                taken = np.bincount(choice[mine], minlength=self.k)
-                for p in np.flatnonzero(taken > room[grp]):
-                    losers = mine[choice[mine] == p][max(int(room[grp, p]), 0):]
-                    score[losers, p] = -np.inf
-                    over = True
-            if not over:
-                return choice
-        return np.argmax(score, axis=1)
-
-    def refine(self, job, blocks, round_: int) -> int:
-        """One round of balanced refinement: every node's best part by neighbour count (gain over its own),
-        then, per pair of parts and balance group, the best-gain moves each way, swapped in pairs plus as
-        many one-way moves as the receiving part has room for.  Returns the nodes moved."""
+    def _best_parts(self, lists: _Lists, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Every node's ``(gain, target)``: the part (among ``allowed[group, part]``, default all) holding most of
+        its neighbours, and how many more than its own part holds (int32, int16/int32 [N])."""
         n, k = self.parts.size, self.k
         gain = np.zeros(n, dtype=np.int32)
         target = np.zeros(n, dtype=self.parts.dtype)
         step = max(1, (1 << 22) // k)
-        for b, (lo, hi) in enumerate(blocks):
-            indptr, nbrs = np.load(_adjacency(job, b, "indptr")), np.load(_adjacency(job, b, "nbrs"))
+        for lo, hi, indptr, nbrs in lists:
             for s in range(lo, hi, step):
                 e = min(s + step, hi)
                 deg = np.diff(indptr[s - lo:e - lo + 1])
@@ -226,9 +318,21 @@ class _State:
                 flat = rows * k + self.parts[nbrs[indptr[s - lo]:indptr[e - lo]]].astype(np.int64)
                 counts = np.bincount(flat, minlength=(e - s) * k).reshape(e - s, k)
                 own = self.parts[s:e].astype(np.int64)
-                best = np.argmax(counts + self.rng.random(counts.shape) * 0.5, axis=1)
+                score = counts + self.rng.random(counts.shape) * 0.5
+                if allowed is not None:
+                    score[~allowed[self.groups[s:e]]] = -np.inf
+                    score[np.arange(e - s), own] = -np.inf
+                best = np.argmax(score, axis=1)
                 gain[s:e] = counts[np.arange(e - s), best] - counts[np.arange(e - s), own]
                 target[s:e] = best
+        return gain, target
+
+    def refine(self, lists: _Lists, round_: int) -> int:
+        """One round of balanced refinement: every node's best part by neighbour count (gain over its own),
+        then, per pair of parts and balance group, the best-gain moves each way, swapped in pairs plus as
+        many one-way moves as the receiving part has room for.  Returns the nodes moved."""
+        n, k = self.parts.size, self.k
+        gain, target = self._best_parts(lists)
         movers = np.flatnonzero((gain > 0) & ((np.arange(n) + round_) % 2 == 0))   # half at a time: fewer
         moved = 0                                                                 # neighbours move together
         for grp in range(self.caps.size):
@@ -237,6 +341,30 @@ class _State:
                 for q in range(p + 1, k):
                     moved += self._exchange(grp, mine, p, q, gain, target)
         return moved
+
+    def rebalance(self, lists: _Lists) -> int:
+        """Move the nodes losing fewest neighbours out of every part above a cap into parts with room (one pass
+        over the lists; the coarse levels normally leave nothing to do).  Returns the nodes moved."""
+        room = self.caps[:, None] - self.group_sizes
+        gain, target = self._best_parts(lists, allowed=room > 0)
+        moved = 0
+        for grp, p in zip(*np.nonzero(room < 0)):
+            mine = np.flatnonzero((self.groups == grp) & (self.parts == p))
+            for v in mine[np.argsort(-gain[mine], kind="stable")]:
+                if self.group_sizes[grp, p] <= self.caps[grp]:
+                    break
+                q = int(target[v])
+                if q != p and self.group_sizes[grp, q] < self.caps[grp]:
+                    self._move(v, grp, p, q)
+                    moved += 1
+        return moved
+
+    def _move(self, v: int, grp: int, p: int, q: int) -> None:
+        self.parts[v] = q
+        self.group_sizes[grp, p] -= 1
+        self.group_sizes[grp, q] += 1
+        self.sizes[p] -= 1
+        self.sizes[q] += 1
 
     def _exchange(self, grp: int, mine: np.ndarray, p: int, q: int, gain: np.ndarray, target: np.ndarray) -> int:
         ab = mine[(self.parts[mine] == p) & (target[mine] == q)]
@@ -254,11 +382,10 @@ class _State:
         self.sizes[q] += n_ab - n_ba
         return n_ab + n_ba
 
-    def cut_estimate(self, job, blocks) -> int:
+    def cut_estimate(self, lists: _Lists) -> int:
         """Edges (the neighbour lists hold each edge in both directions, counted once) between parts."""
         cut = 0
-        for b, (lo, hi) in enumerate(blocks):
-            indptr, nbrs = np.load(_adjacency(job, b, "indptr")), np.load(_adjacency(job, b, "nbrs"))
+        for lo, hi, indptr, nbrs in lists:
             own = np.repeat(self.parts[lo:hi], np.diff(indptr))
             cut += int(np.count_nonzero(own != self.parts[nbrs]))
         return cut // 2

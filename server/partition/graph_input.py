@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,45 @@ class EdgeTypeInput:
         return int(self.edge_index.shape[1])
 
 
-class GraphInput:
+class TypedView:
+    """The typed view of a graph whose ``nodes`` (type -> something with ``num_nodes``) and ``edges``
+    (``(src, rel, dst)`` -> something with ``num_edges``) are in memory (:class:`GraphInput`) or in chunk files
+    (``chunked.ChunkedGraph``)."""
+
+    nodes: dict[str, Any]
+    edges: dict[EdgeType, Any]
+
+    @property
+    def node_types(self) -> list[str]:
+        return list(self.nodes)
+
+    @property
+    def edge_types(self) -> list[EdgeType]:
+        return list(self.edges)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return self.node_types == [DEFAULT_NODE_TYPE] and self.edge_types == [DEFAULT_EDGE_TYPE]
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of every type (the size of the homogeneous view)."""
+        return sum(t.num_nodes for t in self.nodes.values())
+
+    @property
+    def num_edges(self) -> int:
+        return sum(t.num_edges for t in self.edges.values())
+
+    def node_offsets(self) -> dict[str, int]:
+        """First id of each node type in the homogeneous view (types stacked in ``node_types`` order)."""
+        out, start = {}, 0
+        for ntype, t in self.nodes.items():
+            out[ntype] = start
+            start += t.num_nodes
+        return out
+
+
+class GraphInput(TypedView):
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
     def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
@@ -89,37 +128,6 @@ class GraphInput:
         self.fingerprint: str = fingerprint
         self.num_classes: int = num_classes or nodes[label_type].num_classes
         self.dropped: list[str] = []   # what the input carried that is not stored (the reader fills it in)
-
-    # ---- the typed view
-
-    @property
-    def node_types(self) -> list[str]:
-        return list(self.nodes)
-
-    @property
-    def edge_types(self) -> list[EdgeType]:
-        return list(self.edges)
-
-    @property
-    def is_homogeneous(self) -> bool:
-        return self.node_types == [DEFAULT_NODE_TYPE] and self.edge_types == [DEFAULT_EDGE_TYPE]
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes of every type (the size of the homogeneous view)."""
-        return sum(t.num_nodes for t in self.nodes.values())
-
-    @property
-    def num_edges(self) -> int:
-        return sum(t.num_edges for t in self.edges.values())
-
-    def node_offsets(self) -> dict[str, int]:
-        """First id of each node type in the homogeneous view (types stacked in ``node_types`` order)."""
-        out, start = {}, 0
-        for ntype, t in self.nodes.items():
-            out[ntype] = start
-            start += t.num_nodes
-        return out
 
     # ---- the homogeneous accessors (one node type / one edge type)
 

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from graphfeed.server.partition.chunked import ChunkedGraph
 from graphfeed.server.partition.format import edge_type_dirname
 from graphfeed.server.partition.graph_input import EdgeType
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2   # 2: fennel buckets hold global ids (a version-1 scratch folder is started over)
 
 
 @dataclass(frozen=True)
@@ -151,3 +152,30 @@ def stable_order(keys: np.ndarray, num_keys: int) -> np.ndarray:
     packed.sort()
     packed &= (1 << bits) - 1
     return packed
+
+
+def save_by_bucket(starts: np.ndarray, key: np.ndarray, columns: dict[str, np.ndarray],
+                   folder_of: Callable[[int], Path], stem: str) -> None:
+    """External bucketing, the writing half: each row goes to the bucket of the last of ``starts`` (ascending)
+    at or below its ``key``; every bucket's rows of every column (in input order) are saved as
+    ``folder_of(bucket)/STEM.COLUMN.npy``.  ``stem`` names the chunk (no two chunks share one)."""
+    bucket = np.searchsorted(starts, key, side="right") - 1
+    order = stable_order(bucket, starts.size)   # stable: rows keep their input order within a bucket
+    offsets = np.zeros(starts.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(bucket, minlength=starts.size), out=offsets[1:])
+    for bkt in np.flatnonzero(np.diff(offsets)):
+        sel = order[offsets[bkt]:offsets[bkt + 1]]
+        folder = folder_of(int(bkt))
+        for name, values in columns.items():
+            save_atomic(folder / f"{stem}.{name}.npy", values[sel])
+
+
+def load_bucket(folder: Path) -> dict[str, np.ndarray]:
+    """The reading half: every column of one bucket, its chunks concatenated in stem order ({} if none)."""
+    if not folder.is_dir():
+        return {}
+    by_name: dict[str, list[Path]] = {}
+    for p in sorted(folder.glob("*.npy")):
+        if not p.name.startswith("."):                 # a temporary file of a killed writer
+            by_name.setdefault(p.name.rsplit(".", 2)[1], []).append(p)
+    return {name: np.concatenate([np.load(p) for p in files]) for name, files in by_name.items()}
