@@ -66,7 +66,8 @@ class LocalNeighborLoader:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
         its positions, and start the epoch bookkeeping (shared with the link loader)."""
         spec.check_schema(graph.node_types, graph.edge_types)
-        check_sampling(graph.parts, spec.sampling, spec.input)
+        for part in graph.parts:
+            part.check_loader(spec)
         self.input_type = spec.input.type_or(graph.label_type)
         self.graph, self.spec = graph, spec.ordered_input(graph.books[self.input_type].num_nodes)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
