@@ -360,6 +360,7 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
         sub = folder / edge_type_dirname(etype)
         sub.mkdir()
         np.save(sub / "edge_index.npy", np.ascontiguousarray(e.edge_index))
-        for name, array in (("edge_attr", e.edge_attr), ("edge_weight", e.edge_weight), ("edge_time", e.edge_time)):
+        for name, array in (("edge_attr", e.edge_attr), ("edge_weight", e.edge_weight), ("edge_time", e.edge_time),
+                            (HARD_NEG_FILE, e.hard_neg_dst)):
             if array is not None:
                 np.save(sub / f"{name}.npy", np.ascontiguousarray(array))
