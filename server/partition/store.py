@@ -411,9 +411,10 @@ class Partition:
                     raise ValueError(f"feature_dtype='int8' needs the per-column scales stored at partition time, "
                                      f"and this partition (written by an older graphfeed) has none: run `graphfeed "
                                      f"quantize {self.paths.root}` (or re-run graphfeed partition)")
-        neg = spec.input.neg if isinstance(spec.input, LinkInput) else None
-        if neg is not None and neg.num_hard:
-            etype = spec.input.edge_type or self.etype
+        link = spec.input if isinstance(spec.input, LinkInput) else None
+        neg = None if link is None else link.neg
+        if link is not None and neg is not None and neg.num_hard:
+            etype = link.edge_type or self.etype
             if self.edges(etype).hard_negatives is None:
                 where = "hard_neg_dst.npy beside edge_index.npy" if self.meta.is_homogeneous else \
                     f"{edge_type_dirname(etype)}/hard_neg_dst.npy"

@@ -201,16 +201,16 @@ class PartitionedGraph:
         pieces = []
         for p, pos in self.books[etype[0]].split(src):
             held = self.sources[p].held()
-            lists = None if held is None else held.part.edges(etype).hard_negatives
-            if held is None or lists is None:
+            stored = None if held is None else held.part.edges(etype).hard_negatives
+            if held is None or stored is None:
                 raise ValueError(f"num_hard_negatives needs the hard negatives of part {p}, which "
                                  f"{'is not in this process' if held is None else 'stores none'}: partition the "
                                  f"graph with hard_neg_dst.npy, or leave num_hard_negatives out")
-            pieces.append((pos, lists.lookup(src[pos], dst[pos])))
+            pieces.append((pos, stored.lookup(src[pos], dst[pos])))
         width = max((t.size(1) for _, t in pieces), default=0)
         out = torch.full((src.numel(), width), -1, dtype=torch.int64)
-        for pos, lists in pieces:
-            out[pos] = lists
+        for pos, rows in pieces:
+            out[pos] = rows
         return out
 
     def local_node_time(self, ntype: str, gids: torch.Tensor) -> torch.Tensor:
