@@ -14,24 +14,58 @@ import os
 
 import numpy as np
 
-from graphfeed.server.partition.format import PartitionMeta, PartitionPaths, load_array, read_meta, save_array
+from graphfeed.server.partition.format import PartitionMeta, PartitionPaths, read_meta, save_array
 
-ROWS_PER_CHUNK = 1 << 16      # rows read at a time: bounded memory over a memory-mapped x
+CHUNK_BYTES = 1 << 19         # float64 bytes of rows folded at a time: a few of these is the memory it takes
 LEVELS = 255                  # int8 steps between a column's minimum and maximum
+
+
+def _rows_per_chunk(columns: int) -> int:
+    return max(1, CHUNK_BYTES // (8 * max(columns, 1)))
+
+
+def _fold(chunk: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    chunk = np.asarray(chunk, dtype=np.float64).reshape(-1, low.size)
+    finite = np.isfinite(chunk)
+    low = np.minimum(low, np.where(finite, chunk, np.inf).min(axis=0, initial=np.inf))
+    return low, np.maximum(high, np.where(finite, chunk, -np.inf).max(axis=0, initial=-np.inf))
+
+
+def _start(columns: int, low, high) -> tuple[np.ndarray, np.ndarray]:
+    return (np.full(columns, np.inf) if low is None else low), (np.full(columns, -np.inf) if high is None else high)
 
 
 def column_range(x: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-column ``(min, max)`` of ``x`` [N, F] (float64), folded into ``low``/``high`` when given, read
-    :data:`ROWS_PER_CHUNK` rows at a time.  Non-finite values are left out (a column of only those: 0, 0)."""
+    """Per-column ``(min, max)`` of ``x`` [N, F] (float64), folded into ``low``/``high`` when given, a chunk of
+    rows at a time.  Non-finite values are left out (a column of only those gets scale 1, offset 0)."""
     f = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
-    low = np.full(f, np.inf) if low is None else low
-    high = np.full(f, -np.inf) if high is None else high
-    for start in range(0, x.shape[0], ROWS_PER_CHUNK):
-        chunk = np.asarray(x[start:start + ROWS_PER_CHUNK], dtype=np.float64).reshape(-1, f)
-        finite = np.isfinite(chunk)
-        low = np.minimum(low, np.where(finite, chunk, np.inf).min(axis=0, initial=np.inf))
-        high = np.maximum(high, np.where(finite, chunk, -np.inf).max(axis=0, initial=-np.inf))
+    low, high = _start(f, low, high)
+    step = _rows_per_chunk(f)
+    for start in range(0, x.shape[0], step):
+        low, high = _fold(x[start:start + step], low, high)
+    return low, high
+
+
+def file_column_range(path, low: np.ndarray | None = None, high: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`column_range` of the ``.npy`` file at ``path`` (C order), read with plain reads, not a memory map,
+    so only a chunk of rows takes memory or address space (the bounded-memory partition path calls it)."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(fh)
+        f = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+        if fortran and len(shape) > 1:
+            raise ValueError(f"{path} is in Fortran order: re-run graphfeed partition")
+        low, high = _start(f, low, high)
+        step = _rows_per_chunk(f)
+        for start in range(0, int(shape[0]) if shape else 0, step):
+            rows = min(step, int(shape[0]) - start)
+            chunk = np.fromfile(fh, dtype=dtype, count=rows * f)
+            if chunk.size != rows * f:
+                raise ValueError(f"{path} ends early: re-run graphfeed partition")
+            low, high = _fold(chunk, low, high)
     return low, high
 
 
@@ -68,7 +102,7 @@ def add_scales(root: str | os.PathLike, meta: PartitionMeta | None = None) -> di
             continue
         low = high = None
         for k in range(meta.num_parts):
-            low, high = column_range(load_array(paths.node_file(k, "x", ntype)), low, high)
+            low, high = file_column_range(paths.node_file(k, "x", ntype), low, high)
         assert low is not None and high is not None
         scale, offset = scales_of_range(low, high)
         write_scales(paths, ntype, meta.num_parts, scale, offset)

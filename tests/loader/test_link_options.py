@@ -213,3 +213,30 @@ def test_hard_negatives_need_stored_lists(tmp_path, graph, seed_edges):
                                          "hard_neg_dst.npy"):
         LocalLinkNeighborLoader(tmp_path / "p", FANOUTS, edge_label_index=seed_edges, neg_sampling="binary",
                                 num_hard_negatives=1)
+
+
+def test_typed_hard_negatives_are_the_edge_types_lists(tmp_path):
+    graph = synth.generate_mag_preset("mag-tiny", seed=0)
+    writes = graph.edges[WRITES]
+    hard = np.random.default_rng(2).integers(-1, graph.nodes["paper"].num_nodes, size=(writes.num_edges, 3))
+    writes.hard_neg_dst = hard
+    builder.partition_graph(graph, 2, tmp_path / "p", method="random", topologies=("csc", "csr"))
+    lists: dict[tuple[int, int], set[int]] = {}
+    for (u, v), row in zip(writes.edge_index.T.tolist(), hard.tolist()):
+        lists.setdefault((u, v), {w for w in row if w >= 0})
+    ei = torch.from_numpy(np.asarray(writes.edge_index)[:, ::17].copy())
+    loader = LocalLinkNeighborLoader(tmp_path / "p", {WRITES: [2], WRITTEN_BY: [2]}, edge_label_index=(WRITES, ei),
+                                     neg_sampling=dict(mode="triplet", amount=3), num_hard_negatives=2,
+                                     batch_size=50, seed=3)
+    total = 0
+    for b in loader:
+        src = b["author"].n_id[b["author"].src_index]
+        pos = b["paper"].n_id[b["paper"].dst_pos_index]
+        neg = b["paper"].n_id[b["paper"].dst_neg_index]
+        is_hard = b[WRITES].neg_is_hard     # on the edge type, as input_id
+        assert is_hard.shape == neg.shape == (src.numel(), 3) and not is_hard[:, 2].any()
+        for u, v, row, flags in zip(src.tolist(), pos.tolist(), neg.tolist(), is_hard.tolist()):
+            mine = [w for w, f in zip(row, flags) if f]
+            assert set(mine) <= lists[(u, v)] and len(mine) <= min(2, len(lists[(u, v)]))
+            total += len(mine)
+    assert total > 0
