@@ -192,3 +192,15 @@ def test_remote_int8_equals_local_and_sends_a_quarter_of_the_feature_bytes(parts
     full_epoch, int8_epoch = mid - before, after - mid
     print(f"bytes per epoch: fp32 {full_epoch}, int8 {int8_epoch}; x alone {x_bytes} -> {x_bytes // 4}")
     assert full_epoch - int8_epoch == x_bytes * 3 // 4 - scale_bytes, (full_epoch, int8_epoch, x_bytes)
+
+
+def test_online_int8_sample_equals_local(parts_dir, shared_cluster, connect):
+    from graphfeed.server.loader.local import sample_nodes
+
+    ids = torch.tensor([5, 900, 2999, 17])
+    want = sample_nodes(parts_dir, ids, [3, 2], seed=4, feature_dtype="int8")
+    with connect([s.address for s in shared_cluster], timeout=60) as client:
+        got = client.sample(ids, [3, 2], seed=4, feature_dtype="int8")
+    assert got.x.dtype == torch.float32 and set(got.keys()) == set(want.keys())
+    for key in want.keys():
+        assert torch.equal(got[key], want[key]) if torch.is_tensor(want[key]) else got[key] == want[key], key
