@@ -57,8 +57,10 @@ def _stored(root, etype=DEFAULT_EDGE_TYPE) -> dict[tuple[int, int], set[int]]:
     return out
 
 
-def test_partition_stores_each_edges_hard_negatives_with_its_source_part(tiny_hard, tmp_path):
+def test_partition_stores_each_edges_hard_negatives_with_its_source_part(tiny_hard, tmp_path, capsys):
     assert builder.partition_graph(read_graph(tiny_hard), 2, tmp_path / "p", method="metis") is not None
+    assert cli_main(["info", str(tmp_path / "p")]) == 0
+    assert "hard negatives  up to 3 per edge (num_hard_negatives)" in capsys.readouterr().out
     ei, hard = np.load(tiny_hard / "edge_index.npy"), np.load(tiny_hard / "hard_neg_dst.npy")
     stored = _stored(tmp_path / "p")
     want = {}
@@ -122,7 +124,11 @@ def test_int8_scales_span_each_column_over_the_whole_graph_and_quantize_restores
         for name in ("scale", "offset"):
             paths.quant_file(k, name).unlink()
     assert open_parts(tmp_path / "p")[1][0].nodes("_N").quant_scales is None
+    assert cli_main(["info", str(tmp_path / "p")]) == 0
+    assert f"int8 scales     missing: run `graphfeed quantize {tmp_path / 'p'}`" in capsys.readouterr().out
     assert cli_main(["quantize", str(tmp_path / "p")]) == 0
     assert "int8 scales stored for _N (6 columns)" in capsys.readouterr().out
+    assert cli_main(["info", str(tmp_path / "p")]) == 0
+    assert "int8 scales     stored (feature_dtype='int8')" in capsys.readouterr().out
     again = open_parts(tmp_path / "p")[1][1].nodes("_N").quant_scales
     assert torch.equal(again[0], scale) and torch.equal(again[1], offset)
