@@ -91,8 +91,8 @@ def _add_remote(sub) -> None:
     p.add_argument("--tls-cert", default=None, help="with --servers N: TLS on the started servers with this PEM "
                                                     "certificate (self-signed: it is the client's CA too)")
     p.add_argument("--tls-key", default=None, help="the private key of --tls-cert")
-    p.add_argument("--feature-dtype", default=None, choices=("bf16", "fp16"),
-                   help="features cast on the servers before they are sent (default: as stored)")
+    p.add_argument("--feature-dtype", default=None, choices=("bf16", "fp16", "int8"),
+                   help="features cast (int8: quantized) on the servers before they are sent (default: as stored)")
     p.add_argument("--feature-cache-mb", type=float, default=0.0,
                    help="the loader's hot-feature cache in MiB: the servers skip the rows of the highest in-degree "
                         "nodes it holds (default 0 = none)")

@@ -49,11 +49,13 @@ from graphfeed.server.partition.synth import (
     generate_chunked,
     generate_mag_preset,
     generate_preset,
+    hard_negatives,
 )
 from graphfeed.server.partition.typed_inputs import write_typed_folder
 
 HELP = "write a deterministic synthetic graph (.npy layout)"
-LAYOUT_FILES = ("edge_index.npy", "x.npy", "y.npy", "train_idx.npy", "val_idx.npy", "test_idx.npy", "meta.json")
+LAYOUT_FILES = ("edge_index.npy", "x.npy", "y.npy", "train_idx.npy", "val_idx.npy", "test_idx.npy", "meta.json",
+                "hard_neg_dst.npy")
 TYPED_LAYOUT = (*MAG_NODE_TYPES, *(edge_type_dirname(e) for e in MAG_EDGE_TYPES), "meta.json")
 
 
@@ -73,6 +75,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--chunk-edges", type=int, default=0, metavar="N",
                         help="write edges and features in chunks of N edges (edge_index_00000.npy, x_00000.npy, "
                              "...) without holding the graph whole; homogeneous presets (default: one file each)")
+    parser.add_argument("--hard-negatives", type=int, default=0, metavar="K",
+                        help="also write hard_neg_dst.npy [E, K]: per edge, nodes of the destination's class not "
+                             "linked to the source (-1 padding), for link loaders' num_hard_negatives; one-file "
+                             "homogeneous presets")
     parser.add_argument("--skip-existing", action="store_true",
                         help="leave a folder that already holds this preset and seed alone (exit 0)")
 
@@ -95,9 +101,14 @@ def _is_chunk_file(name: str) -> bool:
     return name in LAYOUT_FILES or (field in ("edge_index", "x") and index.isdigit())
 
 
-def write_graph(out: Path, preset: str, seed: int, chunk_edges: int = 0, progress=None) -> dict:
+def write_graph(out: Path, preset: str, seed: int, chunk_edges: int = 0, progress=None,
+                hard_negatives: int = 0) -> dict:
     """Generate ``preset`` and write it into ``out`` atomically (temporary sibling, then rename);
-    ``chunk_edges`` > 0: in the chunked layout, chunk by chunk (see :func:`generate_chunked`)."""
+    ``chunk_edges`` > 0: in the chunked layout, chunk by chunk (see :func:`generate_chunked`);
+    ``hard_negatives`` > 0: with ``hard_neg_dst.npy`` of that width (one-file homogeneous presets)."""
+    if hard_negatives and (chunk_edges > 0 or preset in MAG_PRESETS):
+        raise ValueError(f"--hard-negatives is for one-file homogeneous presets ({', '.join(PRESETS)}), without "
+                         f"--chunk-edges")
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -106,7 +117,8 @@ def write_graph(out: Path, preset: str, seed: int, chunk_edges: int = 0, progres
         if chunk_edges > 0:
             meta = _write_chunked(tmp, preset, seed, chunk_edges, progress)
         else:
-            meta = _write_typed(tmp, preset, seed) if preset in MAG_PRESETS else _write_homogeneous(tmp, preset, seed)
+            meta = _write_typed(tmp, preset, seed) if preset in MAG_PRESETS else \
+                _write_homogeneous(tmp, preset, seed, hard_negatives)
         meta["seconds"] = round(time.perf_counter() - t0, 1)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         if out.exists():
@@ -118,9 +130,11 @@ def write_graph(out: Path, preset: str, seed: int, chunk_edges: int = 0, progres
     return meta
 
 
-def _write_homogeneous(tmp: Path, preset: str, seed: int) -> dict:
+def _write_homogeneous(tmp: Path, preset: str, seed: int, hard: int = 0) -> dict:
     edge_index, x, y, splits = generate_preset(preset, seed=seed)
     np.save(tmp / "edge_index.npy", edge_index)
+    if hard > 0:
+        np.save(tmp / "hard_neg_dst.npy", hard_negatives(edge_index, y, hard, seed=seed))
     np.save(tmp / "x.npy", x)
     np.save(tmp / "y.npy", y)
     for name, idx in splits.items():
@@ -175,7 +189,7 @@ def run(args) -> int:
         return 0
     _check_out(out, args.overwrite)
     print(f"generating preset {args.preset!r} (seed {args.seed}) ...", file=sys.stderr)
-    meta = write_graph(out, args.preset, args.seed, args.chunk_edges, _progress)
+    meta = write_graph(out, args.preset, args.seed, args.chunk_edges, _progress, args.hard_negatives)
     if "node_types" in meta:
         print(f"wrote {out}: {meta['nodes']:,} nodes ({_counts(meta['node_types'])}), {meta['directed_edges']:,} "
               f"directed edges ({_counts(meta['edge_types'])}), {meta['label_type']} features "

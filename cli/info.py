@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format import (
     PartitionMeta,
@@ -17,6 +19,7 @@ from graphfeed.server.partition.format import (
     load_array,
     read_meta,
 )
+from graphfeed.server.partition.store import Partition
 
 HELP = "describe a partition folder"
 
@@ -151,7 +154,26 @@ def describe(root) -> str:
                          + "; ".join(f"{k} {meta.link_splits[k]['sizes']}" for k in sizes) + ")")
     else:
         lines += _type_lines(meta)
+    lines += _link_extras(root, meta)
     return "\n".join(lines + [sampler_line(), "", format_table(meta, stats)])
+
+
+def _link_extras(root, meta: PartitionMeta) -> list[str]:
+    """What feature_dtype="int8" and num_hard_negatives read from part 0 (stored in every part)."""
+    part = Partition(root, 0, meta)
+    floating = [t for t in meta.node_types if np.issubdtype(np.dtype(meta.features.get(t, {}).get("x", {}).get(
+        "dtype", "int64")), np.floating)]
+    missing = [t for t in floating if part.nodes(t).quant_scales is None]
+    hard = [e for e in meta.edge_type_tuples() if part.edges(e).hard_negatives is not None]
+    lines = []
+    if floating:
+        lines.append("  int8 scales     " + ("stored (feature_dtype='int8')" if not missing else
+                                             f"missing: run `graphfeed quantize {root}` for feature_dtype='int8'"))
+    if hard:
+        width = max(part.edges(e).hard_negatives.width for e in hard)   # type: ignore[union-attr]
+        what = "" if meta.is_homogeneous else " of " + ", ".join(map(str, hard))
+        lines.append(f"  hard negatives  up to {width} per edge{what} (num_hard_negatives)")
+    return lines
 
 
 def sampler_line() -> str:

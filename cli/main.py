@@ -22,6 +22,7 @@ import sys  # noqa: E402 -- after THP_MEM_ALLOC_ENABLE is set (before torch can 
 COMMANDS = {
     "partition": ("graphfeed.cli.partition", "partition a graph into a graphfeed partition folder"),
     "info": ("graphfeed.cli.info", "describe a partition folder"),
+    "quantize": ("graphfeed.cli.quantize", "store int8 feature scales in a partition written before they were"),
     "generate": ("graphfeed.cli.generate", "write a deterministic synthetic graph (.npy layout)"),
     "bench": ("graphfeed.cli.bench", "benchmarks: `bench sample` (in-process), `bench remote` (through servers), "
                                      "`bench online` (latency)"),

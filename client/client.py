@@ -182,13 +182,15 @@ class Client:
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
+                             num_hard_negatives: int | None = None,
                              **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
-        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge;
+        ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge,
+        ``num_hard_negatives`` per seed edge from the partition's stored lists (batches carry ``neg_is_hard``);
         the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``batch_size`` counts seed edges).
         ValueError (one line, naming the argument) for bad input."""
         check_not_graph(num_neighbors, "link_neighbor_loader's first argument (num_neighbors)",
@@ -199,7 +201,7 @@ class Client:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         own, spec_options = split_options(options, RemoteLoaderOptions, "link_neighbor_loader")
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
-                            edge_types=self.edge_types)
+                            edge_types=self.edge_types, num_hard_negatives=num_hard_negatives)
         spec = LoaderSpec.of(link, num_neighbors, **spec_options)
         if link.split is None and link.edge_type is None and list(self.node_types) != [self.label_type]:
             raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "

@@ -56,6 +56,9 @@ BATCH_FIELDS: dict[str, Field] = {
                                                 "server left out because the trainer's feature cache holds them; x "
                                                 "then has only the other rows.  The client fills them in and drops "
                                                 "this field before to_pyg (graphfeed.core.feature_cache)"),
+    "x_scale": Field(NODE, False, torch.float32, "feature_dtype='int8': the type's per-column scale, [F] (x = "
+                                                 "(q + 128) * x_scale + x_offset); not aligned with n_id"),
+    "x_offset": Field(NODE, False, torch.float32, "feature_dtype='int8': the type's per-column offset, [F]"),
     "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
                                                  "source type's n_id, col the destination type's"),
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "
@@ -84,6 +87,9 @@ BATCH_FIELDS: dict[str, Field] = {
                                                   "[batch_size]) or seed edge (triplet link batches, [B])"),
     "edge_label_time": Field(BATCH, False, torch.int64, "temporal link batches: the time of each edge of "
                                                         "edge_label_index (a negative has its seed edge's)"),
+    "neg_is_hard": Field(BATCH, False, torch.bool, "link batches with num_hard_negatives: whether each negative "
+                                                   "came from its seed edge's stored hard-negative list (binary: "
+                                                   "[K], edge_label_index's negatives; triplet: as dst_neg_index)"),
     "link_edge_type": Field(BATCH, False, torch.int64, "typed link batches: [1], position of the seed edges' type "
                                                        "among the batch's sorted edge types (rows of the link "
                                                        "fields index its source / destination type's n_id)"),
@@ -294,6 +300,40 @@ def cast_features(batch: dict[str, torch.Tensor], dtype: torch.dtype | None) -> 
     return batch
 
 
+QUANT_LOW = -128          # int8 feature q stands for (q - QUANT_LOW) * scale + offset
+QUANT_LEVELS = 255
+
+
+def quantize_features(batch: dict[str, torch.Tensor], scales: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+                      ) -> dict[str, torch.Tensor]:
+    """``batch`` with ``x`` of every node type in ``scales`` (``{node type: (scale [F], offset [F])}``, stored
+    at partition time) quantized to int8, in place, and the type's ``x_scale`` / ``x_offset`` added: a
+    value ``v`` becomes ``round((v - offset) / scale) + QUANT_LOW``, clamped, so dequantizing is off by at
+    most ``scale / 2`` for values inside the partition's column range."""
+    for ntype, (scale, offset) in scales.items():
+        key = node_key("x", ntype)
+        x = batch.get(key)
+        if x is None or not x.is_floating_point():
+            continue
+        scale, offset = scale.to(x.device), offset.to(x.device)
+        q = torch.round((x.float() - offset) / scale).clamp_(0, QUANT_LEVELS) + QUANT_LOW
+        batch[key] = q.to(torch.int8)
+        batch[node_key("x_scale", ntype)], batch[node_key("x_offset", ntype)] = scale, offset
+    return batch
+
+
+def dequantize_features(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of ``batch`` (wire keys) whose int8 ``x`` of every node type with ``x_scale`` is float32 again,
+    the scales dropped; a batch without them as it is."""
+    out = dict(batch)
+    for key in [k for k in batch if k.startswith("x_scale" + TYPE_SEP)]:
+        ntype = key.partition(TYPE_SEP)[2]
+        x, scale, offset = out.get(node_key("x", ntype)), out.pop(key), out.pop(node_key("x_offset", ntype))
+        if x is not None:
+            out[node_key("x", ntype)] = (x.to(torch.float32) - QUANT_LOW) * scale + offset
+    return out
+
+
 def to_host(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``batch`` with every device tensor on the host, in one device-to-host copy (the batch as it is when
     every tensor is already there).
@@ -341,7 +381,7 @@ def num_edges(batch: Mapping[str, torch.Tensor]) -> int:
 
 # ---- PyG ------------------------------------------------------------------------------------------
 
-def to_pyg(batch: Mapping[str, torch.Tensor]):
+def to_pyg(batch: Mapping[str, torch.Tensor], dequantize: bool = True):
     """The PyG form of a batch, with ``NeighborLoader``'s attributes.
 
     The one-type graph gives a ``Data``: ``x, y, edge_index, n_id, e_id, batch_size, input_id,
@@ -350,8 +390,12 @@ def to_pyg(batch: Mapping[str, torch.Tensor]):
     ``num_sampled_nodes`` (list) and ``num_nodes`` for types without features; per edge type
     ``edge_index``, ``e_id``, ``num_sampled_edges`` (list); ``batch_size`` and ``input_id`` on
     the input type;
-    ``epoch, seq, batch_index`` on the graph.  BatchSchemaError as :func:`check`.
+    ``epoch, seq, batch_index`` on the graph.  BatchSchemaError as :func:`check`.  An int8 batch
+    (``feature_dtype="int8"``) gets float32 ``x`` back (:func:`dequantize_features`) unless ``dequantize`` is
+    False: then ``x`` stays int8 beside its type's ``x_scale`` and ``x_offset``.
     """
+    if dequantize:
+        batch = dequantize_features(batch)
     lay = layout(batch)
     size, epoch, seq, index, _ = batch[META].tolist()
     position = {"epoch": epoch, "seq": seq, "batch_index": index}

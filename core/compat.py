@@ -39,6 +39,7 @@ class BatchTransforms:
 
     transform: Callable[[Any], Any] | None = None
     sampler_output: Callable[[dict], Mapping[str, torch.Tensor]] | None = None
+    dequantize: bool = True     # int8 features (feature_dtype="int8") become float32 again (batch.to_pyg)
 
     def __post_init__(self) -> None:
         for name, fn in (("transform", self.transform), ("transform_sampler_output", self.sampler_output)):
@@ -53,7 +54,7 @@ class BatchTransforms:
             if not isinstance(wire, Mapping):
                 raise TypeError(f"transform_sampler_output must return the batch's mapping of tensors, got "
                                 f"{type(wire).__name__}")
-        data = batch_codec.to_pyg(wire)
+        data = batch_codec.to_pyg(wire, dequantize=self.dequantize)
         return data if self.transform is None else self.transform(data)
 
 
@@ -87,6 +88,7 @@ def check_not_graph(value, argument: str, fix: str) -> None:
 def take_loader_extras(own: dict, kind: str) -> BatchTransforms:
     """Pop a loader's PyG-only keywords from ``own`` (its options that are not sent to the servers): the
     per-batch transforms (returned) and the DataLoader worker options (logged once, then dropped)."""
-    transforms = BatchTransforms(own.pop("transform", None), own.pop("transform_sampler_output", None))
+    transforms = BatchTransforms(own.pop("transform", None), own.pop("transform_sampler_output", None),
+                                 bool(own.pop("dequantize", True)))
     note_worker_options(kind, **{k: own.pop(k, None) for k in WORKER_OPTIONS})
     return transforms

@@ -149,6 +149,13 @@ class SamplingSpec:
     only neighbours (``"time"``) or edges (``"edge_time"``) not later than the seed's time, which
     every node of the seed's subgraph inherits (temporal sampling is disjoint, as in PyG);
     ``temporal_strategy`` ``"uniform"`` draws among them uniformly, ``"last"`` takes the most recent.
+
+    ``exclude_seed_edges`` (link loaders; DGL's ``exclude="reverse_id"``, GraphStorm's
+    ``exclude_training_targets``): no edge between a batch's positive seed edge's endpoints is sampled --
+    on a homogeneous graph in both directions, on a typed graph on the seed edge type and, reversed, on
+    its reverse edge type (``reverse_edge_types``, a map ``{edge type: reverse edge type}``, stored as sorted
+    pairs; an edge type it leaves out gets PyG's ``ToUndirected`` name ``(dst, "rev_" + rel, src)`` when the
+    graph has it, see :func:`reverse_edge_type`).
     """
 
     num_neighbors: Fanouts | TypedFanouts
@@ -158,6 +165,8 @@ class SamplingSpec:
     time_attr: str | None = None
     temporal_strategy: str = "uniform"
     disjoint: bool = False
+    exclude_seed_edges: bool = False
+    reverse_edge_types: tuple[tuple[EdgeType, EdgeType], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
@@ -176,6 +185,11 @@ class SamplingSpec:
                 raise ValueError("give weight_attr or time_attr, not both: weighted temporal sampling is not "
                                  "supported")
         object.__setattr__(self, "disjoint", bool(self.disjoint) or self.time_attr is not None)
+        object.__setattr__(self, "exclude_seed_edges", bool(self.exclude_seed_edges))
+        object.__setattr__(self, "reverse_edge_types", _reverse_map(self.reverse_edge_types))
+        if self.reverse_edge_types and not self.exclude_seed_edges:
+            raise ValueError("reverse_edge_types is given but exclude_seed_edges is not: pass exclude_seed_edges=True "
+                             "(the map only says which edges that option removes)")
 
     @property
     def temporal(self) -> bool:
@@ -240,6 +254,37 @@ class SamplingSpec:
         return {etype: given.get(etype, zeros) for etype in known}
 
 
+def _reverse_map(value) -> tuple[tuple[EdgeType, EdgeType], ...]:
+    """``reverse_edge_types`` as stored: sorted ``(edge type, reverse edge type)`` pairs; ValueError naming the form."""
+    if value is None:
+        return ()
+    pairs = value.items() if isinstance(value, Mapping) else value
+    try:
+        out = {edge_type(k): edge_type(v) for k, v in pairs}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"reverse_edge_types must map edge types to their reverse edge types, e.g. "
+                         f"{{('user', 'rates', 'item'): ('item', 'rev_rates', 'user')}}: {exc}") from None
+    for etype, rev in out.items():
+        if (etype[0], etype[2]) != (rev[2], rev[0]):
+            raise ValueError(f"reverse_edge_types maps {etype} to {rev}: a reverse edge type goes from {etype[2]!r} "
+                             f"to {etype[0]!r}")
+    return tuple(sorted(out.items()))
+
+
+def reverse_edge_type(etype: EdgeType, edge_types: Iterable, given: Iterable[tuple[EdgeType, EdgeType]] = ()
+                      ) -> EdgeType | None:
+    """The reverse edge type of ``etype`` in a graph with ``edge_types``: ``given``'s (a
+    :attr:`SamplingSpec.reverse_edge_types`), else PyG's ``ToUndirected`` name ``(dst, "rev_" + rel, src)`` (or,
+    for a ``rev_`` relation, the one without the prefix) when the graph has it, else None."""
+    mapped = dict(given)
+    if etype in mapped:
+        return mapped[etype]
+    src, rel, dst = etype
+    known = {tuple(e) for e in edge_types}
+    guess = (dst, rel[len("rev_"):] if rel.startswith("rev_") else "rev_" + rel, src)
+    return guess if guess in known else None
+
+
 def _replace(value, num_hops: int) -> bool | tuple[bool, ...]:
     """``replace`` as stored: one bool for every hop, or a tuple of one bool per hop (PyG takes one bool;
     per hop, e.g. ``[False, True]``, samples the hops named True with replacement).  ValueError naming
@@ -277,21 +322,23 @@ def weight_column(weight_attr) -> int | None:
 
 # what a user may pass as feature_dtype -> the canonical name LoaderSpec stores (a torch dtype's name)
 FEATURE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-                  "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32"}
+                  "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32", "int8": "int8"}
+QUANTIZED_DTYPE = "int8"    # quantized with per-column scale and offset stored at partition time
 
 
 def feature_dtype(value) -> str | None:
-    """The canonical name (``"bfloat16"``, ``"float16"``, ``"float32"``) of a requested feature transport
-    dtype, given as one of :data:`FEATURE_DTYPES`' names or a torch floating dtype; None for None or ``""``
-    (features travel as stored).  ValueError for anything else, listing the accepted values."""
+    """The canonical name (``"bfloat16"``, ``"float16"``, ``"float32"``, ``"int8"``) of a requested feature
+    transport dtype, given as one of :data:`FEATURE_DTYPES`' names or a torch dtype; None for None or ``""``
+    (features travel as stored).  ValueError for anything else, listing the accepted values.  ``"int8"`` is
+    quantized (per-column scale and offset stored at partition time), not cast."""
     if value is None or value == "":
         return None
     if isinstance(value, torch.dtype):
         value = str(value).removeprefix("torch.")
     name = FEATURE_DTYPES.get(value.lower()) if isinstance(value, str) else None
     if name is None:
-        raise ValueError(f"feature_dtype must be one of 'bf16', 'fp16', 'fp32' (or torch.bfloat16, torch.float16, "
-                         f"torch.float32), or None for the stored dtype; got {value!r}")
+        raise ValueError(f"feature_dtype must be one of 'bf16', 'fp16', 'fp32', 'int8' (or torch.bfloat16, "
+                         f"torch.float16, torch.float32, torch.int8), or None for the stored dtype; got {value!r}")
     return name
 
 
@@ -467,6 +514,7 @@ class NegativeSampling:
     mode: str
     amount: float = 1.0
     strict: bool = True
+    num_hard: int = 0       # num_hard_negatives: per seed edge, drawn from its stored hard-negative list
 
     def __post_init__(self):
         mode = getattr(self.mode, "value", self.mode)     # PyG's NegativeSamplingMode enum
@@ -482,12 +530,30 @@ class NegativeSampling:
                              f"edge), got {amount!r}")
         object.__setattr__(self, "amount", float(amount))
         object.__setattr__(self, "strict", bool(self.strict))
+        hard = self.num_hard
+        if isinstance(hard, bool) or not isinstance(hard, numbers.Integral) or not 0 <= hard <= MAX_NEG_AMOUNT:
+            raise ValueError(f"num_hard_negatives must be an integer in 0..{MAX_NEG_AMOUNT}, got {hard!r}")
+        if hard > self.amount:
+            raise ValueError(f"num_hard_negatives={hard} is more than neg_sampling's amount {self.amount:g} (negatives "
+                             f"per seed edge, hard ones included): raise the amount to at least {hard}")
+        object.__setattr__(self, "num_hard", int(hard))
 
     @classmethod
-    def of(cls, neg_sampling=None, neg_sampling_ratio=None) -> NegativeSampling | None:
+    def of(cls, neg_sampling=None, neg_sampling_ratio=None, num_hard_negatives=None) -> NegativeSampling | None:
         """From PyG's forms: ``"binary"``/``"triplet"``, a dict with ``mode``/``amount`` (and
         ``strict``), a PyG ``NegativeSampling`` object, or the older ``neg_sampling_ratio`` (binary
-        with that amount).  None (or a ratio of 0) means no negatives."""
+        with that amount).  None (or a ratio of 0) means no negatives.  ``num_hard_negatives`` (per seed
+        edge, from the partition's stored lists) needs negatives."""
+        neg = cls._of(neg_sampling, neg_sampling_ratio)
+        if not num_hard_negatives:
+            return neg
+        if neg is None:
+            raise ValueError("num_hard_negatives needs negatives: pass neg_sampling (e.g. dict(mode='binary', "
+                             f"amount={num_hard_negatives})); hard negatives are part of its amount")
+        return dataclasses.replace(neg, num_hard=num_hard_negatives)
+
+    @classmethod
+    def _of(cls, neg_sampling=None, neg_sampling_ratio=None) -> NegativeSampling | None:
         if neg_sampling is not None and neg_sampling_ratio is not None:
             raise ValueError("give neg_sampling or neg_sampling_ratio, not both (neg_sampling_ratio=r is "
                              "neg_sampling=dict(mode='binary', amount=r))")
@@ -559,7 +625,7 @@ class LinkInput:
 
     @classmethod
     def of(cls, edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None,
-           edge_label_time=None, edge_types=None) -> LinkInput:
+           edge_label_time=None, edge_types=None, num_hard_negatives=None) -> LinkInput:
         """From PyG ``LinkNeighborLoader``'s arguments; ``edge_label_index`` may be ``((src, rel, dst), index)``
         or ``((src, dst), index)`` (PyG's forms for a typed graph; the 2-tuple needs the graph's
         ``edge_types`` to name exactly one edge type from ``src`` to ``dst``).  PyG's "every edge of the
@@ -568,7 +634,7 @@ class LinkInput:
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
                              "sources), e.g. data.edge_index for every edge, or a link split name ('train')")
-        neg = NegativeSampling.of(neg_sampling, neg_sampling_ratio)
+        neg = NegativeSampling.of(neg_sampling, neg_sampling_ratio, num_hard_negatives)
         if isinstance(edge_label_index, str):
             return cls(None, edge_label, neg, etype, edge_label_time, split=edge_label_index)
         return cls(edge_label_index, edge_label, neg, etype, edge_label_time)
@@ -771,6 +837,9 @@ class LoaderSpec:
         if self.is_link and self.sampling.temporal and getattr(self.input, "time", None) is None:
             raise ValueError("time_attr on a link loader needs edge_label_time: give one time per seed edge "
                              "(the time its neighbourhood is sampled at)")
+        if self.sampling.exclude_seed_edges and not self.is_link:
+            raise ValueError("exclude_seed_edges removes a link batch's seed edges from its sample: it is an option of "
+                             "link loaders (link_neighbor_loader), not node loaders")
         if getattr(self.input, "time", None) is not None and not self.sampling.temporal:
             name = "edge_label_time" if self.is_link else "input_time"
             raise ValueError(f"{name} is given but time_attr is not: pass time_attr='time' (node times) or "
@@ -825,6 +894,11 @@ class LoaderSpec:
             raise ValueError(f"input_nodes names node type {self.input.node_type!r}, which the graph does not have; "
                              f"its node types are {', '.join(map(repr, node_types))}")
         self.sampling.fanouts_for(edge_types)
+        for pair in self.sampling.reverse_edge_types:
+            for etype in pair:
+                if etype not in edge_types:
+                    raise ValueError(f"reverse_edge_types names edge type {etype}, which the graph does not have; its "
+                                     f"edge types are {', '.join(map(str, edge_types))}")
 
     @classmethod
     def of(cls, input_nodes, num_neighbors, **options: Unpack[LoaderOptions]) -> LoaderSpec:
@@ -879,6 +953,10 @@ class SamplingOptions(TypedDict, total=False):
     * ``time_attr`` (None): ``"time"`` (node times) or ``"edge_time"``: temporal sampling (disjoint).
     * ``temporal_strategy`` ("uniform"): ``"uniform"`` or ``"last"`` (the most recent neighbours).
     * ``disjoint`` (False): every seed grows its own subgraph (``batch.batch``).
+    * ``exclude_seed_edges`` (False; link loaders): a batch's positive seed edges, and their reverse edges, are
+      never sampled into it (DGL's ``exclude="reverse_id"``, GraphStorm's ``exclude_training_targets``).
+    * ``reverse_edge_types`` (None; typed graphs): ``{edge type: its reverse edge type}`` for
+      ``exclude_seed_edges``; default PyG's ``ToUndirected`` names (``rev_`` + relation).
     """
 
     replace: bool | Sequence[bool]
@@ -887,6 +965,8 @@ class SamplingOptions(TypedDict, total=False):
     time_attr: str | None
     temporal_strategy: str
     disjoint: bool
+    exclude_seed_edges: bool
+    reverse_edge_types: Mapping | None
 
 
 class LoaderOptions(SamplingOptions, total=False):
@@ -899,7 +979,9 @@ class LoaderOptions(SamplingOptions, total=False):
     * ``rank`` / ``world_size`` (None: ``torch.distributed``'s, else 0 / 1): this rank's share of the seeds.
     * ``kind`` (None: the input's label, e.g. the split's name): the metrics label.
     * ``feature_dtype`` (None: as stored): ``"bf16"``, ``"fp16"``, ``"fp32"`` or a torch dtype; the servers
-      cast floating-point features to it before sending them (labels and ids untouched).
+      cast floating-point features to it before sending them (labels and ids untouched).  ``"int8"``: quantized
+      with the per-column scale and offset stored at partition time (a quarter of fp32's bytes); the loader
+      dequantizes (``dequantize=False`` keeps int8 ``x`` with ``x_scale``/``x_offset``).
     * ``ordered`` (None = :func:`default_ordered`: True for a node loader without ``shuffle`` over ids or every
       node, as PyG orders them; node loaders, with ``shuffle=False`` and ids or None as input): seeds in input
       order; ``False`` asks for part-by-part order (each batch's seeds from one server: fewer remote hops).
@@ -930,6 +1012,8 @@ class LocalLoaderOptions(LoaderOptions, total=False):
       ``NormalizeFeatures()``: the servers serve the partitioned features).
     * ``num_workers``, ``persistent_workers``, ``prefetch_factor`` (PyG's DataLoader options): accepted and
       logged once -- the servers do the DataLoader workers' work.
+    * ``dequantize`` (True): with ``feature_dtype="int8"``, batches carry float32 ``x`` (``(q + 128) * x_scale +
+      x_offset``); False hands ``x`` over as int8 with its ``x_scale`` and ``x_offset`` ([F] float32).
     """
 
     pin_memory: bool
@@ -939,6 +1023,7 @@ class LocalLoaderOptions(LoaderOptions, total=False):
     num_workers: int | None
     persistent_workers: bool | None
     prefetch_factor: int | None
+    dequantize: bool
 
 
 class RemoteLoaderOptions(LocalLoaderOptions, total=False):

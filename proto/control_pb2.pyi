@@ -168,7 +168,7 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint", "replace_per_hop")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint", "replace_per_hop", "exclude_seed_edges", "reverse_edge_types")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,8 @@ class SamplingSpec(_message.Message):
     TEMPORAL_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     DISJOINT_FIELD_NUMBER: _ClassVar[int]
     REPLACE_PER_HOP_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_SEED_EDGES_FIELD_NUMBER: _ClassVar[int]
+    REVERSE_EDGE_TYPES_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
@@ -187,7 +189,17 @@ class SamplingSpec(_message.Message):
     temporal_strategy: str
     disjoint: bool
     replace_per_hop: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ..., replace_per_hop: _Optional[_Iterable[bool]] = ...) -> None: ...
+    exclude_seed_edges: bool
+    reverse_edge_types: _containers.RepeatedCompositeFieldContainer[ReverseEdgeType]
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ..., replace_per_hop: _Optional[_Iterable[bool]] = ..., exclude_seed_edges: _Optional[bool] = ..., reverse_edge_types: _Optional[_Iterable[_Union[ReverseEdgeType, _Mapping]]] = ...) -> None: ...
+
+class ReverseEdgeType(_message.Message):
+    __slots__ = ("edge_type", "reverse")
+    EDGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REVERSE_FIELD_NUMBER: _ClassVar[int]
+    edge_type: EdgeType
+    reverse: EdgeType
+    def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., reverse: _Optional[_Union[EdgeType, _Mapping]] = ...) -> None: ...
 
 class NodeIds(_message.Message):
     __slots__ = ("ids",)
@@ -196,14 +208,16 @@ class NodeIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NegativeSampling(_message.Message):
-    __slots__ = ("mode", "amount", "strict")
+    __slots__ = ("mode", "amount", "strict", "num_hard")
     MODE_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
     STRICT_FIELD_NUMBER: _ClassVar[int]
+    NUM_HARD_FIELD_NUMBER: _ClassVar[int]
     mode: str
     amount: float
     strict: bool
-    def __init__(self, mode: _Optional[str] = ..., amount: _Optional[float] = ..., strict: _Optional[bool] = ...) -> None: ...
+    num_hard: int
+    def __init__(self, mode: _Optional[str] = ..., amount: _Optional[float] = ..., strict: _Optional[bool] = ..., num_hard: _Optional[int] = ...) -> None: ...
 
 class LinkSeeds(_message.Message):
     __slots__ = ("src", "dst", "float_label", "int_label", "neg", "time", "edge_type", "split")

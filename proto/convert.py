@@ -78,9 +78,15 @@ def _plain_from_proto(cls, msg, skip: tuple[str, ...] = ()) -> dict:
     return out
 
 
+# SamplingSpec fields converted by hand (structured); the rest travel by name
+_SAMPLING_STRUCTURED = ("num_neighbors", "reverse_edge_types")
+
+
 def sampling_to_proto(spec: SamplingSpec) -> pb.SamplingSpec:
     msg = pb.SamplingSpec()
-    _plain_to_proto(spec, msg, skip=("num_neighbors",))
+    _plain_to_proto(spec, msg, skip=_SAMPLING_STRUCTURED)
+    for etype, rev in spec.reverse_edge_types:
+        msg.reverse_edge_types.add(edge_type=edge_type_to_proto(etype), reverse=edge_type_to_proto(rev))
     if not spec.is_typed:
         msg.num_neighbors.extend(cast(Fanouts, spec.num_neighbors))
         return msg
@@ -98,7 +104,10 @@ def sampling_from_proto(msg: pb.SamplingSpec) -> SamplingSpec:
     else:
         num_neighbors = tuple(msg.num_neighbors)
     try:
-        return SamplingSpec(num_neighbors, **_plain_from_proto(SamplingSpec, msg, skip=("num_neighbors",)))
+        reverse = tuple((edge_type_from_proto(r.edge_type), edge_type_from_proto(r.reverse))
+                        for r in msg.reverse_edge_types)
+        return SamplingSpec(num_neighbors, reverse_edge_types=reverse,
+                            **_plain_from_proto(SamplingSpec, msg, skip=_SAMPLING_STRUCTURED))
     except ValueError as exc:
         raise ValueError(f"spec: {exc}") from None
 
@@ -139,7 +148,8 @@ def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
     if link.label is not None:
         (msg.float_label if link.label.dtype.is_floating_point else msg.int_label).extend(link.label.tolist())
     if link.neg is not None:
-        msg.neg.CopyFrom(pb.NegativeSampling(mode=link.neg.mode, amount=link.neg.amount, strict=link.neg.strict))
+        msg.neg.CopyFrom(pb.NegativeSampling(mode=link.neg.mode, amount=link.neg.amount, strict=link.neg.strict,
+                                             num_hard=link.neg.num_hard))
     return msg
 
 
@@ -149,7 +159,8 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
         raise ValueError(f"link: src has {len(msg.src)} ids, dst {len(msg.dst)}: give one of each per seed edge")
     if msg.float_label and msg.int_label:
         raise ValueError("link: set float_label or int_label, not both")
-    neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict) if msg.HasField("neg") else None
+    neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict, msg.neg.num_hard) if msg.HasField("neg") \
+        else None
     if msg.split:
         if msg.src or msg.float_label or msg.int_label:
             raise ValueError(f"link: split {msg.split!r} names the seed edges: leave src, dst and labels empty")

@@ -40,7 +40,9 @@ class BatchRows:
 def to_sampler_output(wire: Mapping[str, torch.Tensor], neg_mode: str | None, link: bool
                       ) -> tuple[SamplerOutput | HeteroSamplerOutput, BatchRows]:
     """PyG's output of a wire batch and its rows; ``link``: a link batch, ``neg_mode`` its negatives'
-    mode (``"binary"``, ``"triplet"`` or None)."""
+    mode (``"binary"``, ``"triplet"`` or None).  Int8 rows (``feature_dtype="int8"``) are handed over
+    dequantized (float32), as graphfeed's loaders give them."""
+    wire = batch_codec.dequantize_features(wire)
     lay = batch_codec.layout(wire)
     nodes = {t: wire[batch_codec.node_key("n_id", t)] for t in lay.node_types}
     rows = {t: {name: wire[batch_codec.node_key(name, t)] for name in ROW_FIELDS

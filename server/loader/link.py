@@ -43,17 +43,21 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     ``disjoint=True``: each seed edge (and each binary negative) is its own subgraph (``batch.batch``);
     ``time_attr`` with ``edge_label_time`` (one per seed edge; negatives take their seed edge's)
     samples temporally, as PyG.
+    ``num_hard_negatives`` (per seed edge, part of ``neg_sampling``'s amount): taken from the partition's stored
+    hard-negative lists, topped up with random negatives; batches mark them in ``neg_is_hard``.
+    ``exclude_seed_edges=True`` (with ``reverse_edge_types`` on typed graphs): a batch's seed edges and their
+    reverses are not sampled (see :mod:`graphfeed.server.sampling.link`).
     """
 
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
                  edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
-                 **options: Unpack[LocalLoaderOptions]):
+                 num_hard_negatives: int | None = None, **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "links")
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
-                            edge_types=graph.edge_types)
+                            edge_types=graph.edge_types, num_hard_negatives=num_hard_negatives)
         self._setup(graph, LoaderSpec.of(link, num_neighbors, **spec_options))
         self.delivery = delivery
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))

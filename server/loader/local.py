@@ -21,7 +21,6 @@ from graphfeed.core.spec import (
     LinkInput,
     LoaderSpec,
     LocalLoaderOptions,
-    SamplingSpec,
     SeedInput,
     split_options,
 )
@@ -66,7 +65,8 @@ class LocalNeighborLoader:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
         its positions, and start the epoch bookkeeping (shared with the link loader)."""
         spec.check_schema(graph.node_types, graph.edge_types)
-        check_sampling(graph.parts, spec.sampling, spec.input)
+        for part in graph.parts:
+            part.check_loader(spec)
         self.input_type = spec.input.type_or(graph.label_type)
         self.graph, self.spec = graph, spec.ordered_input(graph.books[self.input_type].num_nodes)
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
@@ -144,17 +144,11 @@ def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neigh
     graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
     spec = LoaderSpec.of(None, num_neighbors, replace=replace, direction=direction, seed=seed, rank=0, world_size=1,
                          weight_attr=weight_attr, feature_dtype=feature_dtype, ordered=False)
-    check_sampling(graph.parts, spec.sampling)
+    for part in graph.parts:
+        part.check_loader(spec)
     spec.check_schema(graph.node_types, graph.edge_types)
     wire = _sample_nodes(graph, node_ids, spec.sampling, spec.seed, feature_dtype=spec.feature_torch_dtype)
     return batch_codec.to_pyg(wire)
-
-
-def check_sampling(parts: Sequence[Partition], sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
-    """ValueError unless every part can serve ``sampling``'s options for ``seeds``
-    (:meth:`Partition.check_sampling`)."""
-    for part in parts:
-        part.check_sampling(sampling, seeds)
 
 
 def part_inputs(parts: Sequence[Partition], node_input: SeedInput) -> list[torch.Tensor]:

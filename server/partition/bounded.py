@@ -46,6 +46,7 @@ from graphfeed.server.partition.format import (
     write_meta,
 )
 from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.quantize import add_scales
 from graphfeed.server.partition.runner import InProcess
 from graphfeed.server.partition.scratch import (
     Job,
@@ -511,6 +512,7 @@ def partition_chunked(graph: ChunkedGraph, num_parts: int, output: str | os.Path
     runner.map(run_node_task, job, node_tasks(job, ranges), "writing nodes")
     cut = sum(_write_edge_type(job, etype, ranges, runner, report) for etype in graph.edge_types)
     meta = _meta(graph, plan, ranges, cut)
+    add_scales(job.out, meta)    # int8 feature scales, as the in-memory path stores them
     write_meta(job.out, meta)
     _replace_dir(job.out, output, overwrite)
     shutil.rmtree(scratch, ignore_errors=True)

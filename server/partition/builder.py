@@ -28,7 +28,9 @@ from graphfeed.server.partition.format import (
     write_meta,
 )
 from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.hard_negatives import write_hard_negatives
 from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
+from graphfeed.server.partition.quantize import column_range, is_quantizable, scales_of_range, write_scales
 
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]
@@ -342,6 +344,7 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
         _write_nodes(graph, ntype, paths, numbering[ntype], progress)
     for etype in graph.edge_types:
         _write_edges(graph, etype, paths, numbering, topologies, progress, log, splits.get("train"))
+    _write_extras(graph, paths, numbering, num_parts, log)
     meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
     if node_weights is not None:
         mass = np.bincount(parts, weights=node_weights, minlength=num_parts)
@@ -355,6 +358,22 @@ def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: 
                                                       for k in sizes})
     write_meta(out, meta)
     return meta
+
+
+def _write_extras(graph: GraphInput, paths: PartitionPaths, numbering: dict[str, _Numbering], num_parts: int,
+                  log: Log) -> None:
+    """What the loaders' options read besides the graph: every node type's int8 feature scales
+    (:mod:`.quantize`) and every edge type's hard negatives (:mod:`.hard_negatives`)."""
+    for ntype, t in graph.nodes.items():
+        if is_quantizable(t.x):
+            assert t.x is not None
+            write_scales(paths, ntype, num_parts, *scales_of_range(*column_range(t.x)))
+    for etype, e in graph.edges.items():
+        if e.hard_neg_dst is not None:
+            src, _, dst = etype
+            n = write_hard_negatives(paths, etype, e.edge_index, e.hard_neg_dst, numbering[src].new_of_orig,
+                                     numbering[dst].new_of_orig, numbering[src].ranges)
+            log(f"hard negatives: {n:,} edges{'' if graph.is_homogeneous else ' of ' + edge_type_dirname(etype)}")
 
 
 def _array_spec(array: np.ndarray) -> dict:

@@ -17,6 +17,12 @@ Layout of a partitioned graph folder (``graphfeed partition --output ROOT``)::
                                             link split ``split`` (train/val/test) whose source part k owns,
                                             global src/dst ids and input edge positions, by position
     ROOT/part_{k}/nodes/{ntype}/time.npy   int64 node timestamps (optional; temporal sampling)
+    ROOT/part_{k}/nodes/{ntype}/x_q{scale,offset}.npy  float32 [F] per-column int8 quantization of x
+                                            (feature_dtype="int8"), the same in every part: computed over the
+                                            whole graph's x; partitions written before lack them
+    ROOT/part_{k}/edges/.../hard_neg_{src,dst,list}.npy  optional (an input's hard_neg_dst.npy): the input
+                                            edges whose source part k owns and their hard-negative destinations,
+                                            global src/dst ids sorted by (src, dst), list [M, k] global ids, -1 pad
     ROOT/part_{k}/edges/.../{csc,csr}_edge_time.npy         int64 edge timestamps (optional), aligned with indices
     ROOT/part_{k}/edges/.../{csc,csr}_nbr_time.npy          int64 node timestamp of each neighbor (with time.npy)
 
@@ -194,6 +200,18 @@ class PartitionPaths:
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         return self.edge_dir(k, etype) / f"{topology}_{name}.npy"
+
+    def quant_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE) -> Path:
+        """``name`` (``scale`` or ``offset``) of node type ``ntype``'s int8 quantization of ``x`` in part ``k``."""
+        if name not in ("scale", "offset"):
+            raise ValueError(f"a quantization file is 'scale' or 'offset', got {name!r}")
+        return self.node_file(k, f"x_q{name}", ntype)
+
+    def hard_neg_file(self, k: int, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
+        """``name`` (``src``, ``dst`` or ``list``) of part ``k``'s stored hard negatives of edge type ``etype``."""
+        if name not in ("src", "dst", "list"):
+            raise ValueError(f"a hard-negative file is 'src', 'dst' or 'list', got {name!r}")
+        return self.edge_dir(k, etype) / f"hard_neg_{name}.npy"
 
     def link_split_file(self, k: int, split: str, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
         """``name`` (src, dst or eid) of part ``k``'s seed edges of link split ``split``."""

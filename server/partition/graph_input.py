@@ -47,6 +47,7 @@ class EdgeTypeInput:
     edge_attr: np.ndarray | None = None
     edge_weight: np.ndarray | None = None
     edge_time: np.ndarray | None = None   # int64 [E] edge timestamps (temporal sampling, time_attr="edge_time")
+    hard_neg_dst: np.ndarray | None = None   # int64 [E, k] hard-negative destinations, -1 padding (hard_negatives)
 
     @property
     def num_edges(self) -> int:

@@ -34,8 +34,10 @@ from typing import Callable
 
 import numpy as np
 
-from graphfeed.core.constants import SPLITS
+from graphfeed.core.constants import DEFAULT_EDGE_TYPE, SPLITS
 from graphfeed.server.partition.graph_input import GraphInput, fingerprint
+from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
+from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
 from graphfeed.server.partition.input_arrays import (
     InputError,
     check_edge_attr,
@@ -59,9 +61,10 @@ __all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fi
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
 NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight", "node_time",
-             "edge_time")
+             "edge_time", HARD_NEG_FILE)
 # Data attributes read (or, for num_nodes/name, understood) by read_torch_file
 DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "time", "edge_time",
+                       HARD_NEG_FILE,
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
@@ -113,8 +116,16 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
                               name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
                               node_time=arrays["node_time"], edge_time=arrays["edge_time"])
+    _add_hard_negatives(graph, arrays[HARD_NEG_FILE], where(HARD_NEG_FILE))
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
     return graph
+
+
+def _add_hard_negatives(graph: GraphInput, hard: np.ndarray | None, where: str) -> None:
+    """Attach a homogeneous graph's checked ``hard_neg_dst`` [E, k] (None: none given)."""
+    if hard is not None:
+        edges = graph.edges[DEFAULT_EDGE_TYPE]
+        edges.hard_neg_dst = check_hard_neg_dst(hard, edges.num_edges, graph.num_nodes, where)
 
 
 # ----------------------------------------------------------------------------- torch.save file
@@ -158,6 +169,7 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where,
                               edge_weight=edge_weight, node_time=to_numpy(field_of(obj, "time"), where("time")),
                               edge_time=to_numpy(field_of(obj, "edge_time"), where("edge_time")))
+    _add_hard_negatives(graph, to_numpy(field_of(obj, HARD_NEG_FILE), where(HARD_NEG_FILE)), where(HARD_NEG_FILE))
     graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
     return graph
 

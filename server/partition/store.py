@@ -17,7 +17,9 @@ import torch
 from graphfeed.core.constants import SPLITS
 from graphfeed.core.spec import (
     EDGE_WEIGHT,
+    QUANTIZED_DTYPE,
     LinkInput,
+    LoaderSpec,
     NodeInput,
     SamplingSpec,
     SeedInput,
@@ -34,6 +36,7 @@ from graphfeed.server.partition.format import (
     load_array,
     read_meta,
 )
+from graphfeed.server.partition.hard_negatives import HardNegatives
 
 EdgeType = tuple[str, str, str]
 
@@ -93,6 +96,16 @@ class NodeStore:
     @cached_property
     def orig_id(self) -> torch.Tensor:
         return _tensor(self.paths.node_file(self.part_id, "orig_id", self.ntype))
+
+    @cached_property
+    def quant_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(scale, offset)`` float32 [F] of ``x``'s int8 quantization (:mod:`.quantize`), or None when the
+        partition has none (a featureless type, or a partition written before they were stored)."""
+        files = [self.paths.quant_file(self.part_id, name, self.ntype) for name in ("scale", "offset")]
+        if self.x is None or not all(f.is_file() for f in files):
+            return None
+        scale, offset = (_tensor(f).to(torch.float32) for f in files)
+        return scale, offset
 
     @cached_property
     def time(self) -> torch.Tensor | None:
@@ -157,6 +170,12 @@ class EdgeStore:
     def num_edges(self) -> int:
         """Edges of this type in the whole graph."""
         return int(self.meta.num_edges[edge_type_dirname(self.etype)])
+
+    @cached_property
+    def hard_negatives(self) -> HardNegatives | None:
+        """This part's stored hard negatives (:mod:`.hard_negatives`), or None when there are none."""
+        num_dst = RangePartitionBook(self.meta.node_ranges[self.etype[2]]).num_nodes
+        return HardNegatives.load(self.paths, self.part_id, self.etype, num_dst)
 
     def topology(self, kind: str = "csc") -> Topology:
         if kind not in self.meta.topologies:
@@ -379,6 +398,29 @@ class Partition:
     def edge_times(self, etype: EdgeType, kind: str, time_attr: str) -> torch.Tensor:
         """Timestamps aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeStore.times`)."""
         return self.edges(etype).times(kind, time_attr)
+
+    def check_loader(self, spec: LoaderSpec) -> None:
+        """:meth:`check_sampling` of ``spec``, and what its other options need of this part: int8 feature
+        scales for ``feature_dtype="int8"``, stored hard negatives for ``num_hard_negatives``.  ValueError
+        (one line naming the fix) otherwise."""
+        self.check_sampling(spec.sampling, spec.input)
+        if spec.feature_dtype == QUANTIZED_DTYPE:
+            for ntype in self.node_types:
+                store = self.nodes(ntype)
+                if store.x is not None and store.x.is_floating_point() and store.quant_scales is None:
+                    raise ValueError(f"feature_dtype='int8' needs the per-column scales stored at partition time, "
+                                     f"and this partition (written by an older graphfeed) has none: run `graphfeed "
+                                     f"quantize {self.paths.root}` (or re-run graphfeed partition)")
+        link = spec.input if isinstance(spec.input, LinkInput) else None
+        neg = None if link is None else link.neg
+        if link is not None and neg is not None and neg.num_hard:
+            etype = link.edge_type or self.etype
+            if self.edges(etype).hard_negatives is None:
+                where = "hard_neg_dst.npy beside edge_index.npy" if self.meta.is_homogeneous else \
+                    f"{edge_type_dirname(etype)}/hard_neg_dst.npy"
+                raise ValueError(f"num_hard_negatives={neg.num_hard} needs hard negatives stored with the partition, "
+                                 f"and it has none{self.edges(etype).typed_label}: partition the graph with {where} "
+                                 f"([E, k] destination ids, -1 padding), or leave num_hard_negatives out")
 
     def check_sampling(self, sampling: SamplingSpec, seeds: SeedInput | None = None) -> None:
         """ValueError (naming the argument and the fix) unless this part can serve ``sampling``'s

@@ -66,6 +66,24 @@ def generate(nodes: int, avg_degree: float, features: int, classes: int, *, seed
     return edge_index, x, y, splits
 
 
+def hard_negatives(edge_index: np.ndarray, y: np.ndarray, k: int, *, seed: int = 0) -> np.ndarray:
+    """int64 [E, k] hard-negative destinations of every edge (the ``hard_neg_dst.npy`` input): nodes of the
+    destination's class -- plausible, since edges mostly join a class -- that are not linked to the source nor
+    the source itself; ``-1`` where a draw hit one of those (so rows have up to ``k``)."""
+    rng = np.random.default_rng(seed)
+    n = y.shape[0]
+    by_class = np.argsort(y, kind="stable")
+    starts = np.searchsorted(y[by_class], np.arange(int(y.max()) + 2))
+    cls = y[edge_index[1]]
+    size = starts[cls + 1] - starts[cls]
+    picks = by_class[starts[cls][:, None] + (rng.random((cls.size, k)) * size[:, None]).astype(np.int64)]
+    linked = np.sort(edge_index[0].astype(np.int64) * n + edge_index[1])
+    keys = edge_index[0][:, None].astype(np.int64) * n + picks
+    pos = np.minimum(np.searchsorted(linked, keys), linked.size - 1)
+    bad = (linked[pos] == keys) | (picks == edge_index[0][:, None])
+    return np.where(bad, -1, picks).astype(np.int64)
+
+
 def generate_preset(preset: str, seed: int = 0):
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")

@@ -37,6 +37,8 @@ import numpy as np
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format import edge_type_dirname
 from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
+from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
+from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
 from graphfeed.server.partition.input_arrays import (
     InputError,
     check_edge_attr,
@@ -54,7 +56,7 @@ from graphfeed.server.partition.input_arrays import (
 )
 
 NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS), "node_time")
-EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time")
+EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE)
 Where = Callable[[str], str]   # array name -> where it came from, prefixed with its type
 
 
@@ -80,6 +82,7 @@ class RawEdgeType:
     edge_attr: np.ndarray | None = None
     edge_weight: np.ndarray | None = None   # sampling weights [E]
     edge_time: np.ndarray | None = None     # edge timestamps [E]
+    hard_neg_dst: np.ndarray | None = None  # hard-negative destinations [E, k], -1 padding
 
 
 # ----------------------------------------------------------------------------- typed .npy folder
@@ -127,7 +130,8 @@ def _read_edge_folder(sub: Path, etype: EdgeType) -> RawEdgeType:
     if "edge_index" not in arrays:
         raise InputError(f"{where('edge_index')} is missing: every edge type folder needs edge_index.npy [2, E]")
     return RawEdgeType(where=where, edge_index=arrays["edge_index"], edge_attr=arrays.get("edge_attr"),
-                       edge_weight=arrays.get("edge_weight"), edge_time=arrays.get("edge_time"))
+                       edge_weight=arrays.get("edge_weight"), edge_time=arrays.get("edge_time"),
+                       hard_neg_dst=arrays.get(HARD_NEG_FILE))
 
 
 def read_typed_folder(folder: Path, name: str) -> GraphInput:
@@ -189,7 +193,7 @@ def _hetero_edge_type(store, etype: EdgeType, file: Path) -> RawEdgeType:
         raise InputError(f"{where('edge_index')} is missing: give every edge type an edge_index [2, E] "
                          f"(a SparseTensor adj_t is not read; convert it to edge_index)")
     optional = {name: to_numpy(field_of(store, name), where(name))
-                for name in ("edge_attr", "edge_weight", "edge_time")}
+                for name in ("edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE)}
     return RawEdgeType(where=where, edge_index=edge_index, **optional)
 
 
@@ -208,7 +212,7 @@ def read_hetero_data(data, file: Path) -> GraphInput:
 
 HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", "time",
                               *(f"{s}_{k}" for s in SPLITS for k in ("idx", "mask"))})
-HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time"})
+HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE})
 
 
 def hetero_dropped(data) -> list[str]:
@@ -307,7 +311,9 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
     if weight is not None:
         weight = check_edge_weight(weight, num_edges, raw.where("edge_weight"))
     time = check_time(raw.edge_time, num_edges, raw.where("edge_time"), "its edge_index has")
-    return EdgeTypeInput(edge_index, raw.edge_attr, weight, time)
+    hard = None if raw.hard_neg_dst is None else \
+        check_hard_neg_dst(raw.hard_neg_dst, num_edges, counts[etype[2]], raw.where(HARD_NEG_FILE))
+    return EdgeTypeInput(edge_index, raw.edge_attr, weight, time, hard)
 
 
 def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, RawNodeType]) -> str:
@@ -354,6 +360,7 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
         sub = folder / edge_type_dirname(etype)
         sub.mkdir()
         np.save(sub / "edge_index.npy", np.ascontiguousarray(e.edge_index))
-        for name, array in (("edge_attr", e.edge_attr), ("edge_weight", e.edge_weight), ("edge_time", e.edge_time)):
+        for name, array in (("edge_attr", e.edge_attr), ("edge_weight", e.edge_weight), ("edge_time", e.edge_time),
+                            (HARD_NEG_FILE, e.hard_neg_dst)):
             if array is not None:
                 np.save(sub / f"{name}.npy", np.ascontiguousarray(array))

@@ -136,13 +136,15 @@ class PartitionedGraph:
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
                      input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
-                     subgraph_time: torch.Tensor | None = None) -> TypedSubgraph:
+                     subgraph_time: torch.Tensor | None = None,
+                     exclude: Mapping[EdgeType, torch.Tensor] | None = None) -> TypedSubgraph:
         """``spec.num_hops`` hops from ``seeds`` (per node type: distinct global ids) with batch seed ``seed``.
 
         ``spec``'s fanouts apply to the graph's edge types (:meth:`SamplingSpec.fanouts_for`:
         ValueError for a dict naming an edge type the graph lacks).  ``input_type``, ``subgraphs``
         and ``subgraph_time`` (``spec.disjoint``; ``spec.temporal``) as
-        :func:`~graphfeed.server.sampling.neighbor.sample_typed`.
+        :func:`~graphfeed.server.sampling.neighbor.sample_typed`; so is ``exclude`` (edges no hop may sample:
+        a link batch's seed edges), which takes the driver (the fused ops cannot leave edges out).
         """
         fanouts = spec.fanouts_for(self.edge_types)
         if spec.temporal and subgraph_time is None:
@@ -151,7 +153,7 @@ class PartitionedGraph:
             self.budget.check_hops(spec.num_hops)
         if self.device.type != "cpu":    # the frontier lives where the graph samples
             seeds, subgraphs, subgraph_time = _to_device(self.device, seeds, subgraphs, subgraph_time)
-        if self._whole is not None and not spec.disjoint:
+        if self._whole is not None and not spec.disjoint and not exclude:
             sub = self._sample_one_part(seeds, spec, fanouts, seed, input_type)
             if self.budget is not None:   # one native call: checked as a whole (bounded by the graph's size)
                 self.budget.check_sample(sum(int(n.numel()) for n in sub.nodes.values()),
@@ -165,7 +167,7 @@ class PartitionedGraph:
 
         return sample_typed(seeds, fanouts, spec.direction, one_hop, input_type,
                             subgraphs if spec.disjoint else None, subgraph_time, num_nodes=self._num_nodes,
-                            budget=self.budget)
+                            budget=self.budget, exclude=exclude)
 
     def gather_typed(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Rows:
         """The :class:`NodeRows` (x, y, n_id) of the nodes ``gids`` of type ``ntype`` (x / y None where the type
@@ -175,6 +177,42 @@ class PartitionedGraph:
             if self._whole is not None:
                 return self._whole.gather(ntype, gids.to(self._whole.device))
             return self._gather(ntype, gids, dtype)
+
+    def quant_scales(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every node type's int8 feature scales (``(scale, offset)``, the same in every part: read from a held
+        part); ValueError naming the fix when a type with floating-point features has none."""
+        part, out = self._like.part, {}
+        for ntype in self.node_types:
+            store = part.nodes(ntype)
+            if store.x is None or not store.x.is_floating_point():
+                continue
+            scales = store.quant_scales
+            if scales is None:
+                raise ValueError(f"feature_dtype='int8' needs the per-column scales stored at partition time, and this "
+                                 f"partition has none: run `graphfeed quantize {part.paths.root}`")
+            out[ntype] = scales
+        return out
+
+    def hard_negatives(self, etype: EdgeType | None, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        """int64 [n, k]: the stored hard-negative destinations (global ids, -1 padding) of seed edges ``(src[i],
+        dst[i])`` (global ids) of ``etype`` (None: the homogeneous graph's), read from the parts owning the
+        sources, which must be in this process (a link batch's are: its seed edges' sources are its part's).
+        ValueError naming the fix when the partition stores none."""
+        etype = self.edge_types[0] if etype is None else etype
+        pieces = []
+        for p, pos in self.books[etype[0]].split(src):
+            held = self.sources[p].held()
+            stored = None if held is None else held.part.edges(etype).hard_negatives
+            if held is None or stored is None:
+                raise ValueError(f"num_hard_negatives needs the hard negatives of part {p}, which "
+                                 f"{'is not in this process' if held is None else 'stores none'}: partition the "
+                                 f"graph with hard_neg_dst.npy, or leave num_hard_negatives out")
+            pieces.append((pos, stored.lookup(src[pos], dst[pos])))
+        width = max((t.size(1) for _, t in pieces), default=0)
+        out = torch.full((src.numel(), width), -1, dtype=torch.int64)
+        for pos, rows in pieces:
+            out[pos] = rows
+        return out
 
     def local_node_time(self, ntype: str, gids: torch.Tensor) -> torch.Tensor:
         """Stored timestamps of nodes ``gids`` of type ``ntype``, all owned by parts in this process (a

@@ -22,6 +22,19 @@ a peer worker when that part is elsewhere) and the pairs that are edges are redr
 nearly every node, so a non-edge is (almost) impossible to draw -- fails the batch with
 :class:`StrictNegativeError`, naming the seed edge and the fix (``strict=False``, or leave
 such edges out of ``edge_label_index``): no silent non-strict fallback.
+
+Hard negatives (``num_hard_negatives = h``).  Draw ``a < h`` of seed edge ``i`` takes the ``a``-th of its
+stored hard-negative destinations (:meth:`PartitionedGraph.hard_negatives`) in an order drawn with the same
+RNG (hop :data:`HARD_HOP`, keyed by the seed edge's position): a seed edge with fewer than ``h`` stored gets
+them all, and its other draws are random as above.  With ``strict`` a hard negative that is an edge of the
+graph is redrawn like any other (and is no longer hard).  Batches carry ``neg_is_hard``.
+
+Seed-edge exclusion (``exclude_seed_edges``).  The batch's seed edges (every column of ``edge_label_index``
+in it, not the drawn negatives) are handed to the sampler as pairs no hop may sample
+(:func:`seed_edge_exclusion`): on a homogeneous graph both ``(u, v)`` and ``(v, u)``; on a typed graph
+``(u, v)`` of the seed edge type and ``(v, u)`` of its reverse edge type
+(:func:`graphfeed.core.spec.reverse_edge_type`).  The multi-hop driver drops them from each hop's draw on the
+producing worker, after the pieces of every part are stitched, so local and remote batches stay equal.
 """
 from __future__ import annotations
 
@@ -30,13 +43,14 @@ from typing import Callable, ContextManager
 import torch
 
 from graphfeed.core.epoch import BatchSpec
-from graphfeed.core.spec import EdgeType, LinkInput, SamplingSpec
+from graphfeed.core.spec import EdgeType, LinkInput, SamplingSpec, reverse_edge_type
 from graphfeed.server.sampling import rng
 from graphfeed.server.sampling.neighbor import SUBGRAPH_SHIFT
 from graphfeed.server.sampling.producer import produce_batch
 
 ROUNDS = 32               # draws per negative with strict (the first plus 31 redraws)
 NEG_HOP = 1 << 20         # the RNG "hop" of negatives: above any sampling hop, so the streams differ
+HARD_HOP = NEG_HOP + 1    # the RNG "hop" of the order hard negatives are taken in
 
 
 class StrictNegativeError(ValueError):
@@ -89,11 +103,13 @@ class LinkSeeds:
 
 
 def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int, strict: bool,
-                   seed: int, etype: EdgeType | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(neg_src, neg_dst)`` global ids of ``count`` negatives for seed edges ``positions`` (sources
-    ``src``) of edge type ``etype`` (None: the homogeneous graph's), drawn as the module doc says, the
-    destinations over ``etype``'s destination nodes.  :class:`StrictNegativeError` when ``strict`` and
-    :data:`ROUNDS` draws give an edge of the graph every time."""
+                   seed: int, etype: EdgeType | None = None, hard: torch.Tensor | None = None,
+                   num_hard: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(neg_src, neg_dst, is_hard)`` of ``count`` negatives (global ids; whether each came from a hard list)
+    for seed edges ``positions`` (sources ``src``) of edge type ``etype`` (None: the homogeneous graph's),
+    drawn as the module doc says, the destinations over ``etype``'s destination nodes; the first ``num_hard``
+    draws of a seed edge come from its row of ``hard`` ([B, k] global ids, -1 padding) while it lasts.
+    :class:`StrictNegativeError` when ``strict`` and :data:`ROUNDS` draws give an edge of the graph every time."""
     b = positions.numel()
     j = torch.arange(count, dtype=torch.int64)
     which, draw = j % b, j // b
@@ -101,13 +117,21 @@ def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int
     keys = rng.node_keys(rng.hop_base(seed, NEG_HOP), positions.index_select(0, which))
     n = graph.num_nodes_of(None if etype is None else etype[2])
     neg_dst = rng.draws(keys, draw * ROUNDS) % n
+    is_hard = torch.zeros(count, dtype=torch.bool)
+    if hard is not None and num_hard and hard.numel():
+        picked = _hard_order(hard, positions, seed)
+        slot = draw.clamp(max=picked.size(1) - 1)
+        taken = picked[which, slot]
+        is_hard = (draw < num_hard) & (draw < picked.size(1)) & (taken >= 0)
+        neg_dst[is_hard] = taken[is_hard]
     if not strict:
-        return neg_src, neg_dst
+        return neg_src, neg_dst, is_hard
     todo = torch.arange(count, dtype=torch.int64)
     for r in range(1, ROUNDS + 1):
         todo = todo[graph.has_edges(neg_src[todo], neg_dst[todo], etype)]
         if todo.numel() == 0:
-            return neg_src, neg_dst
+            return neg_src, neg_dst, is_hard
+        is_hard[todo] = False
         if r < ROUNDS:
             neg_dst[todo] = rng.draws(keys[todo], draw[todo] * ROUNDS + r) % n
     first = int(positions[which[todo[0]]])
@@ -115,6 +139,33 @@ def draw_negatives(graph, src: torch.Tensor, positions: torch.Tensor, count: int
         f"strict negative sampling drew {ROUNDS} destinations for seed edge {first} of edge_label_index and every "
         f"one is an edge of the graph (its source is linked to nearly every node): pass "
         f"neg_sampling=dict(mode=..., amount=..., strict=False), or leave such edges out of edge_label_index")
+
+
+def _hard_order(hard: torch.Tensor, positions: torch.Tensor, seed: int) -> torch.Tensor:
+    """Each seed edge's stored hard negatives ([B, k], -1 padding) in the order draws take them: its valid
+    entries shuffled by the RNG (keyed by batch seed and seed-edge position), then the padding."""
+    b, k = hard.shape
+    keys = rng.node_keys(rng.hop_base(seed, HARD_HOP), positions).repeat_interleave(k)
+    score = rng.draws(keys, torch.arange(k, dtype=torch.int64).repeat(b)).view(b, k)
+    shuffled = hard.gather(1, torch.argsort(score, dim=1, stable=True))
+    return shuffled.gather(1, torch.argsort((shuffled < 0).to(torch.int8), dim=1, stable=True))
+
+
+def seed_edge_exclusion(graph, link: LinkInput, spec: SamplingSpec, src: torch.Tensor, dst: torch.Tensor
+                        ) -> dict[EdgeType, torch.Tensor]:
+    """The ``(src, dst)`` pairs (``[2, n]`` global ids, per edge type) a batch with seed edges ``src -> dst`` may
+    not sample under ``exclude_seed_edges``: both directions on a homogeneous graph; on a typed graph the seed
+    edges on their type and reversed on its reverse type (``spec.reverse_edge_types`` or PyG's ``rev_`` name;
+    none found: the seed edge type only)."""
+    forward, backward = torch.stack([src, dst]), torch.stack([dst, src])
+    if graph.is_homogeneous or link.edge_type is None:
+        return {graph.edge_types[0]: torch.cat([forward, backward], dim=1)}
+    etype = link.edge_type
+    out = {etype: forward}
+    rev = reverse_edge_type(etype, graph.edge_types, spec.reverse_edge_types)
+    if rev is not None:
+        out[rev] = torch.cat([out[rev], backward], dim=1) if rev in out else backward
+    return out
 
 
 def link_fields(link: LinkInput, positions: torch.Tensor, local: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -158,9 +209,11 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
     own = torch.arange(b)                       # disjoint: seed edge i is subgraph i
     ends = [(src_type, src, own), (dst_type, dst, own)]
     times = None if link.time is None else link.time.index_select(0, positions)
+    is_hard = None
     if link.neg is not None:
-        neg_src, neg_dst = draw_negatives(graph, src, keys, link.neg.count(b), link.neg.strict, seed,
-                                          link.edge_type)
+        hard = graph.hard_negatives(link.edge_type, src, dst) if link.neg.num_hard else None
+        neg_src, neg_dst, is_hard = draw_negatives(graph, src, keys, link.neg.count(b), link.neg.strict, seed,
+                                                   link.edge_type, hard, link.neg.num_hard)
         paired = torch.arange(neg_dst.numel()) % b        # negative j pairs with seed edge j mod b
         if link.neg.mode == "triplet":                     # a seed edge's negatives join its subgraph
             ends += [(dst_type, neg_dst, paired)]
@@ -170,13 +223,27 @@ def produce_link_batch(graph, seeds: LinkSeeds, positions: torch.Tensor, spec: S
             times = None if times is None else torch.cat([times, times.index_select(0, paired)])
     nodes, local, subgraphs = _endpoint_seeds(ends, spec.disjoint)
     extra = link_fields(link, positions, local)
+    if is_hard is not None and link.neg is not None and link.neg.num_hard:
+        extra["neg_is_hard"] = _as_negatives(is_hard, link, b)
     if times is not None and spec.temporal:   # PyG's names: triplet batches carry seed_time
         extra["seed_time" if "src_index" in extra else "edge_label_time"] = times
     if link.edge_type is not None and not graph.is_homogeneous:
         extra["link_edge_type"] = torch.tensor([sorted(graph.edge_types).index(link.edge_type)])
+    exclude = seed_edge_exclusion(graph, link, spec, src, dst) if spec.exclude_seed_edges else None
     return produce_batch(graph, nodes, spec, plan_entry, epoch, seq, input_type=src_type, input_id=keys,
                          feature_dtype=feature_dtype, stage=stage, extra=extra, subgraphs=subgraphs,
-                         seed_time=times if spec.temporal else None)
+                         seed_time=times if spec.temporal else None, exclude=exclude)
+
+
+def _as_negatives(values: torch.Tensor, link: LinkInput, b: int) -> torch.Tensor:
+    """Per-negative ``values`` (negative ``j`` of seed edge ``j mod b``) laid out as the batch's negatives:
+    binary ``[K]`` (``edge_label_index``'s negatives), triplet as ``dst_neg_index``."""
+    assert link.neg is not None
+    if link.neg.mode != "triplet":
+        return values
+    amount = int(link.neg.amount)
+    laid = values.view(amount, b).t().contiguous()
+    return laid.view(-1) if amount == 1 else laid
 
 
 def _endpoint_seeds(ends: list[tuple[str, torch.Tensor, torch.Tensor]], disjoint: bool

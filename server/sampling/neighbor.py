@@ -46,7 +46,8 @@ def sample_subgraph(seeds: torch.Tensor, spec: SamplingSpec, one_hop_fn: OneHopF
 def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direction: str, one_hop_fn: TypedOneHopFn,
                  input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
                  subgraph_time: torch.Tensor | None = None,
-                 num_nodes: Mapping[str, int] | None = None, budget: WorkBudget | None = None) -> TypedSubgraph:
+                 num_nodes: Mapping[str, int] | None = None, budget: WorkBudget | None = None,
+                 exclude: Mapping[EdgeType, torch.Tensor] | None = None) -> TypedSubgraph:
     """Sample a typed graph hop by hop from ``seeds`` (per node type: distinct global ids of that type).
 
     PyG's heterogeneous neighbor sampling: at hop ``h``, for each edge type ``e = (src, rel, dst)``
@@ -76,6 +77,9 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
     every node seen so far at each hop; the sample is the same either way.
     ``budget`` (a session worker's caps): checked after every edge type of every hop, so a sample
     stops within one hop's work of ``budget.max_nodes`` / ``max_edges`` (:class:`BudgetExceeded`).
+    ``exclude[e]`` ([2, n] global ``(src, dst)`` pairs; a link batch's ``exclude_seed_edges``): every sampled
+    edge of ``e`` joining such a pair is dropped from its hop's draw before its neighbour joins the frontier,
+    so no node enters the sample through it (its center keeps one neighbour fewer: the draw is not redone).
     Raises ValueError for bad fanouts, direction or seeds, naming the fix.
     """
     plan = plan_typed(seeds, fanouts, direction, input_type)
@@ -93,7 +97,7 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
             for k, etype in enumerate(etypes):
                 fanout, rng_hop = int(fanouts[etype][hop]), hop * len(etypes) + k
                 _sample_edge_type(etype, fanout, rng_hop, direction == "in", nodes, edges[etype], one_hop_fn,
-                                  subgraph_time)
+                                  subgraph_time, None if exclude is None else exclude.get(etype))
                 if budget is not None:
                     budget.check_sample(sum(n.total for n in nodes.values()),
                                         sum(sum(e.counts) for e in edges.values()), hop)
@@ -114,10 +118,12 @@ def sample_typed(seeds: Mapping[str, torch.Tensor], fanouts: EdgeFanouts, direct
 # ---- the driver's parts -----------------------------------------------------------------------
 
 def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool, nodes: dict[str, _TypeNodes],
-                      edges: _TypeEdges, one_hop_fn: TypedOneHopFn, subgraph_time: torch.Tensor | None) -> None:
+                      edges: _TypeEdges, one_hop_fn: TypedOneHopFn, subgraph_time: torch.Tensor | None,
+                      excluded: torch.Tensor | None = None) -> None:
     """One hop of ``etype``: expand the frontier of its center type and record the sampled edges.
 
     ``into_dst``: direction "in" (the center is the destination type, the neighbors are sources).
+    ``excluded``: [2, n] ``(src, dst)`` global id pairs whose edges are dropped (:func:`drop_pairs`).
     """
     src, _, dst = etype
     center, other = (nodes[dst], nodes[src]) if into_dst else (nodes[src], nodes[dst])
@@ -130,10 +136,30 @@ def _sample_edge_type(etype: EdgeType, fanout: int, rng_hop: int, into_dst: bool
         res = one_hop_fn(etype, gids, fanout, rng_hop)
     else:
         res = one_hop_fn(etype, gids, fanout, rng_hop, subgraph_time.index_select(0, subs))
+    if excluded is not None and excluded.numel():
+        res = drop_pairs(res, gids, into_dst, excluded)
     nbr_subs = None if subs is None else torch.repeat_interleave(subs, res.counts)
     nbr_local = other.add(res.neighbors, nbr_subs)
     center_local = torch.repeat_interleave(local, res.counts)
     edges.add(nbr_local if into_dst else center_local, center_local if into_dst else nbr_local, res.eids)
+
+
+def drop_pairs(res: OneHop, centers: torch.Tensor, into_dst: bool, pairs: torch.Tensor) -> OneHop:
+    """``res`` (a hop of frontier ``centers``) without its edges whose ``(src, dst)`` global ids are a column of
+    ``pairs`` ([2, n]); ``into_dst``: the centers are the edges' destinations.  ``res`` itself when none is."""
+    if res.neighbors.numel() == 0:
+        return res
+    pairs = pairs.to(res.neighbors.device)
+    center = torch.repeat_interleave(centers, res.counts, output_size=res.neighbors.numel())
+    src, dst = (res.neighbors, center) if into_dst else (center, res.neighbors)
+    m = 1 + max(int(dst.max()), int(pairs[1].max()))       # keys src * m + dst are distinct per pair
+    keep = ~torch.isin(src * m + dst, pairs[0] * m + pairs[1])
+    if bool(keep.all()):
+        return res
+    owner = torch.repeat_interleave(torch.arange(centers.numel(), device=keep.device), res.counts,
+                                    output_size=keep.numel())
+    counts = torch.bincount(owner[keep], minlength=centers.numel())
+    return OneHop(counts, res.neighbors[keep], res.eids[keep])
 
 
 class _TypeNodes:

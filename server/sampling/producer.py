@@ -34,11 +34,14 @@ class SamplingGraph(Protocol):
 
     def sample_typed(self, seeds: Mapping[str, torch.Tensor], spec: SamplingSpec, seed: int,
                      input_type: str | None = None, subgraphs: Mapping[str, torch.Tensor] | None = None,
-                     subgraph_time: torch.Tensor | None = None) -> TypedSubgraph: ...
+                     subgraph_time: torch.Tensor | None = None,
+                     exclude: Mapping[EdgeType, torch.Tensor] | None = None) -> TypedSubgraph: ...
 
     def gather_typed(self, ntype: str, gids: torch.Tensor, dtype: torch.dtype | None = None) -> Rows: ...
 
     def edge_attr(self, sub: SampledSubgraph, spec: SamplingSpec) -> torch.Tensor | None: ...
+
+    def quant_scales(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]: ...
 
 
 def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch.Tensor], spec: SamplingSpec,
@@ -47,7 +50,8 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
                   feature_dtype: torch.dtype | None = None,
                   extra: Mapping[str, torch.Tensor] | None = None,
                   subgraphs: Mapping[str, torch.Tensor] | None = None,
-                  seed_time: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                  seed_time: torch.Tensor | None = None,
+                  exclude: Mapping[EdgeType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
     :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
@@ -59,13 +63,16 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
     :data:`graphfeed.core.batch.BATCH_FIELDS`).
     With ``spec.disjoint`` every seed is its own subgraph unless ``subgraphs`` (per seed node type, each
     seed's subgraph: a link batch's seed edges) says otherwise; ``seed_time`` (``spec.temporal``) is
-    each subgraph's seed time (:func:`node_seed_time` for a node batch).
+    each subgraph's seed time (:func:`node_seed_time` for a node batch).  ``exclude`` (a link batch's
+    ``exclude_seed_edges``): per edge type, ``[2, n]`` global ``(src, dst)`` pairs no sampled edge may join.
+    ``feature_dtype=torch.int8`` quantizes ``x`` with the partition's scales (:meth:`SamplingGraph.quant_scales`).
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
     """
     typed_seeds = seeds if isinstance(seeds, Mapping) else {input_type: seeds}
     if spec.disjoint and subgraphs is None:
         subgraphs = {input_type: torch.arange(typed_seeds[input_type].numel())}
-    sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type, subgraphs, seed_time)
+    sub = graph.sample_typed(typed_seeds, spec, plan_entry.seed, input_type, subgraphs, seed_time,
+                             **({} if exclude is None else {"exclude": exclude}))
     if seed_time is not None and extra is None:   # a node batch carries PyG's seed_time
         extra = {"seed_time": seed_time}
     nodes = {t: _node_fields(graph, sub, t, feature_dtype) for t in graph.node_types}
@@ -77,6 +84,8 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
         wire = batch_codec.encode_typed(nodes=nodes, edges=edges, input_type=input_type,
                                         batch_size=sub.batch_size, epoch=epoch, seq=seq, index=plan_entry.index,
                                         input_id=input_id, extra=extra)
+        if feature_dtype == torch.int8:
+            wire = batch_codec.quantize_features(wire, graph.quant_scales())
         # a GPU graph's batch is encoded on its device and leaves it in one copy
         return batch_codec.to_host(batch_codec.cast_features(wire, feature_dtype))
 

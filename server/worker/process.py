@@ -211,7 +211,7 @@ class SessionWorker:
         if refused is not None:
             raise BadRequest(f"part {self.spec.part_id} samples on {self.graph.device}: {refused}")
         try:
-            self.part.check_sampling(cmd.spec.sampling, cmd.spec.input)
+            self.part.check_loader(cmd.spec)
             inputs = self.part.input_nodes(cmd.spec.input)
             positions = self.part.input_positions(cmd.spec.input)
         except ValueError as exc:  # ids out of range, unknown split, bad weights: the request's fault

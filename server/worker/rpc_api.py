@@ -55,7 +55,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
-from graphfeed.core.spec import LinkInput, NodeInput, SamplingSpec, feature_dtype
+from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingSpec, feature_dtype
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
@@ -307,6 +307,9 @@ def hot_rows(ntype: str, start: int, count: int, dtype: str | None = None) -> tu
     if _hot is None:
         _hot = HotRows(worker.part)
     name = feature_dtype(dtype)   # ValueError for anything but a feature transport dtype
+    if name == QUANTIZED_DTYPE:   # quantizing needs the batch's scales: rows travel as stored or cast to a float
+        raise ValueError("hot rows are sent as stored or cast to a floating dtype, not int8: the client keeps no "
+                         "cache for feature_dtype='int8' loaders")
     torch_dtype = None if name is None else getattr(torch, name)
     return _hot.rows(str(ntype), int(start), int(count), torch_dtype)
 

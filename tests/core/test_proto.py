@@ -43,11 +43,13 @@ def test_every_batch_field_is_documented_and_encoded():
                                "edge_label": torch.ones(1), "link_edge_type": torch.zeros(1, dtype=torch.int64),
                                "seed_time": torch.zeros(1, dtype=torch.int64),
                                "edge_label_time": torch.zeros(1, dtype=torch.int64),
+                               "neg_is_hard": torch.zeros(0, dtype=torch.bool),
                                **{k: torch.zeros(1, dtype=torch.int64)
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
     wire = drop_cached_rows(wire, CachedIds(DEFAULT_NODE_TYPE, torch.tensor([1])))   # and x_cached (feature cache)
-    # with features, labels, edge features, the link fields and a feature cache, a one-type batch carries every
-    # field once
+    wire = batch.quantize_features(wire, {DEFAULT_NODE_TYPE: (torch.ones(2), torch.zeros(2))})   # int8: x_scale, ...
+    # with features, labels, edge features, the link fields, a feature cache and int8 features, a one-type batch
+    # carries every field once
     assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
     for key, tensor in wire.items():
         dtype = batch.BATCH_FIELDS[key.partition("@")[0]].dtype

@@ -64,10 +64,12 @@ def epoch_batches(graph: PartitionedGraph, spec: LoaderSpec, limit: int = 4) -> 
         if seq >= limit:
             break
         if link is not None:
-            out.append(produce_link_batch(graph, link, seeds, spec.sampling, entry, 0, seq))
+            out.append(produce_link_batch(graph, link, seeds, spec.sampling, entry, 0, seq,
+                                          feature_dtype=spec.feature_torch_dtype))
         else:
             ntype = spec.input.type_or(graph.label_type)
-            out.append(produce_batch(graph, seeds, spec.sampling, entry, 0, seq, input_type=ntype, input_id=input_id))
+            out.append(produce_batch(graph, seeds, spec.sampling, entry, 0, seq, input_type=ntype, input_id=input_id,
+                                     feature_dtype=spec.feature_torch_dtype))
     return out
 
 
@@ -204,6 +206,18 @@ def test_gpu_link_batches_equal_cpu_batches(tiny2):
                       batch_size=128, shuffle=True, seed=2)
     assert_same_wire(epoch_batches(gpu_graph(tiny2), spec),
                      epoch_batches(PartitionedGraph.in_process(open_parts(tiny2)[1]), spec))
+
+
+@needs_gpu
+def test_gpu_link_batches_with_seed_edge_exclusion_and_int8_equal_cpu_batches(tiny2):
+    """exclude_seed_edges (the driver drops the pairs on the GPU frontier) and int8 features (quantized on the
+    GPU): the same bytes as the CPU graph's."""
+    spec = LoaderSpec(SamplingSpec((5, 3), exclude_seed_edges=True),
+                      LinkInput(None, None, NegativeSampling("binary", 1.0), split="train"), batch_size=128,
+                      shuffle=True, seed=2, feature_dtype="int8")
+    got = epoch_batches(gpu_graph(tiny2), spec)
+    assert_same_wire(got, epoch_batches(PartitionedGraph.in_process(open_parts(tiny2)[1]), spec))
+    assert all(w["x@_N"].dtype == torch.int8 for w in got)
 
 
 @needs_gpu

@@ -35,3 +35,15 @@ def test_node_and_link_batches_become_sampler_outputs_with_pyg_metadata(tiny_par
         for i, name in enumerate(fields, 1):
             assert torch.equal(out.metadata[i], wire[name])
         assert out.metadata[len(fields) + 1] is None   # edge_label_time / seed_time: not temporal
+
+
+def test_int8_batch_rows_are_handed_over_dequantized(tiny_parts_dir):
+    graph = LocalNeighborLoader(tiny_parts_dir, [3, 2], batch_size=4)
+    seeds = NodeInput(ids=torch.tensor([5, 17]))
+    full = produce_for_seeds(graph.graph, seeds, torch.tensor([0, 1]), graph.spec.sampling, 1)
+    wire = produce_for_seeds(graph.graph, seeds, torch.tensor([0, 1]), graph.spec.sampling, 1,
+                             feature_dtype=torch.int8)
+    assert wire["x@_N"].dtype == torch.int8
+    _, rows = to_sampler_output(wire, None, link=False)
+    x = rows.rows["_N"]["x"]
+    assert x.dtype == torch.float32 and ((x - full["x@_N"]).abs() <= wire["x_scale@_N"] / 2 + 1e-6).all()
