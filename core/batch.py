@@ -56,6 +56,11 @@ BATCH_FIELDS: dict[str, Field] = {
                                                 "server left out because the trainer's feature cache holds them; x "
                                                 "then has only the other rows.  The client fills them in and drops "
                                                 "this field before to_pyg (graphfeed.core.feature_cache)"),
+    "emb": Field(NODE, False, None, "rows of the loader's embedding table of this type (graphfeed.core.embedding), "
+                                    "[num_nodes, dim]; the trainer gets them as a leaf that requires grad, under "
+                                    "the table's field name"),
+    "emb_gid": Field(NODE, False, torch.int64, "global ids of the type's batch nodes, aligned with emb: the keys "
+                                               "the sparse optimizer sends gradient rows by"),
     "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
                                                  "source type's n_id, col the destination type's"),
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "

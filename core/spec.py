@@ -29,7 +29,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 import torch
 from typing_extensions import Unpack
@@ -930,6 +930,9 @@ class LocalLoaderOptions(LoaderOptions, total=False):
       ``NormalizeFeatures()``: the servers serve the partitioned features).
     * ``num_workers``, ``persistent_workers``, ``prefetch_factor`` (PyG's DataLoader options): accepted and
       logged once -- the servers do the DataLoader workers' work.
+    * ``embeddings`` (None): learnable tables (``client.embedding(...)``; the local loader's
+      ``LocalEmbedding``), at most one per node type; each batch carries their rows of its nodes as a leaf
+      tensor that requires grad (:mod:`graphfeed.core.embedding`).  Node loaders.
     """
 
     pin_memory: bool
@@ -939,6 +942,7 @@ class LocalLoaderOptions(LoaderOptions, total=False):
     num_workers: int | None
     persistent_workers: bool | None
     prefetch_factor: int | None
+    embeddings: Sequence[Any] | None
 
 
 class RemoteLoaderOptions(LocalLoaderOptions, total=False):
