@@ -13,6 +13,7 @@ optimizer state as saved; the steps since are lost, and a warning says so), else
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -64,10 +65,11 @@ class RemoteEmbedding:
             except Exception as exc:  # noqa: BLE001 -- wait for every part, then raise the first failure
                 first = first or (p, exc)
         if first is not None:
-            p, exc = first
-            if type(exc) in (ValueError, LookupError, PermissionError, FileNotFoundError, RuntimeError):
-                raise type(exc)(f"embedding table {self.spec.name!r}: {name} on {self._server(p)}: {exc}") from exc
-            raise exc
+            part, error = first
+            if type(error) in (ValueError, LookupError, PermissionError, FileNotFoundError, RuntimeError):
+                raise type(error)(f"embedding table {self.spec.name!r}: {name} on {self._server(part)}: "
+                                  f"{remote_message(error)}") from error
+            raise error
         return out
 
     def _server(self, part: int) -> str:
@@ -178,6 +180,16 @@ class RemoteEmbedding:
         self.closed = True
         if self._generation == self.client.generation:
             self._on_parts("emb_close", {p: (self.spec.name,) for p in self._all()})
+
+
+def remote_message(exc: BaseException) -> str:
+    """The worker's own one-line message inside a remote error (torch RPC wraps it as ``On w (...):\n
+    ValueError("...")\nTraceback ...``; the secure path sends it as one line)."""
+    text = str(exc)
+    wrapped = re.search(r"^\w+\((['\"])(.*)\1\)$", text, re.M)
+    if wrapped:
+        return wrapped.group(2)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def attach_tables(session_set: SessionSet, tables: Sequence[RemoteEmbedding], parts: Sequence[int],

@@ -113,7 +113,7 @@ class PartTable:
         if spec is not None and (saved.ntype, saved.dim, saved.dtype) != (spec.ntype, spec.dim, spec.dtype):
             raise ValueError(f"embedding checkpoint {path} holds {saved.ntype!r} rows of dim {saved.dim} "
                              f"({saved.dtype}), the table asks for {spec.ntype!r}, dim {spec.dim} ({spec.dtype})")
-        if start is not None and (payload["start"], payload["stop"]) != (start, stop):
+        if start is not None and stop is not None and (payload["start"], payload["stop"]) != (start, stop):
             raise ValueError(f"embedding checkpoint {path} holds ids {payload['start']}..{payload['stop'] - 1}, "
                              f"part {part_id} owns {start}..{stop - 1}: it was saved from another partitioning")
         return cls(spec or saved, part_id, payload["start"], payload["stop"], payload["rows"], payload["state"])

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -190,6 +191,16 @@ def test_two_ddp_ranks_see_identical_rows_after_every_step(shared_mag_cluster, t
     assert len(set(sums[0])) == 4, "every step changed the rows"
 
 
+def scrape(server) -> dict:
+    """``{(sample name, sorted label items): value}`` of one scrape of ``server``'s metrics endpoint."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{server.host}:{server.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def _kill(server) -> None:
     server.expect_exit = -signal.SIGKILL
     os.killpg(server.pid, signal.SIGKILL)   # the daemon and its session workers
@@ -202,13 +213,16 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
     parts, _ = shared_mag
     graph = _local_graph(parts)
     fanouts = _fanouts(graph)
-    env = {"GRAPHFEED_EMBEDDING_DIR": str(tmp_path / "tables")}
+    env = {"GRAPHFEED_EMBEDDING_DIR": str(tmp_path / "tables"), "GRAPHFEED_EMBEDDING_BYTES": "4MiB"}
     kwargs = dict(batch_size=48, shuffle=True, seed=5)
     weight = torch.randn(DIM)
     local = LocalEmbedding(EmbeddingSpec("author", "author", DIM, seed=1), graph.books["author"], field="x")
     local_loader = LocalNeighborLoader(graph, fanouts, input_nodes=("paper", "train"), embeddings=[local], **kwargs)
-    with running_cluster(parts, log_dir=tmp_path / "logs", env=env) as servers:
+    with running_cluster(parts, log_dir=tmp_path / "logs", env=env, args=("--metrics-port", "0")) as servers:
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
+            with pytest.raises(ValueError) as refused:   # over the servers' embedding_bytes: one line, nothing made
+                client.embedding("author", dim=1024, name="huge")
+            assert "\n" not in str(refused.value) and "embedding budget 4.0 MiB (embedding_bytes)" in str(refused.value)
             table = client.embedding("author", dim=DIM, seed=1, field="x")
             loader = client.neighbor_loader(("paper", "train"), fanouts, prefetch=2, embeddings=[table], **kwargs)
             opt, local_opt = gf.SparseAdam([table], lr=0.05), gf.SparseAdam([local], lr=0.05)
@@ -216,7 +230,7 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
             it, local_it = iter(loader), iter(local_loader)
             for _ in range(2):   # two steps, then a checkpoint of the table and the loader
                 for source, o in ((it, opt), (local_it, local_opt)):
-                    (getattr(next(source)["author"], "x") * weight).sum().backward()
+                    (next(source)["author"].x * weight).sum().backward()
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
@@ -227,6 +241,13 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
             assert not torch.equal(table.rows(every), saved)
             table.load_state_dict(state["table"])          # round trip: back to the checkpoint
             assert torch.equal(table.rows(every), saved)
+            samples = scrape(servers[0])
+            rows = int(table.bounds[1] - table.bounds[0])
+            assert samples[("graphfeed_embedding_rows", (("table", "author"),))] == rows
+            assert samples[("graphfeed_embedding_bytes", (("table", "author"),))] == rows * DIM * 4 * 3 + rows * 4
+            assert samples[("graphfeed_embedding_pushes_total", (("table", "author"),))] == 3
+            assert samples[("graphfeed_embedding_rows_applied_total", (("table", "author"),))] > 0
+            assert ("graphfeed_embedding_rows", (("table", "huge"),)) not in samples
 
             victim = servers[1]
             _kill(victim)

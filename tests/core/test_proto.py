@@ -46,6 +46,8 @@ def test_every_batch_field_is_documented_and_encoded():
                                **{k: torch.zeros(1, dtype=torch.int64)
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
     wire = drop_cached_rows(wire, CachedIds(DEFAULT_NODE_TYPE, torch.tensor([1])))   # and x_cached (feature cache)
+    wire.update({batch.node_key("emb", DEFAULT_NODE_TYPE): torch.zeros(3, 4),   # a loader's embedding table
+                 batch.node_key("emb_gid", DEFAULT_NODE_TYPE): torch.arange(3)})
     # with features, labels, edge features, the link fields and a feature cache, a one-type batch carries every
     # field once
     assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
