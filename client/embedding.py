@@ -41,6 +41,7 @@ class RemoteEmbedding:
         self.closed = False
         self._lock = threading.Lock()
         self._generation = client.generation
+        self._inflight: dict[int, Any] = {}   # the last step's pushes, until every owner applied them
         self.bounds = self._create()
 
     def __repr__(self) -> str:
@@ -56,8 +57,14 @@ class RemoteEmbedding:
     def _on_parts(self, name: str, args_of: dict[int, tuple]) -> dict[int, Any]:
         """Worker function ``name`` on each part of ``args_of`` at once; the answers by part (the first
         failure raised, naming the server)."""
+        return self._wait(name, self._send(name, args_of))
+
+    def _send(self, name: str, args_of: dict[int, tuple]) -> dict[int, Any]:
         calls, timeout = self.client.group.calls, self.client.rpc_timeout
-        pending = {p: calls.call(p, name, args, timeout) for p, args in args_of.items()}
+        return {p: calls.call(p, name, args, timeout) for p, args in args_of.items()}
+
+    def _wait(self, name: str, pending: dict[int, Any]) -> dict[int, Any]:
+        timeout = self.client.rpc_timeout
         out, first = {}, None
         for p, pend in pending.items():
             try:
@@ -99,6 +106,7 @@ class RemoteEmbedding:
             if self._generation == self.client.generation:
                 return
             self._generation = self.client.generation
+            self._inflight = {}   # pushes to the old group's workers: gone with them (the checkpoint supersedes them)
             self._create()
             if self.checkpoint is not None:
                 self._on_parts("emb_load", {p: (self.spec.name, self.checkpoint) for p in self._all()})
@@ -123,6 +131,7 @@ class RemoteEmbedding:
     def rows(self, gids) -> torch.Tensor:
         """The current rows of global ids ``gids`` (a batch's ``emb_gid``), read from their owners: [n, dim]."""
         self.ensure()
+        self.flush()
         gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
         where = self._split(gids)
         got = self._on_parts("emb_rows", {p: (self.spec.name, gids[pos]) for p, pos in where.items()})
@@ -135,13 +144,23 @@ class RemoteEmbedding:
         return self.handed.take()
 
     def push(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> None:
-        """Send each owner its ids' gradient rows; it merges duplicates and applies ``update``.  Returns once
-        every owner applied the step."""
+        """Send each owner its ids' gradient rows; it merges duplicates and applies ``update``.  Returns once the
+        previous step was applied everywhere and this one is sent (one step in flight, so the owners apply it
+        while the trainer computes the next batch); every read, checkpoint and close waits for it first."""
         self.ensure()
         where = self._split(gids)
         grads = grads.to(torch.float32)
-        self._on_parts("emb_push", {p: (self.spec.name, gids[pos], grads[pos].contiguous(), update)
-                                    for p, pos in where.items()})
+        self.flush()
+        with self._lock:
+            self._inflight = self._send("emb_push", {p: (self.spec.name, gids[pos], grads[pos].contiguous(), update)
+                                                     for p, pos in where.items()})
+
+    def flush(self) -> None:
+        """Wait until the step in flight is applied by every owner (its failure raised here, naming the server)."""
+        with self._lock:
+            pending, self._inflight = self._inflight, {}
+        if pending:
+            self._wait("emb_push", pending)
 
     # ---- checkpoints -------------------------------------------------------------------------------
 
@@ -150,6 +169,7 @@ class RemoteEmbedding:
         parallel (no trainer gathers the table).  Also what a re-formed group restores."""
         check_name(tag, "checkpoint tag")
         self.ensure()
+        self.flush()
         self._on_parts("emb_save", {p: (self.spec.name, tag) for p in self._all()})
         self.checkpoint = tag
 
@@ -158,6 +178,7 @@ class RemoteEmbedding:
         table of the same name): FileNotFoundError naming the file a server lacks."""
         check_name(tag, "checkpoint tag")
         self.ensure()
+        self.flush()
         self._on_parts("emb_load", {p: (self.spec.name, tag) for p in self._all()})
         self.checkpoint = tag
 
@@ -179,6 +200,7 @@ class RemoteEmbedding:
             return
         self.closed = True
         if self._generation == self.client.generation:
+            self.flush()
             self._on_parts("emb_close", {p: (self.spec.name,) for p in self._all()})
 
 

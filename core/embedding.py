@@ -20,9 +20,11 @@ Consistency (why all ranks see the same rows): under DDP every rank's trainer gr
 of a table (groups are per trainer process, so a dead trainer locks out nobody).  At ``step()`` the ranks
 all-gather their gradient rows over the trainer's own process group, average them as DDP averages dense
 gradients, and each rank pushes the same gradients, in the same order, to its replica: the owners apply
-identical updates, so after every step each rank reads identical rows.  A step returns once every owner
-applied it.  Rows in a batch are read when the batch is produced, so with prefetch a batch may carry rows
-from before the last few steps (as any prefetching pipeline of an asynchronous embedding store).
+identical updates, so after every step each rank reads identical rows.  A remote table keeps one step in
+flight: ``step()`` returns once the previous step is applied everywhere and this one is sent, so the owners
+apply it while the trainer computes the next batch; ``table.rows()``, checkpoints and ``close()`` wait for it.
+Rows in a batch are read when the batch is produced, so with prefetch a batch may carry rows from before the
+last few steps (as any prefetching pipeline of an asynchronous embedding store).
 """
 from __future__ import annotations
 
@@ -205,7 +207,8 @@ class EmbeddingTable(Protocol):
         """``(global ids, gradient rows)`` of the rows handed out since the last step (None: none got one)."""
 
     def push(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> None:
-        """Send ``(gids, grads)`` to the owners, which apply ``update``; returns once every owner applied it."""
+        """Send ``(gids, grads)`` to the owners, which apply ``update`` (a remote table returns once it is sent
+        and the previous step applied)."""
 
 
 class SparseOptimizer:
@@ -297,7 +300,10 @@ class HandOut:
         self._lock = threading.Lock()
 
     def add(self, gids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` as a new leaf that requires grad, remembered with its ``gids``."""
+        """``rows`` as a new leaf that requires grad, remembered with its ``gids`` until the next step -- or, with
+        autograd off (``torch.no_grad()``: inference), as they are and forgotten."""
+        if not torch.is_grad_enabled():
+            return rows
         leaf = rows.detach().requires_grad_(True)
         with self._lock:
             self._items.append((gids.detach().to("cpu", torch.int64), leaf))
