@@ -273,20 +273,22 @@ def all_gather_grads(gids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Ten
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return gids, grads
     world = dist.get_world_size()
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([gids.numel()], dtype=torch.int64))
-    most = max(int(s) for s in sizes)
-    dim = grads.size(1)
-    pad_ids = torch.zeros(most, dtype=torch.int64)
+    # NCCL gathers device tensors only: the collective runs on this rank's GPU there, on the host otherwise
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([gids.numel()], dtype=torch.int64, device=dev))
+    counts = [int(s) for s in sizes]
+    most, dim = max(counts), grads.size(1)
+    pad_ids = torch.zeros(most, dtype=torch.int64, device=dev)
     pad_ids[:gids.numel()] = gids
-    pad_grads = torch.zeros(most, dim, dtype=torch.float32)
+    pad_grads = torch.zeros(most, dim, dtype=torch.float32, device=dev)
     pad_grads[:gids.numel()] = grads.to(torch.float32)
-    all_ids = [torch.empty(most, dtype=torch.int64) for _ in range(world)]
-    all_grads = [torch.empty(most, dim, dtype=torch.float32) for _ in range(world)]
+    all_ids = [torch.empty(most, dtype=torch.int64, device=dev) for _ in range(world)]
+    all_grads = [torch.empty(most, dim, dtype=torch.float32, device=dev) for _ in range(world)]
     dist.all_gather(all_ids, pad_ids)
     dist.all_gather(all_grads, pad_grads)
-    ids = torch.cat([t[:int(s)] for t, s in zip(all_ids, sizes)])
-    rows = torch.cat([t[:int(s)] for t, s in zip(all_grads, sizes)])
+    ids = torch.cat([t[:n] for t, n in zip(all_ids, counts)]).cpu()
+    rows = torch.cat([t[:n] for t, n in zip(all_grads, counts)]).cpu()
     return ids, rows / world
 
 
