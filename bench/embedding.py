@@ -134,10 +134,11 @@ def push_throughput(table, sparse, servers: int, rows: int = 50_000, steps: int 
     """Gradient rows applied per second per server: ``steps`` synchronous pushes of ``rows`` random rows
     (duplicates included, ids on every server), each waited for (send, merge, Adam update, answer)."""
     gen = torch.Generator().manual_seed(1)
+    work = [(torch.randint(0, table.num_rows, (rows,), generator=gen),
+             torch.randn(rows, table.spec.dim, generator=gen) * 1e-3) for _ in range(steps)]
     began = time.perf_counter()
-    for _ in range(steps):
-        ids = torch.randint(0, table.num_rows, (rows,), generator=gen)
-        table.push(ids, torch.randn(rows, table.spec.dim, generator=gen) * 1e-3, sparse.update)
+    for ids, grads in work:
+        table.push(ids, grads, sparse.update)
         table.flush()
     return rows * steps / (time.perf_counter() - began) / servers
 
