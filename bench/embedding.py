@@ -1,7 +1,7 @@
 """Typed training with server-held embeddings (``graphfeed bench embedding``).
 
 On a typed graph whose other node types have no features (the ``mag`` presets: authors), the same
-``to_hetero`` GraphSAGE model is trained twice through the servers, each run with a fresh client:
+``to_hetero`` GraphSAGE model is trained twice through the servers, on one client, epochs interleaved:
 
 * ``plain``: every featureless type gets zero features (what a model without embeddings sees);
 * ``embedding``: every featureless type gets a learnable server table (``client.embedding(..., field="x")``)
@@ -72,62 +72,88 @@ def featureless_types(client) -> list[str]:
     return [t for t in client.node_types if "x" not in probe[t]]
 
 
-def train_typed(client, cfg: EmbeddingBenchConfig, *, embeddings: bool) -> dict:
-    """Train the model through ``client`` (with or without server tables); accuracy and timings."""
-    import graphfeed.client as gf
+class TypedRun:
+    """One model trained through ``client``, with server tables on the featureless types or zeros there."""
 
-    torch.manual_seed(cfg.seed)
-    label = client.label_type
-    types = featureless_types(client)
-    tables = [client.embedding(t, dim=cfg.dim, seed=cfg.seed, field="x") for t in types] if embeddings else []
-    fanouts: list[int] | dict = list(cfg.num_neighbors)
-    if cfg.edge_types is not None:
-        fanouts = {tuple(e): list(cfg.num_neighbors) for e in cfg.edge_types}
-    train = client.neighbor_loader((label, "train"), fanouts, batch_size=cfg.batch_size, shuffle=True,
-                                   seed=cfg.seed, embeddings=tables)
-    val = client.neighbor_loader((label, "val"), fanouts, batch_size=cfg.batch_size, embeddings=tables)
-    model = _model(client, cfg.hidden)
-    opt: torch.optim.Optimizer | None = None
-    sparse = gf.SparseAdam(tables, lr=cfg.emb_lr) if tables else None
-    step_ms, push_ms, pushed = [], [], 0
-    for _ in range(cfg.epochs):
-        t0 = time.perf_counter()
-        for batch in train:
-            _zeros(batch, types, cfg.dim, tables)
-            out = model(batch.x_dict, batch.edge_index_dict)[label][:batch[label].batch_size]
-            loss = torch.nn.functional.cross_entropy(out, batch[label].y[:batch[label].batch_size])
-            if opt is None:   # lazy layers have their shapes after the first forward
-                opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if sparse is not None:
-                p0 = time.perf_counter()
-                pushed += sum(int(b[t].x.size(0)) for b in (batch,) for t in types)
-                sparse.step()
-                push_ms.append((time.perf_counter() - p0) * 1e3)
-            now = time.perf_counter()
-            step_ms.append((now - t0) * 1e3)
-            t0 = now
-    correct = total = 0
-    with torch.no_grad():
-        for batch in val:
-            _zeros(batch, types, cfg.dim, tables)
+    def __init__(self, client, cfg: EmbeddingBenchConfig, *, embeddings: bool):
+        import graphfeed.client as gf
+
+        torch.manual_seed(cfg.seed)
+        self.client, self.cfg, self.label = client, cfg, client.label_type
+        self.types = featureless_types(client)
+        self.tables = ([client.embedding(t, dim=cfg.dim, seed=cfg.seed, field="x") for t in self.types]
+                       if embeddings else [])
+        fanouts: list[int] | dict = list(cfg.num_neighbors)
+        if cfg.edge_types is not None:
+            fanouts = {tuple(e): list(cfg.num_neighbors) for e in cfg.edge_types}
+        self.train = client.neighbor_loader((self.label, "train"), fanouts, batch_size=cfg.batch_size, shuffle=True,
+                                            seed=cfg.seed, embeddings=self.tables)
+        self.val = client.neighbor_loader((self.label, "val"), fanouts, batch_size=cfg.batch_size,
+                                          embeddings=self.tables)
+        self.model = _model(client, cfg.hidden)
+        self.opt: torch.optim.Optimizer | None = None
+        self.sparse = gf.SparseAdam(self.tables, lr=cfg.emb_lr) if self.tables else None
+        self.step_ms: list[float] = []
+        self.push_ms: list[float] = []
+        self.pushed = 0
+
+    def epoch(self) -> None:
+        """One training epoch; each step's time (wait + forward/backward + steps) into ``step_ms``."""
+        label, t0 = self.label, time.perf_counter()
+        for batch in self.train:
+            _zeros(batch, self.types, self.cfg.dim, self.tables)
             size = batch[label].batch_size
-            pred = model(batch.x_dict, batch.edge_index_dict)[label][:size].argmax(-1)
-            correct += int((pred == batch[label].y[:size]).sum())
-            total += size
-    for loader in (train, val):
-        loader.close()
-    result = {"val_accuracy": correct / max(1, total), "batch_ms": statistics.median(step_ms),
-              "batches": len(step_ms)}
-    if sparse is not None:
-        result.update(push_ms=statistics.median(push_ms), rows_pushed_per_step=pushed / max(1, len(push_ms)),
-                      table_rows=sum(t.num_rows for t in tables),
-                      rows_applied_per_s_per_server=push_throughput(tables[0], sparse, len(client.servers)))
-        for t in tables:
+            out = self.model(batch.x_dict, batch.edge_index_dict)[label][:size]
+            loss = torch.nn.functional.cross_entropy(out, batch[label].y[:size])
+            if self.opt is None:   # lazy layers have their shapes after the first forward
+                self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            if self.sparse is not None:
+                p0 = time.perf_counter()
+                self.pushed += sum(int(batch[t].x.size(0)) for t in self.types)
+                self.sparse.step()
+                self.push_ms.append((time.perf_counter() - p0) * 1e3)
+            now = time.perf_counter()
+            self.step_ms.append((now - t0) * 1e3)
+            t0 = now
+
+    def accuracy(self) -> float:
+        correct = total = 0
+        with torch.no_grad():
+            for batch in self.val:
+                _zeros(batch, self.types, self.cfg.dim, self.tables)
+                size = batch[self.label].batch_size
+                pred = self.model(batch.x_dict, batch.edge_index_dict)[self.label][:size].argmax(-1)
+                correct += int((pred == batch[self.label].y[:size]).sum())
+                total += size
+        return correct / max(1, total)
+
+    def finish(self) -> dict:
+        """Accuracy and timings; closes the loaders and tables."""
+        result = {"val_accuracy": self.accuracy(), "batch_ms": statistics.median(self.step_ms),
+                  "batches": len(self.step_ms)}
+        if self.sparse is not None:
+            result.update(push_ms=statistics.median(self.push_ms),
+                          rows_pushed_per_step=self.pushed / max(1, len(self.push_ms)),
+                          table_rows=sum(t.num_rows for t in self.tables),
+                          rows_applied_per_s_per_server=push_throughput(self.tables[0], self.sparse,
+                                                                        len(self.client.servers)))
+        for loader in (self.train, self.val):
+            loader.close()
+        for t in self.tables:
             t.close()
-    return result
+        return result
+
+
+def train_typed(client, cfg: EmbeddingBenchConfig, *, embeddings: bool) -> dict:
+    """Train the model through ``client`` (with or without server tables) for ``cfg.epochs``; accuracy and
+    timings (:meth:`TypedRun.finish`)."""
+    run = TypedRun(client, cfg, embeddings=embeddings)
+    for _ in range(cfg.epochs):
+        run.epoch()
+    return run.finish()
 
 
 def push_throughput(table, sparse, servers: int, rows: int = 50_000, steps: int = 5) -> float:
@@ -152,7 +178,8 @@ def _zeros(batch, types: list[str], dim: int, tables: list) -> None:
 
 
 def bench_embedding(cfg: EmbeddingBenchConfig) -> dict:
-    """Both runs (plain first) on the same servers; the figures as one dict."""
+    """Both runs on one client and the same servers, their epochs interleaved (plain, embedding, plain, ...) so
+    a loaded machine slows both alike; the figures as one dict."""
     import graphfeed.client as gf
 
     with ExitStack() as stack:
@@ -161,11 +188,14 @@ def bench_embedding(cfg: EmbeddingBenchConfig) -> dict:
             addresses = cluster.addresses
         else:
             addresses = list(cfg.servers)
-        runs = {}
-        for name, with_tables in (("plain", False), ("embedding", True)):
-            with gf.connect(addresses, timeout=120) as client:
-                runs[name] = train_typed(client, cfg, embeddings=with_tables)
-                types = featureless_types(client)
+        with gf.connect(addresses, timeout=120) as client:
+            runs = {"plain": TypedRun(client, cfg, embeddings=False), "embedding": TypedRun(client, cfg,
+                                                                                          embeddings=True)}
+            for _ in range(cfg.epochs):
+                for run in runs.values():
+                    run.epoch()
+            types = runs["plain"].types
+            results = {name: run.finish() for name, run in runs.items()}
     return {"servers": len(addresses), "dim": cfg.dim, "featureless_types": types, "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size, **{f"{k}_{name}": v for name, r in runs.items() for k, v in r.items()},
-            "overhead": runs["embedding"]["batch_ms"] / runs["plain"]["batch_ms"] - 1}
+            "batch_size": cfg.batch_size, **{f"{k}_{name}": v for name, r in results.items() for k, v in r.items()},
+            "overhead": results["embedding"]["batch_ms"] / results["plain"]["batch_ms"] - 1}
