@@ -277,4 +277,9 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                 local_opt.step()
             torch.testing.assert_close(table.rows(every), local.rows(every), rtol=1e-6, atol=1e-6)
             resumed.close()
+        with gf.connect([s.address for s in servers], timeout=60) as later:   # a later job: the table kept by name
+            again = later.embedding("author", dim=DIM, seed=9)
+            assert not torch.equal(again.rows(every), saved)
+            again.load("ckpt")
+            assert torch.equal(again.rows(every), saved)
 
