@@ -12,7 +12,8 @@ import sys
 
 from graphfeed.cli.main import UsageError
 
-HELP = "benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency)"
+HELP = ("benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency), "
+        "`bench embedding` (server-held embeddings)")
 
 
 def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5") -> tuple[int, ...]:
@@ -38,6 +39,7 @@ def add_arguments(parser) -> None:
     _add_workload(p)
     _add_remote(sub)
     _add_online(sub)
+    _add_embedding(sub)
 
 
 def _add_workload(p) -> None:
@@ -130,6 +132,39 @@ def _add_online(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random node ids (default 0)")
 
 
+def _add_embedding(sub) -> None:
+    p = sub.add_parser("embedding", help="typed training with server-held embeddings vs without (accuracy, "
+                                         "batch time, push throughput)",
+                       description="Train the same to_hetero GraphSAGE on a typed graph twice through the servers: "
+                                   "featureless node types as zeros, then as learnable server tables (SparseAdam); "
+                                   "prints one JSON line (graphfeed.bench.embedding).")
+    p.add_argument("--servers", required=True,
+                   help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
+                        "or a comma-separated host:port list of running servers")
+    p.add_argument("--graph", default=None, help="typed partition folder, e.g. of `graphfeed generate --preset "
+                                                 "mag-small` (needed with --servers N)")
+    p.add_argument("--dim", type=int, default=128, help="embedding width (default 128)")
+    p.add_argument("--num-neighbors", default="10,5", help="per-hop fanouts for every edge type (default 10,5)")
+    p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
+    p.add_argument("--epochs", type=int, default=3, help="training epochs per run (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+
+
+def _run_embedding(args) -> int:
+    from graphfeed.bench.embedding import EmbeddingBenchConfig, bench_embedding
+
+    cfg = EmbeddingBenchConfig(servers=_servers(args.servers), graph=args.graph, dim=args.dim,
+                               num_neighbors=_fanouts(args.num_neighbors, example="10,5"),
+                               batch_size=args.batch_size, epochs=args.epochs, seed=args.seed)
+    try:
+        result = bench_embedding(cfg)
+    except RuntimeError as exc:  # a server failed to start or stop: one line
+        print(f"graphfeed bench embedding: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
+
+
 def _run_online(args) -> int:
     from graphfeed.bench.online import OnlineBenchConfig, bench_online
 
@@ -205,6 +240,8 @@ def run(args) -> int:
         return _run_remote(args)
     if command == "online":
         return _run_online(args)
+    if command == "embedding":
+        return _run_embedding(args)
     if command != "sample":
         raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
                          "`graphfeed bench remote --servers N --graph DIR ...` or "

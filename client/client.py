@@ -14,6 +14,7 @@ from typing import NoReturn, Sequence
 from typing_extensions import Unpack
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
+from graphfeed.client.embedding import RemoteEmbedding
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
@@ -21,6 +22,7 @@ from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
 from graphfeed.core.compat import check_not_graph, take_loader_extras
+from graphfeed.core.embedding import EmbeddingSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
@@ -233,6 +235,23 @@ class Client:
         spec = online_spec(num_neighbors, replace=replace, direction=direction, weight_attr=weight_attr,
                            feature_dtype=feature_dtype)
         return to_batch(self._online.sample(node_ids, spec, seed))
+
+    def embedding(self, ntype: str | None = None, dim: int = 128, *, name: str | None = None, init: str = "normal",
+                  scale: float = 0.1, dtype: str = "float32", seed: int = 0, field: str = "emb") -> RemoteEmbedding:
+        """A learnable table of ``dim`` values per node of type ``ntype`` (None: the label type), held by the
+        servers: each makes the rows of the nodes its part owns, for this client's group only (another job's
+        table of the same ``name``, default ``ntype``, is another table).  ``init``: ``"normal"`` (std
+        ``scale``), ``"uniform"`` (``[-scale, scale]``) or ``"zeros"``.  Give it to a loader
+        (``embeddings=[table]``): batches carry the rows of their nodes as ``batch[ntype].<field>``, a leaf
+        tensor that requires grad; step it with :class:`graphfeed.client.SparseAdam` (or ``SparseSGD``,
+        ``SparseAdagrad``).  ``table.save(tag)`` / ``load(tag)`` checkpoint it on the servers;
+        ``close()`` frees it.  ValueError (one line) for a bad argument or a table over a server's
+        ``embedding_bytes``."""
+        self._check_usable()
+        ntype = self.label_type if ntype is None else ntype
+        self.num_nodes_of(ntype)   # ValueError naming the graph's types
+        spec = EmbeddingSpec(ntype if name is None else name, ntype, dim, dtype, init, scale, seed)
+        return RemoteEmbedding(self, spec, field)
 
     def num_nodes_of(self, ntype: str | None) -> int:
         """Nodes of type ``ntype`` (None: the label type); ValueError naming the graph's types for an unknown one."""

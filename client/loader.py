@@ -17,6 +17,7 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Generator, Iterator
 
+from graphfeed.client.embedding import attach_tables
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
 from graphfeed.client.metrics import LoaderStats
@@ -24,6 +25,7 @@ from graphfeed.client.sessions import SessionSet
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.compat import BatchTransforms
 from graphfeed.core.delivery import Delivery
+from graphfeed.core.embedding import check_tables, hand_out_rows
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec
@@ -82,7 +84,7 @@ class RemoteNeighborLoader:
 
     def __init__(self, client: ClientView, spec: LoaderSpec, *, prefetch: int = 4,
                  feature_cache_mb: float | None = None, pin_memory: bool = False, device=None,
-                 transforms: BatchTransforms | None = None):
+                 transforms: BatchTransforms | None = None, embeddings=None):
         if not isinstance(spec, LoaderSpec):
             raise TypeError(f"spec must be a LoaderSpec, got {type(spec).__name__}; "
                             f"use Client.neighbor_loader(...) for PyG-style arguments")
@@ -91,6 +93,7 @@ class RemoteNeighborLoader:
         budget = check_budget(feature_cache_mb)
         self.delivery = Delivery(pin_memory, device)   # pinned / on the trainer's GPU, one batch ahead
         self.client = client
+        self.embeddings = check_tables(embeddings, client.node_types)   # rows in every batch (core.embedding)
         self.spec = spec.ordered_input(client.num_nodes_of(spec.input.node_type))
         self.feature_cache = load_feature_cache(client, budget, self.spec.feature_dtype)
         if self.feature_cache is not None:
@@ -186,6 +189,8 @@ class RemoteNeighborLoader:
 
     def _start_on_servers(self, plan: EpochPlan, start: int) -> None:
         """StartEpoch on every server at once: each produces its batches at positions ``>= start``."""
+        attach_tables(self.session_set, self.embeddings, [s.part for s in self.client.servers],
+                      self.client.rpc_timeout)
         planned = self.session_set.start_epoch(plan.epoch, start)
         for s, num_batches in zip(self.client.servers, planned):
             expected = sum(1 for seq, _ in plan.owned_by(s.part) if seq >= start)
@@ -210,7 +215,7 @@ class RemoteNeighborLoader:
                                                          generation)) as stream:
                         for data in self.delivery(stream):
                             progress.delivered += 1   # before the yield: the trainer holds it from here on
-                            yield data
+                            yield hand_out_rows(data, self.embeddings) if self.embeddings else data
                             del data   # not kept while the next batch is pulled (it may hold a shm slot)
                 except PullFailed as failure:
                     if _session_expired(failure.__cause__) and self.client.generation == generation:

@@ -59,6 +59,11 @@ BATCH_FIELDS: dict[str, Field] = {
     "x_scale": Field(NODE, False, torch.float32, "feature_dtype='int8': the type's per-column scale, [F] (x = "
                                                  "(q + 128) * x_scale + x_offset); not aligned with n_id"),
     "x_offset": Field(NODE, False, torch.float32, "feature_dtype='int8': the type's per-column offset, [F]"),
+    "emb": Field(NODE, False, None, "rows of the loader's embedding table of this type (graphfeed.core.embedding), "
+                                    "[num_nodes, dim]; the trainer gets them as a leaf that requires grad, under "
+                                    "the table's field name"),
+    "emb_gid": Field(NODE, False, torch.int64, "global ids of the type's batch nodes, aligned with emb: the keys "
+                                               "the sparse optimizer sends gradient rows by"),
     "edge_index": Field(EDGE, True, torch.int64, "sampled edges in local ids, [2, num_edges]: row indexes the "
                                                  "source type's n_id, col the destination type's"),
     "edge_attr": Field(EDGE, False, None, "features of the type's sampled edges, aligned with e_id; only for "

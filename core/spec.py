@@ -29,7 +29,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 import torch
 from typing_extensions import Unpack
@@ -1014,6 +1014,9 @@ class LocalLoaderOptions(LoaderOptions, total=False):
       logged once -- the servers do the DataLoader workers' work.
     * ``dequantize`` (True): with ``feature_dtype="int8"``, batches carry float32 ``x`` (``(q + 128) * x_scale +
       x_offset``); False hands ``x`` over as int8 with its ``x_scale`` and ``x_offset`` ([F] float32).
+    * ``embeddings`` (None): learnable tables (``client.embedding(...)``; the local loader's
+      ``LocalEmbedding``), at most one per node type; each batch carries their rows of its nodes as a leaf
+      tensor that requires grad (:mod:`graphfeed.core.embedding`).  Node loaders.
     """
 
     pin_memory: bool
@@ -1024,6 +1027,7 @@ class LocalLoaderOptions(LoaderOptions, total=False):
     persistent_workers: bool | None
     prefetch_factor: int | None
     dequantize: bool
+    embeddings: Sequence[Any] | None
 
 
 class RemoteLoaderOptions(LocalLoaderOptions, total=False):

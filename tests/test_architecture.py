@@ -45,9 +45,10 @@ ALLOWED = {
 SERVER_ALLOWED = {
     "partition": {"partition", "core"},
     "sampling": {"sampling", "partition", "core", "cuda_ext"},
-    "loader": {"loader", "sampling", "partition", "core"},
-    "worker": {"worker", "sampling", "partition", "transport", "core"},
-    "daemon": {"daemon", "worker", "sampling", "partition", "proto", "core", "cuda_ext"},
+    "embedding": {"embedding", "partition", "core"},
+    "loader": {"loader", "embedding", "sampling", "partition", "core"},
+    "worker": {"worker", "embedding", "sampling", "partition", "transport", "core"},
+    "daemon": {"daemon", "worker", "embedding", "sampling", "partition", "proto", "core", "cuda_ext"},
 }
 
 

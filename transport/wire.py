@@ -70,6 +70,10 @@ def _register_core_records() -> None:
         cls = getattr(spec, name, None)
         if cls is not None:
             register_record(cls)
+    from graphfeed.core import embedding
+
+    register_record(embedding.EmbeddingSpec)   # a table's creation (rpc_api.emb_create)
+    register_record(embedding.SparseUpdate)    # a step's rule (rpc_api.emb_push)
 
 
 _register_core_records()

@@ -104,6 +104,10 @@ class ServerConfig:
     # the data path: "auto" = "secure" when a token or TLS is configured, else torch RPC (trusted networks);
     # "secure" = always the authenticated transport; "torch-rpc" = never it (refused with a token or TLS)
     data_path: str = "auto"
+    # learnable embedding tables (graphfeed.server.embedding): where tables saved by name live ("" = saving
+    # refused), and what one trainer group's tables may hold here, rows and optimizer state (0 = 1/4 of memory)
+    embedding_dir: str = ""
+    embedding_bytes: int = 0
 
     @property
     def tls(self) -> bool:
@@ -339,6 +343,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "token": _optional(_token),
     "token_file": _optional(_token_file),
     "data_path": _choice(DATA_PATHS),
+    "embedding_dir": _string(allow_empty=True),
+    "embedding_bytes": _bytes_or_auto,
 }
 KEYS = tuple(f.name for f in fields(ServerConfig))
 REQUIRED = ("partition", "part")
@@ -437,6 +443,8 @@ def _resolve_budget(values: dict[str, Any]) -> None:
         values["max_batch_nodes"] = values["max_batch_bytes"] // 64
     if not values.get("max_batch_edges"):
         values["max_batch_edges"] = values["max_batch_bytes"] // 32
+    if not values.get("embedding_bytes"):   # a group's embedding tables on this server
+        values["embedding_bytes"] = memory_limit() // 4
 
 
 def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:

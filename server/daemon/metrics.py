@@ -80,6 +80,16 @@ METRICS: dict[str, MetricSpec] = {
                                                          "from its GPU feature cache (result=\"hit\") or from pinned "
                                                          "host memory (\"miss\"); hit rate = hit / (hit + miss).",
                                                          ("result",)),
+    # ---- learnable embedding tables (graphfeed.server.embedding), summed over the trainer groups ---------
+    "graphfeed_embedding_rows": MetricSpec("gauge", "Rows of embedding tables this part holds, per table name "
+                                           "(summed over the open trainer groups).", ("table",)),
+    "graphfeed_embedding_bytes": MetricSpec("gauge", "Bytes of embedding tables this part holds, rows and "
+                                            "optimizer state, per table name (summed over the open groups).",
+                                            ("table",)),
+    "graphfeed_embedding_pushes_total": MetricSpec("counter", "Sparse optimizer steps applied to this part's rows "
+                                                   "(pushes/s = rate of this).", ("table",)),
+    "graphfeed_embedding_rows_applied_total": MetricSpec("counter", "Distinct rows updated by those steps "
+                                                         "(rows applied/s = rate of this).", ("table",)),
     # ---- errors and the scrape itself ------------------------------------------------------------
     "graphfeed_errors_total": MetricSpec("counter", "Errors by kind: refused requests by gRPC status name, "
                                          "worker-side failures (produce, remote, worker_gone, metrics_timeout).",
@@ -135,7 +145,11 @@ def _add_hist(into: dict, h: dict) -> None:
 
 
 def empty_figures() -> dict:
-    return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}, "gpu_cache": {}}
+    return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}, "gpu_cache": {},
+            "embeddings": {}}
+
+
+EMBEDDING_GAUGES, EMBEDDING_COUNTERS = ("rows", "bytes"), ("pushes", "rows_applied")
 
 
 def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
@@ -149,6 +163,10 @@ def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
     for section in ("remote_errors", "errors", "gpu_cache"):
         for key, n in (snap.get(section) or {}).items():
             total[section][key] = total[section].get(key, 0) + int(n)
+    for table, figures in (snap.get("embeddings") or {}).items():   # a stopped group's tables hold no rows
+        into = total["embeddings"].setdefault(table, dict.fromkeys(EMBEDDING_GAUGES + EMBEDDING_COUNTERS, 0))
+        for key in EMBEDDING_COUNTERS + (EMBEDDING_GAUGES if gauges else ()):
+            into[key] += int(figures.get(key, 0))
     return total
 
 
@@ -304,6 +322,7 @@ class ServerCollector:
         yield from self._sessions()
         yield from self._data_path(figures)
         yield from self._latency(figures)
+        yield from self._embeddings(figures)
         yield from self._errors(figures, age)
 
     def _process(self):
@@ -361,6 +380,15 @@ class ServerCollector:
             errors.add_metric([peer, call], figures["remote_errors"].get((peer, call), 0))
             hist.add_metric([peer, call], _hist_buckets(h), h["sum"])
         yield from (calls, errors, hist)
+
+    def _embeddings(self, figures: dict):
+        tables = sorted(figures.get("embeddings", {}).items())
+        for key in EMBEDDING_GAUGES + EMBEDDING_COUNTERS:
+            name = f"graphfeed_embedding_{key}" + ("_total" if key in EMBEDDING_COUNTERS else "")
+            f = _family(name)
+            for table, values in tables:
+                f.add_metric([table], values[key])
+            yield f
 
     def _errors(self, figures: dict, age: float):
         counts = dict(figures["errors"])

@@ -54,6 +54,8 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
                  num_hard_negatives: int | None = None, **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "links")
+        if own.pop("embeddings", None):
+            raise ValueError("embedding tables ride node loaders' batches so far, not link loaders'")
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,

@@ -15,6 +15,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.compat import take_loader_extras
 from graphfeed.core.delivery import Delivery
+from graphfeed.core.embedding import check_tables, hand_out_rows
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import (
@@ -56,10 +57,12 @@ class LocalNeighborLoader:
                  **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "nodes")
+        embeddings = own.pop("embeddings", None)
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
         self._setup(graph, LoaderSpec.of(input_nodes, num_neighbors, **spec_options))
         self.delivery = delivery
+        self.embeddings = check_tables(embeddings, graph.node_types)   # LocalEmbedding tables
 
     def _setup(self, graph: PartitionedGraph, spec: LoaderSpec) -> None:
         """Check ``spec`` against ``graph`` (ValueError naming the problem), resolve each part's input and
@@ -109,7 +112,7 @@ class LocalNeighborLoader:
         with progress.running():
             for data in self.delivery(self._produced(plan, start)):
                 progress.delivered += 1
-                yield data
+                yield hand_out_rows(data, self.embeddings) if self.embeddings else data
 
     def _produced(self, plan: EpochPlan, start: int) -> Iterator:
         for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
@@ -122,7 +125,16 @@ class LocalNeighborLoader:
         return produce_batch(self.graph, seeds, sampling, entry, epoch, seq, input_type=self.input_type,
                              input_id=input_id, feature_dtype=self.spec.feature_torch_dtype,
                              seed_time=node_seed_time(self.graph, self.spec.input, sampling, self.input_type, seeds,
-                                                      input_id))
+                                                      input_id),
+                             node_extra=self._embedding_rows if getattr(self, "embeddings", None) else None)
+
+    def _embedding_rows(self, ntype: str, gids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch fields of the loader's table of ``ntype`` (none without one): as a session worker's."""
+        table = next((t for t in self.embeddings if t.spec.ntype == ntype), None)
+        if table is None:
+            return {}
+        gids = gids.cpu()
+        return {"emb": table.rows(gids), "emb_gid": gids}
 
     def state_dict(self) -> dict:
         """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""

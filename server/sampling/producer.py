@@ -51,7 +51,9 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
                   extra: Mapping[str, torch.Tensor] | None = None,
                   subgraphs: Mapping[str, torch.Tensor] | None = None,
                   seed_time: torch.Tensor | None = None,
-                  exclude: Mapping[EdgeType, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                  exclude: Mapping[EdgeType, torch.Tensor] | None = None,
+                  node_extra: Callable[[str, torch.Tensor], Mapping[str, torch.Tensor]] | None = None
+                  ) -> dict[str, torch.Tensor]:
     """Batch ``seq`` of ``epoch`` (plan entry ``plan_entry``, seeds ``seeds`` of node type ``input_type``,
     at positions ``input_id`` of the loader's input) sampled as ``spec`` (a loader's
     :attr:`LoaderSpec.sampling`) and encoded, its floating-point features cast to ``feature_dtype``
@@ -67,6 +69,8 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
     ``exclude_seed_edges``): per edge type, ``[2, n]`` global ``(src, dst)`` pairs no sampled edge may join.
     ``feature_dtype=torch.int8`` quantizes ``x`` with the partition's scales (:meth:`SamplingGraph.quant_scales`).
     ``stage(name)``, when given, is entered around the ``"encode"`` step (the workers' metrics).
+    ``node_extra(ntype, gids)``, when given, adds node fields of a type's batch nodes (global ids ``gids``): a
+    loader's embedding rows (``emb``, ``emb_gid``; empty mapping for a type without a table).
     """
     typed_seeds = seeds if isinstance(seeds, Mapping) else {input_type: seeds}
     if spec.disjoint and subgraphs is None:
@@ -76,6 +80,9 @@ def produce_batch(graph: SamplingGraph, seeds: torch.Tensor | Mapping[str, torch
     if seed_time is not None and extra is None:   # a node batch carries PyG's seed_time
         extra = {"seed_time": seed_time}
     nodes = {t: _node_fields(graph, sub, t, feature_dtype) for t in graph.node_types}
+    if node_extra is not None:
+        for t, fields in nodes.items():
+            fields.update(node_extra(t, sub.nodes.get(t, torch.empty(0, dtype=torch.int64))))
     edge_attr = graph.edge_attr(sub.homogeneous(), spec) if graph.is_homogeneous else None
     with stage("encode") if stage is not None else nullcontext():
         edges = {e: _edge_fields(sub, e) for e in sub.row}

@@ -63,6 +63,8 @@ class GroupSpec:
     group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
     tls_cert: str | None = None
     tls_key: str | None = None
+    embedding_dir: str = ""          # where the group's embedding tables are saved by name ("" = not saved)
+    embedding_bytes: int = 0         # what the group's embedding tables may hold on this server (0 = no cap)
 
     # the fields the daemon sets itself, per group or derived (the rest are daemon settings: settings_of copies
     # each from the config attribute of the same name, so a new worker setting is one field here and one on

@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
+from graphfeed.server.embedding import EmbeddingStore
 from graphfeed.server.partition.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
@@ -106,6 +107,11 @@ class SessionWorker:
         self.server: SecureServer | None = None
         self.graph = worker_graph(part, spec.peer_bound, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
+        # the group's learnable embedding tables (rows of this part's nodes; others' rows through the peers)
+        self.embeddings = EmbeddingStore(spec.part_id, self.graph.books,
+                                         lambda p, name, args: self.calls.call(p, name, args, spec.rpc_timeout),
+                                         timeout=spec.rpc_timeout, save_dir=spec.embedding_dir,
+                                         budget_bytes=spec.embedding_bytes)
         self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry
@@ -262,7 +268,8 @@ class SessionWorker:
             kinds[row.kind] = kinds.get(row.kind, ServedCounts()) + row.counts
         hits = sum(g.hits for g in self.gpu_sources)
         return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds,
-                                    gpu_cache={"hit": hits, "miss": sum(g.reads for g in self.gpu_sources) - hits}))
+                                    gpu_cache={"hit": hits, "miss": sum(g.reads for g in self.gpu_sources) - hits},
+                                    embeddings=self.embeddings.stats()))
 
     def stop(self, cmd: Stop) -> Stopped:
         """Close every session and leave the group (the command loop ends after answering)."""

@@ -42,6 +42,11 @@ also carry the session's secret.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
 * ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
   that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
+* ``emb_create(spec)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` / ``emb_push(name, gids,
+  grads, update)`` / ``emb_save(name, tag)`` / ``emb_load(name, tag)`` -- the trainer's learnable embedding
+  tables (:mod:`graphfeed.server.embedding`): this part's rows, a session's batches carrying them, a sparse
+  optimizer step, a checkpoint written by this owner.  ``emb_rows(name, gids)`` -- rows by global id (peers
+  filling a batch, the trainer reading a table).
 * ``hot_rows(ntype, start, count, dtype)`` -- a trainer fills its hot-feature cache: original ids and
   feature rows of this part's highest in-degree nodes of a type, in chunks (:mod:`.hot_rows`).
 
@@ -55,6 +60,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
+from graphfeed.core.embedding import EmbeddingSpec, SparseUpdate
 from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingSpec, feature_dtype
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
@@ -321,8 +327,59 @@ def part_identity() -> tuple | None:
     return part_files_identity(worker.part.paths.root, worker.part.part_id)
 
 
+# ---- learnable embedding tables (graphfeed.server.embedding: the rows this part owns, per trainer group) ----
+
+def emb_create(spec: EmbeddingSpec) -> tuple[int, int]:
+    """Make this part's rows of table ``spec`` in the group (nothing when it exists); ``(start, stop)`` of the
+    global ids it owns.  ValueError for an unknown type, a clash of names or a table over the budget."""
+    if not isinstance(spec, EmbeddingSpec):
+        raise ValueError(f"emb_create takes an EmbeddingSpec, got {type(spec).__name__}")
+    return _bound().embeddings.create(spec)
+
+
+def emb_close(name: str) -> bool:
+    """Free this part's rows of table ``name`` (its saved checkpoints stay); whether it existed."""
+    return _bound().embeddings.close(str(name))
+
+
+def emb_rows(name: str, gids: torch.Tensor) -> torch.Tensor:
+    """Rows of table ``name`` for global ids ``gids`` (a peer asks for the ids this part owns; the trainer may
+    ask for any); LookupError for an unknown table, ValueError for ids outside the type."""
+    return _bound().embeddings.rows(str(name), gids)
+
+
+def emb_push(name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:
+    """Apply one optimizer step (rule ``update``) to this part's rows ``gids`` with gradient rows ``grads``
+    (duplicates summed); how many rows changed.  ValueError for ids not owned here or a bad shape."""
+    if not isinstance(update, SparseUpdate):
+        raise ValueError(f"emb_push takes a SparseUpdate, got {type(update).__name__}")
+    return _bound().embeddings.push(str(name), gids, grads, update)
+
+
+def emb_attach(session_id: str, secret: bytes, names: list[str]) -> None:
+    """Session ``session_id``'s batches carry the rows of tables ``names`` (one per node type) from now on.
+    PermissionError for a wrong ``secret``; LookupError for an unknown session or table."""
+    worker = _bound()
+    worker.authorize(str(session_id), secret)
+    store = worker.embeddings
+    tables = {store.table(str(n)).spec.ntype: str(n) for n in names}
+    worker.session(str(session_id)).attach_embeddings(store, tables)
+
+
+def emb_save(name: str, tag: str) -> str:
+    """Write this part's rows and optimizer state of table ``name`` as checkpoint ``tag`` (under the daemon's
+    ``embedding_dir``); the file's path."""
+    return _bound().embeddings.save(str(name), str(tag))
+
+
+def emb_load(name: str, tag: str) -> None:
+    """Replace this part's rows and state of table ``name`` with its checkpoint ``tag``."""
+    _bound().embeddings.load(str(name), str(tag))
+
+
 ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
-                     hot_rows, part_identity, sample_seeds, node_rows, part_edges})
+                     hot_rows, part_identity, sample_seeds, node_rows, part_edges, emb_create, emb_close, emb_rows,
+                     emb_push, emb_attach, emb_save, emb_load})
 assert {f.__name__ for f in ALLOWED} == set(rpc_group.WORKER_RPC_FUNCTIONS)
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 

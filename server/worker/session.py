@@ -74,6 +74,8 @@ class Session:
         self._link_seeds: LinkSeeds | None = None
         self._whole_input: torch.Tensor | None = None   # an ordered loader's input, global ids in order
         self.last_used = time.monotonic()   # the last start_epoch / pull / sample (idle sessions expire)
+        self.embeddings = None   # the group's EmbeddingStore, once the loader attaches tables (attach_embeddings)
+        self.embedding_tables: dict[str, str] = {}   # node type -> the table whose rows its batch nodes carry
 
     def _resolve_link_seeds(self) -> None:
         """A link loader's seed edges in global ids (their destinations may be any part's: asked of every
@@ -178,7 +180,8 @@ class Session:
                                               input_type=self.input_type, input_id=input_id, stage=tel.stage,
                                               feature_dtype=self.spec.feature_torch_dtype,
                                               seed_time=node_seed_time(self.graph, self.spec.input, sampling,
-                                                                       self.input_type, seeds, input_id))
+                                                                       self.input_type, seeds, input_id),
+                                              node_extra=self._embedding_rows if self.embedding_tables else None)
                 self._check_bytes(batch)
             except BaseException as exc:  # noqa: BLE001 -- every failure must reach the trainer's pull
                 tel.count_error("produce")
@@ -186,6 +189,20 @@ class Session:
                                               f"failed: {type(exc).__name__}: {exc}"))
                 return
             run.buffer.put(seq, drop_cached_rows(batch, self.spec.feature_cache))
+
+    def attach_embeddings(self, store, tables: dict[str, str]) -> None:
+        """Batches produced from now on carry, per node type, the rows of table ``tables[type]`` of ``store``
+        (an :class:`~graphfeed.server.embedding.EmbeddingStore`); an empty mapping stops it."""
+        if self.spec.is_link and tables:
+            raise ValueError("embedding tables ride node loaders' batches so far, not link loaders'")
+        self.embeddings, self.embedding_tables = store, dict(tables)
+
+    def _embedding_rows(self, ntype: str, gids: torch.Tensor) -> dict[str, torch.Tensor]:
+        name = self.embedding_tables.get(ntype)
+        if name is None or self.embeddings is None:
+            return {}
+        gids = gids.cpu()
+        return {"emb": self.embeddings.rows(name, gids), "emb_gid": gids}
 
     def _check_bytes(self, batch: dict[str, torch.Tensor]) -> None:
         """A batch over the worker's ``max_batch_bytes`` is not buffered (BudgetExceeded names the setting)."""

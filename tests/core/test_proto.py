@@ -48,8 +48,10 @@ def test_every_batch_field_is_documented_and_encoded():
                                   for k in ("src_index", "dst_pos_index", "dst_neg_index")}})
     wire = drop_cached_rows(wire, CachedIds(DEFAULT_NODE_TYPE, torch.tensor([1])))   # and x_cached (feature cache)
     wire = batch.quantize_features(wire, {DEFAULT_NODE_TYPE: (torch.ones(2), torch.zeros(2))})   # int8: x_scale, ...
-    # with features, labels, edge features, the link fields, a feature cache and int8 features, a one-type batch
-    # carries every field once
+    wire.update({batch.node_key("emb", DEFAULT_NODE_TYPE): torch.zeros(3, 4),   # a loader's embedding table
+                 batch.node_key("emb_gid", DEFAULT_NODE_TYPE): torch.arange(3)})
+    # with features, labels, edge features, the link fields, a feature cache, int8 features and an embedding
+    # table, a one-type batch carries every field once
     assert sorted(key.partition("@")[0] for key in wire) == sorted(batch.BATCH_FIELDS)
     for key, tensor in wire.items():
         dtype = batch.BATCH_FIELDS[key.partition("@")[0]].dtype

@@ -45,7 +45,7 @@ def test_loader_options_are_loader_spec_fields_plus_input_time():
     assert option_keys(LocalLoaderOptions) - LOADER_OPTIONS == {"pin_memory", "device", "transform",
                                                                 "transform_sampler_output", "num_workers",
                                                                 "persistent_workers", "prefetch_factor",
-                                                                "dequantize"}
+                                                                "dequantize", "embeddings"}
     assert option_keys(RemoteLoaderOptions) - option_keys(LocalLoaderOptions) == {"prefetch", "feature_cache_mb"}
 
 

@@ -1,0 +1,230 @@
+"""A learnable embedding table held by the servers, as the trainer sees it (``client.embedding(...)``).
+
+Each server holds the rows of the nodes its part owns, in this trainer group's session worker
+(:mod:`graphfeed.server.embedding`); the table here holds no rows, only where they are (each part's range
+of global ids) and the rows it handed out since the last optimizer step.  Every call goes through the
+group's :class:`~graphfeed.transport.calls.DataCalls` (either data path), to all servers at once.  The
+consistency model and the optimizers are in :mod:`graphfeed.core.embedding`.
+
+After the client re-forms its group (a server restarted: :meth:`Client.recover`), every worker is new and
+the tables are made again on first use, from the last checkpoint this table saved or loaded (rows and
+optimizer state as saved; the steps since are lost, and a warning says so), else from their initial rows.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_name
+
+if TYPE_CHECKING:
+    from graphfeed.client.sessions import SessionSet
+    from graphfeed.client.view import ClientView
+
+log = logging.getLogger("graphfeed.client")
+
+
+class RemoteEmbedding:
+    """Table ``spec`` on the servers of ``client``; its rows appear in loader batches as ``field`` (made by
+    :meth:`graphfeed.client.Client.embedding`)."""
+
+    def __init__(self, client: ClientView, spec: EmbeddingSpec, field: str = "emb"):
+        if not isinstance(field, str) or not field.isidentifier():
+            raise ValueError(f"field must be an attribute name for the batch (e.g. 'emb' or 'x'), got {field!r}")
+        self.client, self.spec, self.field = client, spec, field
+        self.handed = HandOut(spec)
+        self.checkpoint: str | None = None   # the tag last saved or loaded (what a re-formed group restores)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._generation = client.generation
+        self._inflight: dict[int, Any] = {}   # the last step's pushes, until every owner applied them
+        self.bounds = self._create()
+
+    def __repr__(self) -> str:
+        return (f"RemoteEmbedding({self.spec.name!r}, ntype={self.spec.ntype!r}, dim={self.spec.dim}, "
+                f"dtype={self.spec.dtype}, rows={self.num_rows:,})")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.bounds[-1])
+
+    # ---- calls to every server ---------------------------------------------------------------------
+
+    def _on_parts(self, name: str, args_of: dict[int, tuple]) -> dict[int, Any]:
+        """Worker function ``name`` on each part of ``args_of`` at once; the answers by part (the first
+        failure raised, naming the server)."""
+        return self._wait(name, self._send(name, args_of))
+
+    def _send(self, name: str, args_of: dict[int, tuple]) -> dict[int, Any]:
+        calls, timeout = self.client.group.calls, self.client.rpc_timeout
+        return {p: calls.call(p, name, args, timeout) for p, args in args_of.items()}
+
+    def _wait(self, name: str, pending: dict[int, Any]) -> dict[int, Any]:
+        timeout = self.client.rpc_timeout
+        out, first = {}, None
+        for p, pend in pending.items():
+            try:
+                out[p] = pend.result(timeout + 5.0)
+            except Exception as exc:  # noqa: BLE001 -- wait for every part, then raise the first failure
+                first = first or (p, exc)
+        if first is not None:
+            part, error = first
+            if type(error) in (ValueError, LookupError, PermissionError, FileNotFoundError, RuntimeError):
+                raise type(error)(f"embedding table {self.spec.name!r}: {name} on {self._server(part)}: "
+                                  f"{remote_message(error)}") from error
+            raise error
+        return out
+
+    def _server(self, part: int) -> str:
+        s = next((s for s in self.client.servers if s.part == part), None)
+        return s.name if s is not None else f"part {part}"
+
+    def _all(self) -> list[int]:
+        return [s.part for s in self.client.servers]
+
+    def _create(self) -> torch.Tensor:
+        ranges = self._on_parts("emb_create", {p: (self.spec,) for p in self._all()})
+        bounds = [0]
+        for p in sorted(ranges):
+            start, stop = (int(v) for v in ranges[p])
+            if start != bounds[-1]:
+                raise RuntimeError(f"embedding table {self.spec.name!r}: part {p} owns ids {start}..{stop - 1}, "
+                                   f"expected them to start at {bounds[-1]}; are the servers of one partition?")
+            bounds.append(stop)
+        return torch.tensor(bounds, dtype=torch.int64)
+
+    def ensure(self) -> None:
+        """Make the table again when the client re-formed its group since (every worker is new): from the last
+        checkpoint when there is one.  RuntimeError once the table is closed."""
+        if self.closed:
+            raise RuntimeError(f"embedding table {self.spec.name!r} was closed")
+        with self._lock:
+            if self._generation == self.client.generation:
+                return
+            self._generation = self.client.generation
+            self._inflight = {}   # pushes to the old group's workers: gone with them (the checkpoint supersedes them)
+            self._create()
+            if self.checkpoint is not None:
+                self._on_parts("emb_load", {p: (self.spec.name, self.checkpoint) for p in self._all()})
+                log.warning("embedding table %r came back from checkpoint %r after the servers' group was re-formed "
+                            "(steps after that checkpoint are lost)", self.spec.name, self.checkpoint)
+            else:
+                log.warning("embedding table %r started again from its initial rows after the servers' group was "
+                            "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
+
+    def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Positions of ``gids`` per owning part; ValueError for ids outside the type."""
+        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+        bad = (gids < 0) | (gids >= self.num_rows)
+        if bool(bad.any()):
+            raise ValueError(f"embedding table {self.spec.name!r}: id {int(gids[bad][0])} is outside the "
+                             f"{self.spec.ntype!r} nodes 0..{self.num_rows - 1}")
+        owner = torch.searchsorted(self.bounds, gids, right=True) - 1
+        return {p: pos for p in range(len(self.bounds) - 1) if (pos := torch.nonzero(owner == p).view(-1)).numel()}
+
+    # ---- rows and steps ----------------------------------------------------------------------------
+
+    def rows(self, gids) -> torch.Tensor:
+        """The current rows of global ids ``gids`` (a batch's ``emb_gid``), read from their owners: [n, dim]."""
+        self.ensure()
+        self.flush()
+        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+        where = self._split(gids)
+        got = self._on_parts("emb_rows", {p: (self.spec.name, gids[pos]) for p, pos in where.items()})
+        out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
+        for p, pos in where.items():
+            out[pos] = got[p].to(out.dtype)
+        return out
+
+    def take_grads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.handed.take()
+
+    def push(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> None:
+        """Send each owner its ids' gradient rows; it merges duplicates and applies ``update``.  Returns once the
+        previous step was applied everywhere and this one is sent (one step in flight, so the owners apply it
+        while the trainer computes the next batch); every read, checkpoint and close waits for it first."""
+        self.ensure()
+        where = self._split(gids)
+        grads = grads.to(torch.float32)
+        self.flush()
+        with self._lock:
+            self._inflight = self._send("emb_push", {p: (self.spec.name, gids[pos], grads[pos].contiguous(), update)
+                                                     for p, pos in where.items()})
+
+    def flush(self) -> None:
+        """Wait until the step in flight is applied by every owner (its failure raised here, naming the server)."""
+        with self._lock:
+            pending, self._inflight = self._inflight, {}
+        if pending:
+            self._wait("emb_push", pending)
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def save(self, tag: str = "latest") -> None:
+        """Every owner writes its rows and optimizer state as checkpoint ``tag`` under its ``embedding_dir``, in
+        parallel (no trainer gathers the table).  Also what a re-formed group restores."""
+        check_name(tag, "checkpoint tag")
+        self.ensure()
+        self.flush()
+        self._on_parts("emb_save", {p: (self.spec.name, tag) for p in self._all()})
+        self.checkpoint = tag
+
+    def load(self, tag: str = "latest") -> None:
+        """Every owner replaces its rows and state with checkpoint ``tag`` (this job's, or an earlier job's
+        table of the same name): FileNotFoundError naming the file a server lacks."""
+        check_name(tag, "checkpoint tag")
+        self.ensure()
+        self.flush()
+        self._on_parts("emb_load", {p: (self.spec.name, tag) for p in self._all()})
+        self.checkpoint = tag
+
+    def state_dict(self, tag: str = "latest") -> dict:
+        """Save checkpoint ``tag`` (:meth:`save`) and return what names it, for a training checkpoint."""
+        self.save(tag)
+        return {"table": self.spec.name, "ntype": self.spec.ntype, "dim": self.spec.dim, "tag": tag}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load the checkpoint a :meth:`state_dict` named; ValueError for another table's."""
+        if state.get("table") != self.spec.name or state.get("dim") != self.spec.dim:
+            raise ValueError(f"the state is of embedding table {state.get('table')!r} (dim {state.get('dim')}), "
+                             f"not {self.spec.name!r} (dim {self.spec.dim})")
+        self.load(str(state["tag"]))
+
+    def close(self) -> None:
+        """Free the rows on every server (saved checkpoints stay); the table is unusable afterwards."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._generation == self.client.generation:
+            self.flush()
+            self._on_parts("emb_close", {p: (self.spec.name,) for p in self._all()})
+
+
+def remote_message(exc: BaseException) -> str:
+    """The worker's own one-line message inside a remote error (torch RPC wraps it as ``On w (...):\n
+    ValueError("...")\nTraceback ...``; the secure path sends it as one line)."""
+    text = str(exc)
+    wrapped = re.search(r"^\w+\((['\"])(.*)\1\)$", text, re.M)
+    if wrapped:
+        return wrapped.group(2)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def attach_tables(session_set: SessionSet, tables: Sequence[RemoteEmbedding], parts: Sequence[int],
+                  timeout: float) -> None:
+    """Tell each part's session of ``session_set`` to put ``tables``' rows into its batches (before StartEpoch,
+    again after a re-open: the sessions are new then)."""
+    if not tables:
+        return
+    for t in tables:
+        t.ensure()
+    calls = tables[0].client.group.calls
+    names = [t.spec.name for t in tables]
+    pending = [calls.call(p, "emb_attach", (session_set.ids[p], session_set.secrets[p], names), timeout)
+               for p in parts]
+    for p in pending:
+        p.result(timeout + 5.0)

@@ -1,0 +1,176 @@
+"""A trainer group's embedding tables on one server, and every part's rows of a table in one process.
+
+:class:`EmbeddingStore` lives in the group's session worker (the process that already holds the group's
+sessions and data path): tables made by this group only -- another job's table of the same name is in its
+own worker -- freed with the group or by ``close``, kept by name on disk (``embedding_dir``) when saved.
+Rows of nodes another part owns are read from that part's worker of the same group (``emb_rows``), the
+way peer features are.  :class:`LocalEmbedding` is the same table for the in-process loader.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate
+from graphfeed.server.embedding.table import PartTable
+from graphfeed.server.partition.book import RangePartitionBook
+
+#: ``call(part, function name, args)`` -> a pending answer with ``result(timeout)`` (the worker's DataCalls)
+PeerCall = Callable[[int, str, tuple], Any]
+
+
+class EmbeddingStore:
+    """The tables of part ``part_id`` for one trainer group.
+
+    ``books``: node type -> its :class:`RangePartitionBook`; ``peer``: how to reach the group's other workers;
+    ``save_dir``: where tables are saved by name ("" = saving refused); ``budget_bytes``: what all tables of
+    the group may hold here, rows and optimizer state (0 = no limit)."""
+
+    def __init__(self, part_id: int, books: Mapping[str, RangePartitionBook], peer: PeerCall | None = None, *,
+                 timeout: float = 60.0, save_dir: str = "", budget_bytes: int = 0):
+        self.part_id, self.books, self.peer, self.timeout = part_id, dict(books), peer, float(timeout)
+        self.save_dir, self.budget_bytes = save_dir, int(budget_bytes)
+        self.tables: dict[str, PartTable] = {}
+        self.lock = threading.Lock()
+
+    def create(self, spec: EmbeddingSpec) -> tuple[int, int]:
+        """Make this part's rows of ``spec`` (nothing when the same table exists); ``(start, stop)`` of the
+        ids it owns.  ValueError for an unknown node type, a table of that name with another spec, or a table
+        over the budget (one line naming ``embedding_bytes`` and the fixes)."""
+        book = self._book(spec.ntype)
+        start, stop = book.range(self.part_id)
+        with self.lock:
+            have = self.tables.get(spec.name)
+            if have is not None:
+                if have.spec != spec:
+                    raise ValueError(f"embedding table {spec.name!r} already exists in this job with another spec "
+                                     f"({have.spec}); close it first or pick another name")
+                return start, stop
+            self._check_budget(spec, stop - start)
+            self.tables[spec.name] = PartTable(spec, self.part_id, start, stop)
+        return start, stop
+
+    def _book(self, ntype: str) -> RangePartitionBook:
+        book = self.books.get(ntype)
+        if book is None:
+            raise ValueError(f"node type {ntype!r} is not in the graph; its node types are "
+                             f"{', '.join(map(repr, sorted(self.books)))}")
+        return book
+
+    def _check_budget(self, spec: EmbeddingSpec, rows: int) -> None:
+        need = spec.nbytes(rows)
+        held = sum(t.spec.nbytes(t.num_rows) for t in self.tables.values())
+        if self.budget_bytes and held + need > self.budget_bytes:
+            raise ValueError(f"embedding table {spec.name!r} needs {_mib(need)} on part {self.part_id} ({rows:,} rows "
+                             f"x {spec.dim} {spec.dtype} with Adam state), the job's tables already hold "
+                             f"{_mib(held)} of the server's embedding budget {_mib(self.budget_bytes)} "
+                             f"(embedding_bytes): raise embedding_bytes, use a smaller dim or dtype, or more parts")
+
+    def table(self, name: str) -> PartTable:
+        table = self.tables.get(name)
+        if table is None:
+            have = ", ".join(map(repr, sorted(self.tables))) or "none"
+            raise LookupError(f"no embedding table {name!r} in this job on part {self.part_id} (tables: {have}); "
+                              f"create it with client.embedding(...)")
+        return table
+
+    def close(self, name: str) -> bool:
+        """Free the table (its saved checkpoints stay); whether it existed."""
+        with self.lock:
+            return self.tables.pop(name, None) is not None
+
+    def rows(self, name: str, gids: torch.Tensor) -> torch.Tensor:
+        """Rows of any ``gids`` of the table's type: this part's read here, the others' asked of their workers
+        (all at once).  LookupError for an unknown table; ValueError for ids outside the graph."""
+        table = self.table(name)
+        gids = checked_ids(self._book(table.spec.ntype), gids, table.spec)
+        out = torch.empty(gids.numel(), table.spec.dim, dtype=table.spec.torch_dtype)
+        asked = []
+        for part, pos in self._book(table.spec.ntype).split(gids):
+            if part == self.part_id:
+                out[pos] = table.read(gids[pos])
+            elif self.peer is None:
+                raise RuntimeError(f"embedding rows of part {part} are not reachable from part {self.part_id}")
+            else:
+                asked.append((pos, self.peer(part, "emb_rows", (name, gids[pos]))))
+        for pos, pending in asked:
+            out[pos] = torch.as_tensor(pending.result(self.timeout)).to(out.dtype)
+        return out
+
+    def push(self, name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:
+        """Apply one step's gradients of rows owned here; how many rows changed."""
+        return self.table(name).apply(torch.as_tensor(gids, dtype=torch.int64).reshape(-1), grads, update)
+
+    def save(self, name: str, tag: str) -> str:
+        """Write this part's rows and state of table ``name`` as checkpoint ``tag``; its path."""
+        return str(self.table(name).save(self._folder(), tag))
+
+    def load(self, name: str, tag: str) -> None:
+        """Replace the live table's rows and state with checkpoint ``tag`` (FileNotFoundError naming the file)."""
+        table = self.table(name)
+        table.replace_with(PartTable.load(self._folder(), name, tag, self.part_id, table.spec, table.start,
+                                          table.stop))
+
+    def _folder(self) -> Path:
+        if not self.save_dir:
+            raise ValueError("this server keeps no embedding checkpoints: set embedding_dir in its config (or "
+                             "GRAPHFEED_EMBEDDING_DIR) to a folder it may write")
+        return Path(self.save_dir)
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per table: rows, bytes (rows + state), pushes applied, rows applied, seconds applying."""
+        return {name: {"rows": t.num_rows, "bytes": t.nbytes, "pushes": t.pushes, "rows_applied": t.rows_applied,
+                       "push_seconds": t.push_seconds} for name, t in list(self.tables.items())}
+
+
+def checked_ids(book: RangePartitionBook, gids, spec: EmbeddingSpec) -> torch.Tensor:
+    """``gids`` as a 1-D int64 tensor; ValueError naming the first id outside ``0..num_nodes - 1``."""
+    gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+    bad = (gids < 0) | (gids >= book.num_nodes)
+    if bool(bad.any()):
+        raise ValueError(f"embedding table {spec.name!r}: id {int(gids[bad][0])} is outside the {spec.ntype!r} "
+                         f"nodes 0..{book.num_nodes - 1}")
+    return gids
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+class LocalEmbedding:
+    """Every part's rows of table ``spec`` in this process (the local loader's tables): the same rows, updates
+    and checkpoints as the servers' (``save``/``load`` write one file per part under ``folder``), and what a
+    sparse optimizer needs (:class:`graphfeed.core.embedding.EmbeddingTable`).  ``field``: the batch attribute
+    the rows appear as (``"emb"``; ``"x"`` for a featureless type suits ``to_hetero`` models)."""
+
+    def __init__(self, spec: EmbeddingSpec, book: RangePartitionBook, *, field: str = "emb"):
+        self.spec, self.field = spec, field
+        self.book = book
+        self.parts = [PartTable(spec, p, *book.range(p)) for p in range(book.num_parts)]
+        self.handed = HandOut(spec)
+
+    def rows(self, gids: torch.Tensor) -> torch.Tensor:
+        """Copies of the rows of global ids ``gids`` ([n, dim]); ValueError for ids outside the type."""
+        gids = checked_ids(self.book, gids, self.spec)
+        out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
+        for part, pos in self.book.split(gids):
+            out[pos] = self.parts[part].read(gids[pos])
+        return out
+
+    def take_grads(self):
+        return self.handed.take()
+
+    def push(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> None:
+        for part, pos in self.book.split(gids):
+            self.parts[part].apply(gids[pos], grads[pos], update)
+
+    def save(self, folder, tag: str) -> None:
+        for t in self.parts:
+            t.save(Path(folder), tag)
+
+    def load(self, folder, tag: str) -> None:
+        for t in self.parts:
+            t.replace_with(PartTable.load(Path(folder), self.spec.name, tag, t.part_id, self.spec, t.start, t.stop))

@@ -1,0 +1,33 @@
+"""``graphfeed bench embedding``: typed training with and without server tables, through started daemons."""
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from graphfeed.cli.main import main as cli_main
+
+
+def test_started_servers_report_accuracy_batch_time_and_push_throughput(shared_mag, capsys):
+    parts, _ = shared_mag
+    before = {p.pid for p in psutil.Process().children(recursive=True)}   # e.g. a shared cluster of this session
+    rc = cli_main(["bench", "embedding", "--graph", str(parts), "--servers", "2", "--dim", "16", "--epochs", "1",
+                   "--batch-size", "256", "--num-neighbors", "4,2"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(out) == 1, out
+    r = json.loads(out[0])
+    assert (r["servers"], r["dim"], r["featureless_types"]) == (2, 16, ["author"])
+    assert r["batches_plain"] == r["batches_embedding"] > 0
+    assert r["batch_ms_plain"] > 0 and r["batch_ms_embedding"] > 0 and r["push_ms_embedding"] > 0
+    assert r["table_rows_embedding"] == 3500 and r["rows_applied_per_s_per_server_embedding"] > 0
+    assert 0 <= r["val_accuracy_plain"] <= 1 and 0 <= r["val_accuracy_embedding"] <= 1
+    assert r["overhead"] == pytest.approx(r["batch_ms_embedding"] / r["batch_ms_plain"] - 1)
+    survivors = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not survivors, "no child process may survive the bench"
+
+
+def test_bad_arguments_are_one_line(capsys):
+    rc = cli_main(["bench", "embedding", "--servers", "2"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "give --graph DIR" in err
