@@ -43,3 +43,14 @@ def test_the_collected_tiers(request):
     assert not items[request.node.nodeid].get_closest_marker("slow")
     daemon = [i for i in items.values() if i.nodeid.startswith("tests/client/test_client_remote.py::")]
     assert all(i.get_closest_marker("slow") for i in daemon)
+
+
+def test_test_file_names_are_unique_across_the_layer_folders():
+    """pytest imports test modules by basename (rootdir mode): two ``test_x.py`` in two layer folders make the
+    second one a collection error of the whole run."""
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1], "rename the duplicates: " + str(
+        sorted(n for n, k in names.items() if k > 1))
