@@ -76,6 +76,7 @@ class LocalNeighborLoader:
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
         self.delivery = Delivery()   # as produced (the node loader's pin_memory / device replace it)
+        self.embeddings: list | None = None   # the node loader's tables (link loaders refuse them)
         check_ranks_agree(self.spec, self.counts)
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
                           for p, part in enumerate(self.graph.parts)]
@@ -126,7 +127,7 @@ class LocalNeighborLoader:
                              input_id=input_id, feature_dtype=self.spec.feature_torch_dtype,
                              seed_time=node_seed_time(self.graph, self.spec.input, sampling, self.input_type, seeds,
                                                       input_id),
-                             node_extra=self._embedding_rows if getattr(self, "embeddings", None) else None)
+                             node_extra=self._embedding_rows if self.embeddings else None)
 
     def _embedding_rows(self, ntype: str, gids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The batch fields of the loader's table of ``ntype`` (none without one): as a session worker's."""
