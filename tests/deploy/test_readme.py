@@ -1,9 +1,13 @@
 """The README's "Command line" block, pasted as a newcomer would: in a fresh clone, after the quick start.
 
 Opt-in (``GRAPHFEED_README_TEST=1``; about 15 minutes on 2 cores plus the set-up): the test clones the
-repository's committed HEAD into a temporary folder, runs ``bash scripts/dev.sh setup`` there (the
-quick start's venv; ``GRAPHFEED_README_VENV=/path/to/venv`` reuses an existing one instead, linked as
-the clone's ``.venv``) and then each line of the block in one bash shell, in order, as written.  What
+repository and checks out the commit at its HEAD (committed state only: uncommitted edits are not run,
+and the block is read from the clone's README), runs ``bash scripts/dev.sh setup`` there (the quick
+start's venv; ``GRAPHFEED_README_VENV=/path/to/venv`` reuses an existing one instead, linked as the
+clone's ``.venv`` -- its editable graphfeed then imports the checkout it was installed from, not the
+clone) and then each line of the block in one bash shell, in order, as written.
+``GRAPHFEED_README_HOSTS_LOCK=FILE`` runs the emulated-hosts line under ``flock FILE`` (two emulated-host
+runs on one machine must not overlap).  What
 a user does in other shells is done here in the background: a ``graphfeed serve`` line is started
 and waited on (gRPC health) before the next line, and stopped (SIGTERM, exit 0 expected) at the end.
 The GPU line is skipped without a CUDA device.  Every other line must exit 0.
@@ -18,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,8 +78,12 @@ def _cuda() -> bool:
 
 
 def _fresh_clone(tmp: Path) -> Path:
+    """A clone of ROOT at the commit of ROOT's HEAD (whatever branch or worktree ROOT has checked out)."""
     clone = tmp / "clone"
-    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, timeout=300)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(clone)], check=True, timeout=300)
+    subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", "--detach", head], check=True, timeout=300)
     venv = os.environ.get("GRAPHFEED_README_VENV")
     if venv:
         (clone / ".venv").symlink_to(Path(venv).resolve())
@@ -95,23 +104,29 @@ def _wait_serving(clone: Path, port: str, proc: subprocess.Popen) -> None:
 @pytest.mark.skipif(os.environ.get("GRAPHFEED_README_TEST") != "1",
                     reason="long (about 15 min + set-up): GRAPHFEED_README_TEST=1 runs the README in a fresh clone")
 def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
+    started = time.monotonic()
     clone = _fresh_clone(tmp_path)
+    print(f"{time.monotonic() - started:6.0f} s  clone and set-up", flush=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}   # a fresh shell
     servers: list[subprocess.Popen] = []
     try:
-        for line in readme_commands()[1:]:
+        for line in readme_commands(clone / "README.md")[1:]:
             words = shlex.split(line)
             if "--device" in words and _option(words, "--device") == "cuda" and not _cuda():
                 continue
-            shell = f"set -euo pipefail; source .venv/bin/activate; {line}"
+            lock = os.environ.get("GRAPHFEED_README_HOSTS_LOCK")
+            run = f"flock {shlex.quote(lock)} {line}" if lock and "--hosts" in words else line
+            shell = f"set -euo pipefail; source .venv/bin/activate; {run}"
             if words[1] == "serve":
                 log = open(tmp_path / f"serve-{_option(words, '--port')}.log", "w")
                 servers.append(subprocess.Popen(["bash", "-c", shell], cwd=clone, env=env, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True))
                 _wait_serving(clone, _option(words, "--port"), servers[-1])
                 continue
+            started = time.monotonic()
             res = subprocess.run(["bash", "-c", shell], cwd=clone, env=env, capture_output=True, text=True,
                                  timeout=LINE_BOUND_S)
+            print(f"{time.monotonic() - started:6.0f} s  exit {res.returncode}  {line}", flush=True)
             assert res.returncode == 0, f"`{line}` exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     finally:
         for proc in servers:
