@@ -17,11 +17,18 @@ Rules (see README "Epoch contract"):
   once per epoch: when the number of batches is not a multiple of ``W``, the largest
   batches are split in two (so some batches are smaller than ``batch_size``; none is
   larger, and nothing is repeated; when that is impossible -- fewer input nodes than the
-  next multiple of ``W`` batches -- :func:`plan_epoch` raises ``ValueError``).  With
-  ``drop_last``, partial batches are dropped and then the last ``T mod W`` batches of the
-  order, so every batch is full and some nodes
-  are not seen in that epoch (a different subset each epoch when shuffling); an epoch
-  left without any batch raises ``ValueError``.
+  next multiple of ``W`` batches -- :func:`plan_epoch` raises ``ValueError``).
+* ``drop_last`` drops what PyG drops (a ``DistributedSampler`` per rank, then the DataLoader's
+  ``drop_last``): every batch is full and every rank gets ``floor(ceil(T / W) / batch_size)``
+  batches, so at most ``batch_size - 1`` seeds per rank are not seen in an epoch (a different
+  subset each epoch when shuffling).  The partial chunks (each part's remainder) are **packed**:
+  their seeds, part after part, are cut into full batches whose seeds lie on several parts
+  (``BatchSpec.packed``; produced by the part holding most of them, which samples the others'
+  seeds through their servers), and the seeds left over (fewer than ``batch_size``) are dropped.
+  Then the last ``B mod W`` of the ``B`` batches of the order are dropped -- unless at most
+  ``W - 1`` more seeds complete one more batch per rank, which are then taken again from the
+  first batches (as ``DistributedSampler`` pads its input to a multiple of ``W``).  An epoch left
+  without any batch raises ``ValueError``.
 
 ``ordered`` (a loader's ``ordered=True``, never shuffled): the input is one list -- every part's
 seeds in the order the loader was given them -- cut into chunks of ``batch_size`` in that order,
@@ -33,27 +40,37 @@ server samples the other parts' seeds through their servers, as it does every re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from graphfeed.core.seeding import batch_seed, stream_seed
 from graphfeed.core.spec import LoaderSpec, check_loader_args
 
+Piece = tuple[int, int, int]   # (part, start, stop): seeds ``order[start:stop]`` of part ``part``'s input list
+
 
 @dataclass(frozen=True)
 class BatchSpec:
-    """One batch of an epoch: seeds ``order[start:stop]`` of partition ``part``'s input list."""
+    """One batch of an epoch: seeds ``order[start:stop]`` of partition ``part``'s input list, or for a
+    packed ``drop_last`` batch the seeds of every piece of ``packed`` in turn (``part`` produces it;
+    ``start`` and ``stop`` are then 0)."""
 
     index: int   # position in the epoch's global order
     part: int
     start: int
     stop: int
     seed: int    # the batch's sampling seed
+    packed: tuple[Piece, ...] = ()
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        """``(part, start, stop)`` of every run of the batch's seeds, in seed order."""
+        return self.packed or ((self.part, self.start, self.stop),)
 
     @property
     def size(self) -> int:
-        return self.stop - self.start
+        return sum(e - s for _, s, e in self.pieces)
 
 
 def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
@@ -70,19 +87,83 @@ def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed:
     else:
         chunks = [(p, s, min(s + batch_size, n)) for p, n in enumerate(counts) for s in range(0, n, batch_size)]
     if drop_last:
-        chunks = [c for c in chunks if c[2] - c[1] == batch_size]
+        return _drop_last_plan(chunks, batch_size, world_size, len(counts), seed=seed, epoch=epoch, shuffle=shuffle,
+                               ordered=ordered)
     if shuffle and chunks:
-        g = torch.Generator().manual_seed(stream_seed(seed, epoch, -1))
-        chunks = [chunks[i] for i in torch.randperm(len(chunks), generator=g).tolist()]
-    if drop_last:
-        chunks = chunks[:len(chunks) - len(chunks) % world_size]
-        if not chunks:
-            raise ValueError(f"drop_last=True leaves no batch: {total} input node(s) do not fill one batch of "
-                             f"{batch_size} per rank for {world_size} rank(s) (full batches only count within "
-                             f"a partition); use a smaller batch_size, fewer ranks or drop_last=False")
-    else:
-        chunks = _split_until_divisible(chunks, world_size)
+        chunks = _shuffled(chunks, seed, epoch)
+    chunks = _split_until_divisible(chunks, world_size)
     return [BatchSpec(i, p, s, e, batch_seed(seed, epoch, i)) for i, (p, s, e) in enumerate(chunks)]
+
+
+def _shuffled(items: list, seed: int, epoch: int) -> list:
+    g = torch.Generator().manual_seed(stream_seed(seed, epoch, -1))
+    return [items[i] for i in torch.randperm(len(items), generator=g).tolist()]
+
+
+def _drop_last_plan(chunks: list[Piece], batch_size: int, world_size: int, num_parts: int, *, seed: int,
+                    epoch: int, shuffle: bool, ordered: bool) -> list[BatchSpec]:
+    """The ``drop_last`` plan (module doc): full chunks, packed remainders, PyG's padding, ``W`` equal shares."""
+    total = sum(e - s for _, s, e in chunks)
+    batches: list[tuple[Piece, ...]] = [(c,) for c in chunks if c[2] - c[1] == batch_size]
+    packed, left = _pack([c for c in chunks if c[2] - c[1] < batch_size], batch_size)
+    batches += packed
+    need = -len(batches) % world_size
+    if batches and need and need * batch_size - _seeds_in(left) <= world_size - 1:   # DistributedSampler's padding
+        padded, rest = _pack(left + _first_seeds(batches, need * batch_size - _seeds_in(left)), batch_size)
+        assert not rest and len(padded) == need
+        batches += padded
+    if shuffle and batches:
+        batches = _shuffled(batches, seed, epoch)
+    batches = batches[:len(batches) - len(batches) % world_size]
+    if not batches:
+        raise ValueError(f"drop_last=True leaves no batch: {total} input node(s) do not fill one batch of "
+                         f"{batch_size} per rank for {world_size} rank(s); use a smaller batch_size, fewer ranks "
+                         f"or drop_last=False")
+    plan = []
+    for i, pieces in enumerate(batches):
+        s = batch_seed(seed, epoch, i)
+        if ordered:   # batch i produced by part i mod P, as every ordered batch
+            p = i % num_parts
+            plan.append(BatchSpec(i, p, 0, 0, s, pieces) if len(pieces) > 1 else BatchSpec(i, p, *pieces[0][1:], s))
+        elif len(pieces) == 1:
+            plan.append(BatchSpec(i, *pieces[0], s))
+        else:         # produced where most of its seeds are (the first such part)
+            plan.append(BatchSpec(i, max(pieces, key=lambda c: c[2] - c[1])[0], 0, 0, s, pieces))
+    return plan
+
+
+def _seeds_in(pieces: Sequence[Piece]) -> int:
+    return sum(e - s for _, s, e in pieces)
+
+
+def _pack(pieces: Sequence[Piece], batch_size: int) -> tuple[list[tuple[Piece, ...]], list[Piece]]:
+    """``pieces``' seeds, in order, cut into batches of ``batch_size`` (a piece may be split between two);
+    returns the full batches and the pieces left over (fewer than ``batch_size`` seeds)."""
+    batches: list[tuple[Piece, ...]] = []
+    current: list[Piece] = []
+    room = batch_size
+    for p, s, e in pieces:
+        while s < e:
+            take = min(room, e - s)
+            current.append((p, s, s + take))
+            s, room = s + take, room - take
+            if room == 0:
+                batches.append(tuple(current))
+                current, room = [], batch_size
+    return batches, current
+
+
+def _first_seeds(batches: Sequence[tuple[Piece, ...]], count: int) -> list[Piece]:
+    """Pieces of the first ``count`` seeds of ``batches`` (cycling when they hold fewer, as PyG's padding)."""
+    out: list[Piece] = []
+    while count > 0:
+        for p, s, e in (piece for batch in batches for piece in batch):
+            take = min(count, e - s)
+            out.append((p, s, s + take))
+            count -= take
+            if count == 0:
+                break
+    return out
 
 
 def _split_until_divisible(chunks: list[tuple[int, int, int]], world_size: int) -> list[tuple[int, int, int]]:
@@ -157,5 +238,15 @@ class EpochPlan:
 
     @staticmethod
     def seeds(order: torch.Tensor, entry: BatchSpec) -> torch.Tensor:
-        """The seeds of batch ``entry`` from its part's :meth:`order`."""
+        """The seeds of batch ``entry`` from its part's :meth:`order` (ValueError for a packed batch:
+        :meth:`batch_seeds`)."""
+        if entry.packed:
+            raise ValueError(f"batch {entry.index} holds seeds of several parts: use EpochPlan.batch_seeds")
         return order[entry.start:entry.stop]
+
+    @staticmethod
+    def batch_seeds(orders: Mapping[int, torch.Tensor] | Sequence[torch.Tensor], entry: BatchSpec) -> torch.Tensor:
+        """The seeds of batch ``entry`` from the :meth:`order` of each part it takes seeds of (``orders[p]``)."""
+        if not entry.packed:
+            return orders[entry.part][entry.start:entry.stop]
+        return torch.cat([orders[p][s:e] for p, s, e in entry.packed])

@@ -222,7 +222,8 @@ WORKER_RPC_MODULE = "graphfeed.server.worker.rpc_api"
 TRAINER_FUNCTIONS = ("pull", "pull_into", "attach", "detach", "sample", "hot_rows", "sample_seeds", "node_rows",
                      "part_edges", "emb_create", "emb_close", "emb_attach", "emb_push", "emb_save", "emb_load")
 #: what a session worker calls on its peers (``emb_rows`` also the trainer, to read a table)
-PEER_FUNCTIONS = ("one_hop", "gather", "has_edges", "edge_attr", "to_global", "part_identity", "emb_rows")
+PEER_FUNCTIONS = ("one_hop", "gather", "has_edges", "edge_attr", "to_global", "part_identity", "emb_rows",
+                  "input_seeds")
 WORKER_RPC_FUNCTIONS = TRAINER_FUNCTIONS + PEER_FUNCTIONS
 #: the functions that answer with a future (torch's async execution)
 ASYNC_FUNCTIONS = frozenset({"pull", "pull_into", "sample", "sample_seeds"})

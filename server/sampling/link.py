@@ -92,6 +92,15 @@ class LinkSeeds:
         self.src[positions], self.dst[positions] = gids[0], gids[1]
         return self
 
+    def add(self, positions: torch.Tensor, ends: torch.Tensor) -> LinkSeeds:
+        """Seed edges at ``positions`` with global endpoints ``ends`` ``[2, k]`` (a peer part's link split)."""
+        size = max(self.src.numel(), int(positions.max()) + 1 if positions.numel() else 0)
+        if size > self.src.numel():
+            grow = torch.full((size - self.src.numel(),), -1, dtype=torch.int64)
+            self.src, self.dst = torch.cat([self.src, grow]), torch.cat([self.dst, grow])
+        self.src[positions], self.dst[positions] = ends[0], ends[1]
+        return self
+
     def _resolve_split(self, graph) -> LinkSeeds:
         stored = [part.link_split(self.link.split) for part in graph.parts]
         size = max((int(pos[-1]) + 1 for pos, _, _ in stored if pos.numel()), default=0)

@@ -170,4 +170,4 @@ def planned_batches(plan: EpochPlan, inputs: Sequence[torch.Tensor], positions: 
     position_orders = [plan.order(part, pos) for part, pos in enumerate(positions)]
     for seq, entry in enumerate(plan.entries):
         if seq >= start:
-            yield seq, entry, plan.seeds(orders[entry.part], entry), plan.seeds(position_orders[entry.part], entry)
+            yield seq, entry, plan.batch_seeds(orders, entry), plan.batch_seeds(position_orders, entry)

@@ -40,6 +40,8 @@ also carry the session's secret.
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
+* ``input_seeds(seed_input)`` -- a peer producing a packed ``drop_last`` batch (seeds of several parts,
+  :mod:`graphfeed.core.epoch`) reads this part's input nodes of a loader (:func:`.session.part_input_seeds`).
 * ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
   that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
 * ``emb_create(spec)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` / ``emb_push(name, gids,
@@ -65,6 +67,7 @@ from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingS
 from graphfeed.server.partition.format import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
+from graphfeed.server.worker.session import part_input_seeds
 from graphfeed.transport import rpc_group
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure import Function
@@ -304,6 +307,14 @@ def to_global(orig_ids: torch.Tensor, ntype: str | None = None):
     return store.to_global(torch.as_tensor(orig_ids, dtype=torch.int64))
 
 
+def input_seeds(seed_input) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """This part's seeds of a loader's input (a ``NodeInput`` or ``LinkInput``): ``(inputs, positions, ends)``
+    as :func:`part_input_seeds`; ValueError for an input the part cannot resolve."""
+    if not isinstance(seed_input, (NodeInput, LinkInput)):
+        raise ValueError(f"input_seeds takes a NodeInput or LinkInput, not a {type(seed_input).__name__}")
+    return part_input_seeds(_bound().part, seed_input)
+
+
 def hot_rows(ntype: str, start: int, count: int, dtype: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(original ids, x rows)`` of this part's ``ntype`` nodes ranked ``start .. start + count - 1`` by
     in-degree, rows cast to torch dtype name ``dtype`` (None = as stored); ValueError for an unknown or
@@ -379,7 +390,7 @@ def emb_load(name: str, tag: str) -> None:
 
 ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,
                      hot_rows, part_identity, sample_seeds, node_rows, part_edges, emb_create, emb_close, emb_rows,
-                     emb_push, emb_attach, emb_save, emb_load})
+                     emb_push, emb_attach, emb_save, emb_load, input_seeds})
 assert {f.__name__ for f in ALLOWED} == set(rpc_group.WORKER_RPC_FUNCTIONS)
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 

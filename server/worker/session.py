@@ -18,7 +18,7 @@ import torch
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
-from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput
+from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput, SeedInput
 from graphfeed.server.sampling.adhoc import produce_for_seeds
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
@@ -28,17 +28,30 @@ from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport.pending import Pending
 
 
+def part_input_seeds(part, seed_input: SeedInput) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Part ``part``'s (a :class:`Partition`) seeds of a loader's input: ``(inputs, positions, ends)`` --
+    :meth:`Partition.input_nodes`, :meth:`Partition.input_positions` (None: they follow from the counts) and,
+    for a link split, its seed edges' global endpoints ``[2, k]`` (None otherwise)."""
+    inputs, ends = part.input_nodes(seed_input), None
+    if isinstance(seed_input, LinkInput) and seed_input.split is not None:
+        _, src, dst = part.link_split(seed_input.split)
+        ends = torch.stack([src, dst])
+    return inputs, part.input_positions(seed_input), ends
+
+
 class EpochSuperseded(RuntimeError):
     """Raised into pulls of an epoch that a newer start_epoch (or close) replaced."""
 
 
 class EpochRun:
-    """The batches this part produces for one epoch of one session."""
+    """The batches this part produces for one epoch of one session.  ``orders[p]``: part ``p``'s input in the
+    epoch's order (this part's, and every part a packed batch of this part takes seeds of);
+    ``position_orders[p]``: their input positions (``input_id``)."""
 
-    def __init__(self, epoch: int, entries: list[tuple[int, BatchSpec]], order: torch.Tensor,
-                 position_order: torch.Tensor, buffer: BatchBuffer):
-        self.epoch, self.entries, self.order, self.buffer = epoch, entries, order, buffer
-        self.position_order = position_order   # the input positions of ``order``'s nodes (input_id)
+    def __init__(self, epoch: int, entries: list[tuple[int, BatchSpec]], orders: dict[int, torch.Tensor],
+                 position_orders: dict[int, torch.Tensor], buffer: BatchBuffer):
+        self.epoch, self.entries, self.orders, self.buffer = epoch, entries, orders, buffer
+        self.position_orders = position_orders
         self.seqs = {seq for seq, _ in entries}
         self._next = 0
         self._lock = threading.Lock()
@@ -73,6 +86,7 @@ class Session:
         self.totals = {"produced": 0, "served": 0, "bytes_served": 0}
         self._link_seeds: LinkSeeds | None = None
         self._whole_input: torch.Tensor | None = None   # an ordered loader's input, global ids in order
+        self._peer_inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}   # packed batches' other parts
         self.last_used = time.monotonic()   # the last start_epoch / pull / sample (idle sessions expire)
         self.embeddings = None   # the group's EmbeddingStore, once the loader attaches tables (attach_embeddings)
         self.embedding_tables: dict[str, str] = {}   # node type -> the table whose rows its batch nodes carry
@@ -125,12 +139,16 @@ class Session:
             raise BadRequest(f"start_seq = {start} is outside epoch {epoch}'s {len(plan)} batches for rank "
                              f"{self.spec.rank}: give 0..{len(plan)}")
         mine = [(seq, e) for seq, e in plan.owned_by(self.part_id) if seq >= start]
-        if self._whole_input is not None:   # ordered: every batch slices the whole input
-            order, positions = self._whole_input, torch.arange(self._whole_input.numel())
-        else:
-            order = plan.order(self.part_id, self.inputs)
-            positions = plan.order(self.part_id, input_positions(counts, self.part_id, self.positions))
-        run = EpochRun(plan.epoch, mine, order, positions, BatchBuffer(self.buffer_batches, self.buffer_bytes))
+        parts = {self.part_id} | {p for _, e in mine for p, _, _ in e.pieces}
+        orders, positions = {}, {}
+        for p in sorted(parts):
+            if self._whole_input is not None:   # ordered: every batch slices the whole input
+                orders[p], positions[p] = self._whole_input, torch.arange(self._whole_input.numel())
+                continue
+            inputs, given = (self.inputs, self.positions) if p == self.part_id else self._peer_input(p)
+            orders[p] = plan.order(p, inputs)
+            positions[p] = plan.order(p, input_positions(counts, p, given))
+        run = EpochRun(plan.epoch, mine, orders, positions, BatchBuffer(self.buffer_batches, self.buffer_bytes))
         with self._lock:
             old, self.run = self.run, run
         if old is not None:
@@ -142,6 +160,30 @@ class Session:
             run.threads.append(t)
             t.start()
         return len(mine)
+
+    def _peer_input(self, part: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Part ``part``'s input nodes and positions (as this part's ``inputs`` and ``positions``), for the
+        packed ``drop_last`` batches this part produces with seeds of that part: read in this process when
+        its files are (colocated), else asked of its worker once per session (``rpc_api.input_seeds``); a
+        link split's seed edges join this session's :class:`LinkSeeds`."""
+        if part not in self._peer_inputs:
+            source = self.graph.sources[part]
+            held = source.held()
+            try:
+                if held is not None:
+                    inputs, given, ends = part_input_seeds(held.part, self.spec.input)
+                else:
+                    inputs, given, ends = source.calls.call_sync(part, "input_seeds", (self.spec.input,),
+                                                                 source.rpc_timeout)
+            except Exception as exc:  # noqa: BLE001 -- the epoch cannot start: its cause reaches the trainer
+                raise BadRequest(f"part {part}'s input for this loader's packed drop_last batches could not be "
+                                 f"read: {type(exc).__name__}: {exc}") from None
+            if self._link_seeds is not None and ends is not None:
+                self._link_seeds.add(inputs, ends)
+            elif self._link_seeds is not None:
+                self._link_seeds.resolve(self.graph, inputs)
+            self._peer_inputs[part] = (inputs, given)
+        return self._peer_inputs[part]
 
     def _check_counts(self, counts) -> list[int]:
         own = self.local_input_nodes
@@ -167,14 +209,14 @@ class Session:
             seq, entry = item
             tel = self.telemetry
             try:
-                seeds = EpochPlan.seeds(run.order, entry)
+                seeds = EpochPlan.batch_seeds(run.orders, entry)
                 with tel.stage("batch"):
                     if self._link_seeds is not None:
                         batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
                                                    run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype,
                                                    stage=tel.stage)
                     else:
-                        input_id = EpochPlan.seeds(run.position_order, entry)
+                        input_id = EpochPlan.batch_seeds(run.position_orders, entry)
                         sampling = self.spec.sampling
                         batch = produce_batch(self.graph, seeds, sampling, entry, run.epoch, seq,
                                               input_type=self.input_type, input_id=input_id, stage=tel.stage,

@@ -15,14 +15,17 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from helpers.graphs import assert_same_batch
 from torch_geometric.data import Data
 from torch_geometric.transforms import NormalizeFeatures
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
+from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import running_cluster
 
 FANOUTS = [5, 3]
@@ -103,6 +106,54 @@ def test_pyg_keyword_arguments_dataset_batch_size_and_a_positional_data(addresse
             client.neighbor_loader(data, FANOUTS, batch_size=64)
         with pytest.raises(TypeError, match="link_neighbor_loader's first argument"):
             client.link_neighbor_loader(data, edge_label_index="train")
+
+
+# ---- drop_last as PyG --------------------------------------------------------------------------------
+
+def _pyg_kept_per_rank(total: int, batch_size: int, world: int) -> int:
+    """Seeds a rank trains on per epoch in PyG: ``DistributedSampler`` then ``DataLoader(drop_last=True)``."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    data = list(range(total))
+    sampler = DistributedSampler(data, num_replicas=world, rank=0, shuffle=False)
+    return sum(len(b) for b in DataLoader(data, batch_size=batch_size, sampler=sampler, drop_last=True))
+
+
+@pytest.mark.parametrize("batch_size", [32, 64])
+def test_drop_last_on_two_ranks_keeps_what_pyg_keeps_remote_equals_local(addresses, graph, parts_dir, batch_size):
+    *_, splits = graph
+    train = splits["train"]
+    common = dict(batch_size=batch_size, shuffle=True, drop_last=True, seed=7, world_size=2)
+    with gf.connect(addresses, timeout=60) as client:
+        remote = [list(client.neighbor_loader("train", FANOUTS, rank=r, **common)) for r in range(2)]
+        link = [list(client.link_neighbor_loader(FANOUTS, edge_label_index=_seed_edges(graph), rank=r,
+                                                 neg_sampling="binary", **common)) for r in range(2)]
+    local = [list(LocalNeighborLoader(parts_dir, FANOUTS, rank=r, **common)) for r in range(2)]
+    assert len(remote[0]) == len(remote[1]) == len(local[0]) > 0
+    for r in range(2):
+        for a, b in zip(remote[r], local[r], strict=True):
+            assert_same_batch(a, b)
+    seeds = torch.cat([b.n_id[:b.batch_size] for rank in remote for b in rank])
+    assert all(b.batch_size == batch_size for rank in remote for b in rank)
+    assert seeds.numel() == 2 * _pyg_kept_per_rank(len(train), batch_size, 2)   # PyG's count, not fewer
+    assert len(train) - seeds.numel() <= 2 * (batch_size - 1)
+    assert seeds.unique().numel() == seeds.numel() and set(seeds.tolist()) <= set(train.tolist())
+    part0 = open_parts(parts_dir)[1][0]
+    owners = [part0.to_global(b.n_id[:b.batch_size])[0] for rank in remote for b in rank]
+    assert any(0 < int(o.sum()) < batch_size for o in owners), "a packed batch takes seeds of both parts"
+    # a link loader packs its seed edges too, and its remote batches equal the local loader's
+    local_link = [list(LocalLinkNeighborLoader(parts_dir, FANOUTS, edge_label_index=_seed_edges(graph), rank=r,
+                                               neg_sampling="binary", **common)) for r in range(2)]
+    edges = _seed_edges(graph).size(1)
+    assert len(link[0]) == len(link[1]) == 2 * _pyg_kept_per_rank(edges, batch_size, 2) // (2 * batch_size)
+    for r in range(2):
+        for a, b in zip(link[r], local_link[r], strict=True):
+            assert_same_batch(a, b)
+
+
+def _seed_edges(graph) -> torch.Tensor:
+    ei = torch.as_tensor(graph[0])
+    return ei[:, torch.arange(0, ei.size(1), 37)]    # a few hundred seed edges, both parts' sources
 
 
 # ---- connect() twice, exit without close() ---------------------------------------------------------

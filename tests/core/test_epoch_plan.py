@@ -60,23 +60,58 @@ def test_no_split_needed_keeps_full_batches():
     assert len(plan) == 12 and sorted(b.size for b in plan) == [5] * 3 + [10] * 9
 
 
+def _pyg_drop_last_seeds_per_rank(total, bs, w):
+    """What PyG keeps per rank: ``DistributedSampler`` (padded to a multiple of ``w``), then the
+    DataLoader's ``drop_last`` -- computed with torch's own classes."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    data = list(range(total))
+    kept = []
+    for rank in range(w):
+        sampler = DistributedSampler(data, num_replicas=w, rank=rank, shuffle=False)
+        kept.append(sum(len(b) for b in DataLoader(data, batch_size=bs, sampler=sampler, drop_last=True)))
+    assert len(set(kept)) == 1
+    return kept[0]
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_drop_last_only_full_batches_equal_counts(shuffle):
-    checked = 0
-    for counts, bs, w in itertools.product(COUNTS, BATCH_SIZES, WORLDS):
-        full = sum(n // bs for n in counts)
-        if full < w:
+def test_drop_last_drops_what_pyg_drops_full_batches_equal_counts(shuffle):
+    checked = packed = 0
+    for counts, bs, w in itertools.product(COUNTS + [[42, 42, 43], [63, 64], [70, 70]], BATCH_SIZES, WORLDS):
+        total = sum(counts)
+        per_rank = _pyg_drop_last_seeds_per_rank(total, bs, w)
+        if per_rank == 0:
             with pytest.raises(ValueError, match="drop_last"):
                 _plan(counts, bs, w, shuffle=shuffle, drop_last=True)
             continue
         plan = _plan(counts, bs, w, shuffle=shuffle, drop_last=True)
-        assert len(plan) == full - full % w
-        assert all(b.size == bs for b in plan)
-        seen = Counter((b.part, i) for b in plan for i in range(b.start, b.stop))
-        assert set(seen.values()) == {1}
-        assert len({len(rank_batches(plan, r, w)) for r in range(w)}) == 1
+        assert all(b.size == bs for b in plan), (counts, bs, w)
+        assert [len(rank_batches(plan, r, w)) * bs for r in range(w)] == [per_rank] * w, (counts, bs, w)
+        assert total - len(plan) * bs <= w * (bs - 1)      # at most batch_size - 1 per rank not seen
+        seen = Counter((p, i) for b in plan for p, s, e in b.pieces for i in range(s, e))
+        assert all(0 <= s < e <= counts[p] for b in plan for p, s, e in b.pieces)
+        if len(plan) * bs <= total:                         # nothing repeated ...
+            assert set(seen.values()) == {1}, (counts, bs, w)
+        else:                                               # ... but PyG's padding: < w seeds again, all seen
+            assert len(plan) * bs - total <= w - 1 and len(seen) == total, (counts, bs, w)
+        for b in plan:
+            assert bool(b.packed) == (len(b.pieces) > 1)
+            if b.packed:   # produced by the part holding most of its seeds
+                assert max(e - s for p, s, e in b.pieces if p == b.part) == max(e - s for _, s, e in b.pieces)
+        packed += sum(bool(b.packed) for b in plan)
         checked += 1
-    assert checked > 100
+    assert checked > 100 and packed > 50
+
+
+def test_drop_last_on_cora_like_splits_keeps_what_pyg_keeps():
+    """The issue's case: 140 training seeds over 2 parts, 2 ranks -- today's 64 was 1 batch of 64."""
+    for counts in ([70, 70], [75, 65], [90, 50], [139, 1]):
+        plan = _plan(counts, 64, 2, drop_last=True)
+        assert len(plan) == 2 and sum(b.size for b in plan) == 128 == 2 * _pyg_drop_last_seeds_per_rank(140, 64, 2)
+    # every seed a batch: packing never needs to drop a full batch's worth
+    plan = _plan([33, 31], 32, 2, shuffle=False, drop_last=True)
+    assert [b.pieces for b in plan] == [((0, 0, 32),), ((0, 32, 33), (1, 0, 31))]
+    assert [b.part for b in plan] == [0, 1]
 
 
 def test_deterministic_in_seed_epoch_rank_world():

@@ -101,6 +101,7 @@ def _wait_serving(clone: Path, port: str, proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)   # the suite's 600 s would end it during the link bench: every step has its own bound
 @pytest.mark.skipif(os.environ.get("GRAPHFEED_README_TEST") != "1",
                     reason="long (about 15 min + set-up): GRAPHFEED_README_TEST=1 runs the README in a fresh clone")
 def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
