@@ -188,7 +188,8 @@ class Client:
                              **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
-        ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``; or a link
+        ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``, or the edge
+        type alone / ``(edge type, None)`` for every edge of the type (listed by the servers); or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge,
@@ -209,7 +210,7 @@ class Client:
             raise ValueError(f"edge_label_index on a typed graph needs its edge type: pass ((src, rel, dst), index) "
                              f"with one of {', '.join(map(str, self.edge_types))}")
         spec.check_schema(self.node_types, self.edge_types)
-        if link.split is None:
+        if link.index is not None:
             check_link_ids(link, self.num_nodes_of)
         return self.open_loader(spec, **own)
 

@@ -589,7 +589,10 @@ class LinkInput:
     PyG's ``edge_label_index``), ``label`` ([E] or None: every seed edge is a positive, label 1.0)
     and ``neg`` (None: no negatives).  Or, instead of ``index``, ``split``: a link split stored at
     partition time (``"train"``, ``"val"``, ``"test"``; ``graphfeed partition --link-split``), whose
-    seed edges the servers resolve, the parts' lists one after another (no ``label``).
+    seed edges the servers resolve, the parts' lists one after another (no ``label``).  Or neither
+    ``index`` nor ``split`` but ``edge_type``: every edge of that type (PyG's ``edge_label_index=(src, rel,
+    dst)``), as if ``index`` were that type's input ``edge_index`` -- the servers list them (from out-edges,
+    ``graphfeed partition --topology both``), each at its input position, so batches equal the explicit form's.
 
     A seed edge belongs to the part that owns its source node; its position in ``index`` is its
     ``input_id``.  ``edge_type`` (a typed graph's ``(src, rel, dst)``; None = the homogeneous graph's one
@@ -610,10 +613,13 @@ class LinkInput:
     def __post_init__(self):
         if self.split is not None:
             _check_link_split(self)
-        else:
+        elif self.index is not None or self.edge_type is None:
             object.__setattr__(self, "index", check_edge_label_index(self.index))
         if self.edge_type is not None:
             object.__setattr__(self, "edge_type", edge_type(self.edge_type))
+        if self.every_edge and (self.label is not None or self.time is not None):
+            raise ValueError(f"edge_label_index={self.edge_type} (every edge of the type) takes no edge_label or "
+                             f"edge_label_time: pass ({self.edge_type}, edge_index) with one label/time per edge")
         if self.time is not None:
             object.__setattr__(self, "time", seed_times(self.time, self.num_edges, "edge_label_time", "seed edge"))
         if self.label is not None:
@@ -628,9 +634,11 @@ class LinkInput:
            edge_label_time=None, edge_types=None, num_hard_negatives=None) -> LinkInput:
         """From PyG ``LinkNeighborLoader``'s arguments; ``edge_label_index`` may be ``((src, rel, dst), index)``
         or ``((src, dst), index)`` (PyG's forms for a typed graph; the 2-tuple needs the graph's
-        ``edge_types`` to name exactly one edge type from ``src`` to ``dst``).  PyG's "every edge of the
-        type" forms (``(src, rel, dst)`` alone, ``((src, rel, dst), None)``) are a ValueError naming the fix."""
+        ``edge_types`` to name exactly one edge type from ``src`` to ``dst``), or PyG's "every edge of the
+        type" forms: ``(src, rel, dst)`` (or ``(src, dst)``) alone, ``((src, rel, dst), None)``."""
         etype, edge_label_index = _typed_edge_label_index(edge_label_index, edge_types)
+        if edge_label_index is None and etype is not None:   # every edge of the type
+            return cls(None, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio), etype, edge_label_time)
         if edge_label_index is None:
             raise ValueError("edge_label_index is required: a [2, E] tensor of original node ids (row 0 = "
                              "sources), e.g. data.edge_index for every edge, or a link split name ('train')")
@@ -641,8 +649,13 @@ class LinkInput:
 
     @property
     def num_edges(self) -> int:
-        """Seed edges given as ``index`` (0 for a split: the servers know its size)."""
+        """Seed edges given as ``index`` (0 for a split or every edge: the servers know their number)."""
         return 0 if self.index is None else int(self.index.size(1))
+
+    @property
+    def every_edge(self) -> bool:
+        """True for "every edge of ``edge_type``" (no ``index``, no ``split``)."""
+        return self.index is None and self.split is None
 
     def labels(self, positions: torch.Tensor) -> torch.Tensor:
         """The labels of the seed edges at ``positions`` as batches carry them (see the class doc)."""
@@ -672,6 +685,8 @@ class LinkInput:
         neg = "" if self.neg is None else f", {self.neg.mode} negatives x{self.neg.amount:g}"
         typed = "" if self.edge_type is None else f" of type {self.edge_type}"
         seeds = f"{self.num_edges} seed edges" if self.split is None else f"link split {self.split!r}"
+        if self.every_edge:
+            seeds = "every edge"
         return f"{seeds}{typed}{neg}"
 
     def __eq__(self, other) -> bool:
@@ -714,17 +729,13 @@ def _is_type_name(value) -> bool:
 
 def _typed_edge_label_index(value, edge_types=None) -> tuple[EdgeType | None, object]:
     """``(edge type, index)`` of PyG's typed forms ``((src, rel, dst), index)`` / ``((src, dst), index)``;
-    ``(None, value)`` otherwise.  ValueError for the forms that mean every edge of a type."""
+    ``(edge type, None)`` for the forms that mean every edge of a type (an edge type alone, or with None);
+    ``(None, value)`` otherwise."""
     if _is_type_name(value):   # an edge type alone
         value = (value, None)
     if not (isinstance(value, (tuple, list)) and len(value) == 2 and _is_type_name(value[0])):
         return None, value
-    etype = resolve_edge_type(value[0], edge_types)
-    if value[1] is None:
-        raise ValueError(f"edge_label_index={etype} (no index) asks for every edge of that type as seed edges; the "
-                         f"servers hold the edges and do not list them: pass ({etype}, data[{etype}].edge_index), "
-                         f"the tensor PyG would read there")
-    return etype, value[1]
+    return resolve_edge_type(value[0], edge_types), value[1]
 
 
 def resolve_edge_type(name, edge_types=None) -> EdgeType:

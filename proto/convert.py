@@ -140,7 +140,9 @@ def open_session_request(spec: LoaderSpec, group_id: str) -> pb.OpenSessionReque
 
 
 def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
-    if link.index is None:
+    if link.every_edge:   # every edge of the type: the type alone
+        msg = pb.LinkSeeds(edge_type=list(link.edge_type or ()))
+    elif link.index is None:
         msg = pb.LinkSeeds(split=link.split)
     else:
         msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist(), edge_type=list(link.edge_type or ()),
@@ -165,14 +167,18 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
         if msg.src or msg.float_label or msg.int_label:
             raise ValueError(f"link: split {msg.split!r} names the seed edges: leave src, dst and labels empty")
         return LinkInput(None, None, neg, split=msg.split)
+    if msg.edge_type and len(msg.edge_type) != 3:
+        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
+    if not msg.src and msg.edge_type:   # every edge of the type
+        if msg.float_label or msg.int_label or msg.time:
+            raise ValueError("link: every edge of edge_type (no src/dst) takes no labels or times")
+        return LinkInput(None, None, neg, tuple(msg.edge_type))  # type: ignore[arg-type]
     index = torch.from_numpy(np.asarray([msg.src, msg.dst], dtype=np.int64).reshape(2, -1))
     label = None
     if msg.float_label:
         label = torch.from_numpy(np.asarray(msg.float_label, dtype=np.float32))
     elif msg.int_label:
         label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
-    if msg.edge_type and len(msg.edge_type) != 3:
-        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
     time = torch.from_numpy(np.asarray(msg.time, dtype=np.int64)) if msg.time else None
     return LinkInput(index, label, neg, tuple(msg.edge_type) if msg.edge_type else None,  # type: ignore[arg-type]
                      time)

@@ -31,7 +31,7 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.partition.store import check_link_types
+from graphfeed.server.partition.store import check_every_edge, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
@@ -382,6 +382,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         try:
             check_link_types(meta, link)
             check_link_ids(link, lambda ntype: int(meta.node_ranges[ntype or _label_type(meta)][-1]))
+            if link.every_edge:
+                check_every_edge(meta, link.edge_type)  # type: ignore[arg-type]
         except ValueError as exc:
             raise _invalid(str(exc)) from None
 

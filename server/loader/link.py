@@ -28,7 +28,8 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
 
     Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
     ids, row 0 = sources; on a typed graph ``((src, rel, dst), index)``, rows of the source / destination
-    type's original ids, batches then ``HeteroData`` with the link fields on the edge type as PyG's; or a
+    type's original ids, batches then ``HeteroData`` with the link fields on the edge type as PyG's; the edge
+    type alone or ``(edge type, None)``: every edge of the type, as its input ``edge_index`` would; or a
     link split stored by ``graphfeed partition --link-split``: ``"train"``, ``"val"``, ``"test"``, each
     part's seed edges one part after another),
     ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,

@@ -455,6 +455,8 @@ class Partition:
                                  f"only; pass edge_label_index=((src, rel, dst), index) on a typed graph")
             return self.link_split(link.split)[0]
         check_link_types(self.meta, link)
+        if link.every_edge:
+            return self.every_edge(link.edge_type)[0]  # type: ignore[arg-type]
         check_link_ids(link, lambda t: self.nodes(t or self.label_type).book.num_nodes)
         assert link.index is not None   # a LinkInput has a split or an index
         mask, _ = self.nodes(link.type_or(self.label_type)).to_global(link.index[0])
@@ -473,6 +475,29 @@ class Partition:
         start = int(sum(sizes[:self.part_id]))
         src, dst = (_tensor(self.paths.link_split_file(self.part_id, name, end)) for end in ("src", "dst"))
         return torch.arange(start, start + int(sizes[self.part_id])), src, dst
+
+    def every_edge(self, etype: EdgeType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(positions, src, dst)`` of this part's edges of type ``etype`` whose source it owns: their positions
+        in the type's input ``edge_index`` (ascending) and global endpoint ids -- a link loader's seed edges for
+        ``edge_label_index=etype``.  ValueError naming the fix when the part has no out-edges (CSR)."""
+        edges = self.edges(etype)
+        check_every_edge(self.meta, edges.etype)
+        topo = edges.topology("csr")
+        eid = topo.eid.to(torch.int64)
+        order = torch.argsort(eid, stable=True)
+        degrees = topo.indptr.to(torch.int64).diff()
+        rows = torch.repeat_interleave(torch.arange(topo.num_nodes, dtype=torch.int64), degrees)
+        src = rows + self.nodes(edges.etype[0]).start
+        return eid[order], src[order], topo.indices.to(torch.int64)[order]
+
+    def stored_link_seeds(self, link: LinkInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(positions, src, dst)`` of this part's seed edges of a link input the servers list: a stored link
+        split (:meth:`link_split`) or every edge of a type (:meth:`every_edge`)."""
+        if link.split is not None:
+            return self.link_split(link.split)
+        if not link.every_edge:
+            raise ValueError("the seed edges of edge_label_index as a tensor are the trainer's, not stored")
+        return self.every_edge(link.edge_type)  # type: ignore[arg-type]
 
     def link_split_eids(self, name: str) -> torch.Tensor:
         """Input edge positions (in the partitioned ``edge_index``) of this part's seed edges of ``name``."""
@@ -518,6 +543,14 @@ def check_link_types(meta: PartitionMeta, link: LinkInput) -> None:
     if link.edge_type is not None and link.edge_type not in etypes:
         raise ValueError(f"edge_label_index names edge type {link.edge_type}, which the graph does not have; its "
                          f"edge types are {', '.join(map(str, etypes))}")
+
+
+def check_every_edge(meta: PartitionMeta, etype: EdgeType) -> None:
+    """ValueError naming the fix unless the parts can list their edges of ``etype`` by source (CSR)."""
+    if "csr" not in meta.topologies:
+        raise ValueError(f"edge_label_index={tuple(etype)} (every edge of the type) lists each part's out-edges, "
+                         f"which this partition lacks: re-partition with `graphfeed partition --topology both`, "
+                         f"or pass ({tuple(etype)}, edge_index)")
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:

@@ -71,7 +71,7 @@ class LinkSeeds:
         part is asked: an endpoint may live anywhere).  ValueError naming an id outside the graph.  A link
         split's seed edges come from the parts in this process instead (each serves its own:
         :meth:`Partition.link_split`)."""
-        if self.link.split is not None:
+        if self.link.index is None:   # a link split or every edge of a type: listed by the parts
             return self._resolve_split(graph)
         if positions.numel() == 0:
             return self
@@ -102,7 +102,7 @@ class LinkSeeds:
         return self
 
     def _resolve_split(self, graph) -> LinkSeeds:
-        stored = [part.link_split(self.link.split) for part in graph.parts]
+        stored = [part.stored_link_seeds(self.link) for part in graph.parts]
         size = max((int(pos[-1]) + 1 for pos, _, _ in stored if pos.numel()), default=0)
         self.src = torch.full((size,), -1, dtype=torch.int64)
         self.dst = torch.full((size,), -1, dtype=torch.int64)

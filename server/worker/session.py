@@ -31,10 +31,11 @@ from graphfeed.transport.pending import Pending
 def part_input_seeds(part, seed_input: SeedInput) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Part ``part``'s (a :class:`Partition`) seeds of a loader's input: ``(inputs, positions, ends)`` --
     :meth:`Partition.input_nodes`, :meth:`Partition.input_positions` (None: they follow from the counts) and,
-    for a link split, its seed edges' global endpoints ``[2, k]`` (None otherwise)."""
+    for seed edges the parts list (a link split, every edge of a type), their global endpoints ``[2, k]``
+    (None otherwise)."""
     inputs, ends = part.input_nodes(seed_input), None
-    if isinstance(seed_input, LinkInput) and seed_input.split is not None:
-        _, src, dst = part.link_split(seed_input.split)
+    if isinstance(seed_input, LinkInput) and seed_input.index is None:   # a link split or every edge of a type
+        _, src, dst = part.stored_link_seeds(seed_input)
         ends = torch.stack([src, dst])
     return inputs, part.input_positions(seed_input), ends
 

@@ -12,6 +12,7 @@ from helpers.shared import serving
 
 from graphfeed.cli.main import main
 from graphfeed.client.errors import InvalidRequest
+from graphfeed.core.epoch import plan_epoch
 from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
@@ -193,6 +194,24 @@ def test_remote_split_batches_equal_local_on_every_key(cluster, val_only_dir, sp
             assert torch.equal(a[key], b[key]) if torch.is_tensor(b[key]) else a[key] == b[key], key
     size = read_meta(val_only_dir).link_split_sizes()[split]
     assert sorted(p for b in got for p in b.input_id.tolist()) == list(range(size))
+
+
+def test_remote_drop_last_packs_the_parts_split_remainders_as_local(cluster, val_only_dir, connect):
+    """A packed batch's seed edges of the other part come from that part's worker (``input_seeds``)."""
+    sizes = read_meta(val_only_dir).link_splits["val"]["sizes"]
+    kw = dict(edge_label_index="val", neg_sampling="binary", shuffle=True, seed=6, drop_last=True, world_size=2)
+    size = next(b for b in (16, 24, 32, 40, 48)
+                if any(e.packed for e in plan_epoch(sizes, b, 2, seed=6, epoch=0, shuffle=True, drop_last=True)))
+    local = [list(LocalLinkNeighborLoader(val_only_dir, FANOUTS, batch_size=size, rank=r, **kw)) for r in range(2)]
+    with connect([s.address for s in cluster], timeout=60) as client:
+        got = [list(client.link_neighbor_loader(FANOUTS, batch_size=size, rank=r, **kw)) for r in range(2)]
+    assert len(got[0]) == len(got[1]) == len(local[0]) == -(-sum(sizes) // 2) // size   # PyG's count per rank
+    for r in range(2):
+        for a, b in zip(got[r], local[r], strict=True):
+            for key in b.keys():
+                assert torch.equal(a[key], b[key]) if torch.is_tensor(b[key]) else a[key] == b[key], key
+    positions = [p for rank in got for b in rank for p in b.input_id.tolist()]
+    assert len(set(positions)) == len(positions) == 2 * len(got[0]) * size
 
 
 def test_remote_missing_split_is_invalid_argument_and_server_stays_up(cluster, val_only_dir, connect):

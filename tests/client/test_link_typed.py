@@ -121,10 +121,16 @@ def test_every_edge_label_index_form_pyg_accepts_equals_the_explicit_form(mag, s
         assert len(got) == len(explicit)
         for a, b in zip(got, explicit, strict=True):
             assert_same_batch(a, b)
-    for every in (WRITES, (WRITES, None), ("author", "paper")):   # every edge of the type: the servers' edges
-        with pytest.raises(ValueError, match=r"every edge of that type .* pass \(\('author', 'writes', 'paper'\), "
-                                             r"data\[.*\]\.edge_index\)"):
-            LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=every, **kw)
+    every_edge, kw = torch.as_tensor(mag[1].edges[WRITES].edge_index), dict(kw, batch_size=4096)   # 23591 edges
+    explicit = list(LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(WRITES, every_edge), **kw))
+    assert sum(b["author", "writes", "paper"].input_id.numel() for b in explicit) == every_edge.size(1)
+    for every in (WRITES, (WRITES, None), ("author", "paper"), (("author", "paper"), None)):   # every edge of the type
+        got = list(LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=every, **kw))
+        assert len(got) == len(explicit)
+        for a, b in zip(got, explicit, strict=True):
+            assert_same_batch(a, b)
+    with pytest.raises(ValueError, match=r"every edge of the type\) takes no edge_label"):
+        LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=WRITES, edge_label=torch.ones(3), **kw)
     with pytest.raises(ValueError, match=r"names no edge type\(s\) from 'field' to 'author'.*full \(src, rel, dst\)"):
         LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(("field", "author"), seeds), **kw)
 
@@ -151,6 +157,14 @@ def test_remote_typed_link_batches_equal_local_and_bad_input_is_invalid_argument
             ("author", "paper"), seeds))))   # PyG's (src, dst) form: was "too many dimensions 'str'"
         for a, b in zip(shorthand, local, strict=True):
             assert_same_batch(a, b)
+        big = dict(kw, batch_size=4096)   # 23591 seed edges: 6 batches
+        local_every = list(LocalLinkNeighborLoader(mag[0], FANOUTS, **dict(big, edge_label_index=(
+            WRITES, torch.as_tensor(mag[1].edges[WRITES].edge_index)))))
+        for form in (WRITES, ("author", "paper")):   # every edge of the type, listed by the servers
+            got = list(client.link_neighbor_loader(FANOUTS, prefetch=2, **dict(big, edge_label_index=form)))
+            assert len(got) == len(local_every)
+            for a, b in zip(got, local_every, strict=True):
+                assert_same_batch(a, b)
         bad = LoaderSpec.of(LinkInput.of((("author", "likes", "paper"), seeds)), FANOUTS)
         with pytest.raises(grpc.RpcError) as info:
             client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30)
