@@ -64,6 +64,12 @@ def add_arguments(parser) -> None:
                         help="hold out shares of the edges (node pairs: both directions together) as link "
                              "seed splits val/test, left out of the stored graph; train is the rest "
                              "(deterministic with --seed), e.g. val=0.05,test=0.10")
+    parser.add_argument("--link-edge-type", type=edge_type_arg, default=None, metavar="SRC,REL,DST",
+                        help="typed graph: the edge type --link-split holds edges out of (loaders then take "
+                             "edge_label_index=((SRC, REL, DST), 'val'))")
+    parser.add_argument("--link-rev-edge-type", type=edge_type_arg, default=None, metavar="DST,REL,SRC",
+                        help="typed graph: its reverse edge type, whose reverses of held-out edges are left out "
+                             "too (PyG's RandomLinkSplit rev_edge_types)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an output folder holding another partitioning")
     parser.add_argument("--allow-pickle", action="store_true",
@@ -85,6 +91,16 @@ def link_split_arg(text: str) -> dict[str, float]:
         if not sep:
             raise argparse.ArgumentTypeError(f"item {item!r}: write SPLIT=SHARE, e.g. val=0.05,test=0.10")
     return out
+
+
+def edge_type_arg(text: str) -> tuple[str, str, str]:
+    """``"user,rates,item"`` as ``("user", "rates", "item")``."""
+    import argparse
+
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) != 3 or not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give an edge type as SRC,REL,DST, e.g. user,rates,item")
+    return names   # type: ignore[return-value]
 
 
 def fanouts_arg(text: str) -> tuple[int, ...]:
@@ -131,10 +147,12 @@ def _differences(meta, graph, args, topologies) -> list[str]:
     how = _access_sampling(args)
     wanted = {"input fingerprint": graph.fingerprint, "num_parts": args.num_parts, "method": args.method,
               "topology": list(topologies), "seed": args.seed, "link split": args.link_split or {},
+              "link edge type": list(getattr(args, "link_edge_type", None) or meta.link_edge_type() or ()),
               **_setting_items(how.settings() if how else {})}
     have = {"input fingerprint": meta.source_fingerprint, "num_parts": meta.num_parts, "method": meta.method,
             "topology": list(meta.topologies), "seed": meta.seed, **_setting_items(meta.method_settings),
-            "link split": {k: s["share"] for k, s in meta.link_splits.items() if k != "train"}}
+            "link split": {k: s["share"] for k, s in meta.link_splits.items() if k != "train"},
+            "link edge type": list(meta.link_edge_type() or ())}
     keys = list(wanted) + [k for k in have if k not in wanted]
     return [f"{k} {have.get(k, '-')!s:.16} -> {wanted.get(k, '-')!s:.16}" for k in keys
             if have.get(k) != wanted.get(k)]
@@ -268,6 +286,21 @@ def run_bounded(args) -> int:
     return 0
 
 
+def _check_link_types(graph, args) -> None:
+    """UsageError unless --link-edge-type/--link-rev-edge-type fit the graph (and come with --link-split)."""
+    from graphfeed.server.partition.builder import link_split_type
+
+    if not args.link_split:
+        if args.link_edge_type or args.link_rev_edge_type:
+            raise UsageError("--link-edge-type/--link-rev-edge-type name the edge type of --link-split: add "
+                             "--link-split val=0.05,test=0.10")
+        return
+    try:
+        link_split_type(graph, args.link_edge_type, args.link_rev_edge_type)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def run_in_memory(args) -> int:
     from graphfeed.server.partition.builder import partition_graph
     from graphfeed.server.partition.inputs import read_graph
@@ -293,12 +326,14 @@ def run_in_memory(args) -> int:
     if args.num_parts > graph.num_nodes:
         raise UsageError(f"--num-parts {args.num_parts} is larger than the number of nodes ({graph.num_nodes}); "
                          f"use at most {graph.num_nodes}")
+    _check_link_types(graph, args)
     if _check_output(output, graph, args, topologies):
         print(f"{output} is up to date (same input and parameters); nothing to do")
         return 0
     counts = _count_accesses(graph, how, args.seed, report) if how else None
     partition_graph(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
                     overwrite=args.overwrite, progress=report.progress, log=report.log, link_split=args.link_split,
+                    link_edge_type=args.link_edge_type, link_rev_edge_type=args.link_rev_edge_type,
                     node_weights=counts, method_settings=how.settings() if how else None)
     print(summary(output, time.perf_counter() - report.t0))
     return 0

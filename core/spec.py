@@ -589,7 +589,8 @@ class LinkInput:
     PyG's ``edge_label_index``), ``label`` ([E] or None: every seed edge is a positive, label 1.0)
     and ``neg`` (None: no negatives).  Or, instead of ``index``, ``split``: a link split stored at
     partition time (``"train"``, ``"val"``, ``"test"``; ``graphfeed partition --link-split``), whose
-    seed edges the servers resolve, the parts' lists one after another (no ``label``).  Or neither
+    seed edges the servers resolve, the parts' lists one after another (no ``label``; on a typed graph
+    with the split's ``edge_type``: ``edge_label_index=((src, rel, dst), "val")``).  Or neither
     ``index`` nor ``split`` but ``edge_type``: every edge of that type (PyG's ``edge_label_index=(src, rel,
     dst)``), as if ``index`` were that type's input ``edge_index`` -- the servers list them (from out-edges,
     ``graphfeed partition --topology both``), each at its input position, so batches equal the explicit form's.
@@ -714,9 +715,9 @@ def _check_link_split(link: LinkInput) -> None:
     if link.split not in SPLITS:
         raise ValueError(f"edge_label_index={link.split!r} is not a link split: use one of {', '.join(SPLITS)} "
                          f"(stored by `graphfeed partition --link-split`) or a [2, E] tensor of node ids")
-    if link.edge_type is not None or link.time is not None:
-        raise ValueError(f"edge_label_index={link.split!r}: stored link splits are of a homogeneous graph and carry "
-                         f"no times; pass edge_label_index as a tensor for typed or temporal seed edges")
+    if link.time is not None:
+        raise ValueError(f"edge_label_index={link.split!r}: stored link splits carry no times; pass "
+                         f"edge_label_index as a tensor for temporal seed edges")
     if link.label is not None:
         raise ValueError(f"edge_label cannot be given with edge_label_index={link.split!r} (a stored split's "
                          f"edges are positives); pass edge_label_index as a tensor to label the edges yourself")

@@ -143,7 +143,7 @@ def link_to_proto(link: LinkInput) -> pb.LinkSeeds:
     if link.every_edge:   # every edge of the type: the type alone
         msg = pb.LinkSeeds(edge_type=list(link.edge_type or ()))
     elif link.index is None:
-        msg = pb.LinkSeeds(split=link.split)
+        msg = pb.LinkSeeds(split=link.split, edge_type=list(link.edge_type or ()))
     else:
         msg = pb.LinkSeeds(src=link.index[0].tolist(), dst=link.index[1].tolist(), edge_type=list(link.edge_type or ()),
                            time=[] if link.time is None else link.time.tolist())
@@ -163,16 +163,17 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
         raise ValueError("link: set float_label or int_label, not both")
     neg = NegativeSampling(msg.neg.mode, msg.neg.amount, msg.neg.strict, msg.neg.num_hard) if msg.HasField("neg") \
         else None
+    if msg.edge_type and len(msg.edge_type) != 3:
+        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
+    etype = (msg.edge_type[0], msg.edge_type[1], msg.edge_type[2]) if msg.edge_type else None
     if msg.split:
         if msg.src or msg.float_label or msg.int_label:
             raise ValueError(f"link: split {msg.split!r} names the seed edges: leave src, dst and labels empty")
-        return LinkInput(None, None, neg, split=msg.split)
-    if msg.edge_type and len(msg.edge_type) != 3:
-        raise ValueError(f"link: edge_type has {len(msg.edge_type)} names: give [src, rel, dst] or none")
-    if not msg.src and msg.edge_type:   # every edge of the type
+        return LinkInput(None, None, neg, etype, split=msg.split)
+    if not msg.src and etype is not None:   # every edge of the type
         if msg.float_label or msg.int_label or msg.time:
             raise ValueError("link: every edge of edge_type (no src/dst) takes no labels or times")
-        return LinkInput(None, None, neg, tuple(msg.edge_type))  # type: ignore[arg-type]
+        return LinkInput(None, None, neg, etype)
     index = torch.from_numpy(np.asarray([msg.src, msg.dst], dtype=np.int64).reshape(2, -1))
     label = None
     if msg.float_label:
@@ -180,8 +181,7 @@ def link_from_proto(msg: pb.LinkSeeds) -> LinkInput:
     elif msg.int_label:
         label = torch.from_numpy(np.asarray(msg.int_label, dtype=np.int64))
     time = torch.from_numpy(np.asarray(msg.time, dtype=np.int64)) if msg.time else None
-    return LinkInput(index, label, neg, tuple(msg.edge_type) if msg.edge_type else None,  # type: ignore[arg-type]
-                     time)
+    return LinkInput(index, label, neg, etype, time)
 
 
 def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:

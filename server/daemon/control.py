@@ -31,7 +31,7 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.partition.store import check_every_edge, check_link_types
+from graphfeed.server.partition.store import check_every_edge, check_link_split_type, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
@@ -371,9 +371,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         original ids of its source / destination node types, or its split is stored in this partition."""
         meta = self.served.meta
         if link.split is not None:
-            if not meta.is_homogeneous:
-                raise _invalid(f"edge_label_index={link.split!r}: link splits are stored for homogeneous graphs only; "
-                               f"pass edge_label_index=((src, rel, dst), index) on a typed graph")
+            try:
+                check_link_split_type(meta, link)
+            except ValueError as exc:
+                raise _invalid(str(exc)) from None
             if link.split not in meta.link_splits:
                 raise _invalid(f"edge_label_index={link.split!r}: the partition has no link split {link.split!r} "
                                f"(it has {', '.join(meta.link_split_sizes()) or 'none'}); re-partition with `graphfeed "

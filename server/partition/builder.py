@@ -270,12 +270,14 @@ def check_link_shares(shares: dict[str, float]) -> None:
         raise ValueError(f"--link-split shares must each be in (0, 1) and sum to less than 1, got {shares}")
 
 
-def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int = 0) -> dict[str, np.ndarray]:
+def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int = 0,
+                     symmetric: bool = True) -> dict[str, np.ndarray]:
     """Positions (ascending) in ``edge_index`` of the seed edges of every link split: ``val`` and ``test``
     (those in ``shares``) hold out that share of the graph's node pairs, ``train`` is every other edge.
 
     Edges ``(u, v)`` and ``(v, u)`` (and repeats of either) are one node pair, held out together, so an
-    undirected graph stored with both directions never keeps the reverse of a held-out edge.  Pairs are
+    undirected graph stored with both directions never keeps the reverse of a held-out edge (not
+    ``symmetric``: an edge type between two node types, where ``(u, v)`` and ``(v, u)`` differ).  Pairs are
     picked by a random permutation of ``seed``: deterministic.  ValueError (naming ``--link-split``)
     for a split other than val/test, a share outside (0, 1), shares summing to 1 or more, or a share
     that holds out no pair.
@@ -283,7 +285,7 @@ def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int
     check_link_shares(shares)
     ends = edge_index.astype(np.int64, copy=False)
     n = int(ends.max()) + 1 if ends.size else 1
-    keys = np.minimum(ends[0], ends[1]) * n + np.maximum(ends[0], ends[1])
+    keys = np.minimum(ends[0], ends[1]) * n + np.maximum(ends[0], ends[1]) if symmetric else ends[0] * n + ends[1]
     pairs, pair_of = np.unique(keys, return_inverse=True)
     rank = np.empty(pairs.size, dtype=np.int64)
     rank[np.random.default_rng(seed).permutation(pairs.size)] = np.arange(pairs.size)
@@ -302,14 +304,14 @@ def link_split_edges(edge_index: np.ndarray, shares: dict[str, float], seed: int
     return {split: out[split] for split in LINK_SPLITS if split in out}
 
 
-def _write_link_splits(graph: GraphInput, paths: PartitionPaths, numbering: _Numbering,
+def _write_link_splits(graph: GraphInput, etype: EdgeType, paths: PartitionPaths, numbering: dict[str, _Numbering],
                        splits: dict[str, np.ndarray]) -> dict[str, list[int]]:
-    """Each part's seed edges of every link split (those whose source it owns, by input position);
-    returns each split's per-part counts."""
-    ei, ranges = graph.edge_index, numbering.ranges
+    """Each part's seed edges (of edge type ``etype``) of every link split (those whose source it owns, by
+    input position); returns each split's per-part counts."""
+    ei, ranges = graph.edges[etype].edge_index, numbering[etype[0]].ranges
     sizes = {}
     for split, pos in splits.items():
-        src, dst = numbering.new_of_orig[ei[0, pos]], numbering.new_of_orig[ei[1, pos]]
+        src, dst = numbering[etype[0]].new_of_orig[ei[0, pos]], numbering[etype[2]].new_of_orig[ei[1, pos]]
         part = np.searchsorted(ranges, src, side="right") - 1
         order = np.argsort(part, kind="stable")
         counts = np.bincount(part, minlength=ranges.size - 1)
@@ -317,44 +319,87 @@ def _write_link_splits(graph: GraphInput, paths: PartitionPaths, numbering: _Num
         for k in range(ranges.size - 1):
             mine = order[offsets[k]:offsets[k + 1]]
             for name, values in (("src", src), ("dst", dst), ("eid", pos)):
-                save_array(paths.link_split_file(k, split, name), values[mine].astype(np.int64))
+                save_array(paths.link_split_file(k, split, name, etype), values[mine].astype(np.int64))
         sizes[split] = counts.tolist()
     return sizes
+
+
+def link_split_type(graph: GraphInput, etype: EdgeType | None, rev: EdgeType | None = None) -> EdgeType:
+    """The edge type ``--link-split`` holds edges out of: ``etype``, or a homogeneous graph's one edge type.
+    ValueError naming ``--link-edge-type`` and the graph's edge types when it is missing on a typed graph or
+    names a type the graph lacks, or ``rev`` does not go the other way."""
+    types = [tuple(e) for e in graph.edge_types]
+    if etype is None:
+        if graph.is_homogeneous:
+            return types[0]   # type: ignore[return-value]
+        raise ValueError(f"--link-split on a typed graph needs --link-edge-type SRC,REL,DST (one of "
+                         f"{', '.join(','.join(e) for e in types)})")
+    for name, value in (("--link-edge-type", etype), ("--link-rev-edge-type", rev)):
+        if value is not None and tuple(value) not in types:
+            raise ValueError(f"{name} {','.join(value)} is not an edge type of the graph: it has "
+                             f"{', '.join(','.join(e) for e in types)}")
+    if rev is not None and (rev[0], rev[2]) != (etype[2], etype[0]):
+        raise ValueError(f"--link-rev-edge-type {','.join(rev)} must go from {etype[2]!r} to {etype[0]!r} (the "
+                         f"reverse of {','.join(etype)})")
+    return tuple(etype)   # type: ignore[return-value]
+
+
+def _reverse_kept(ei: np.ndarray, rev_ei: np.ndarray, splits: dict[str, np.ndarray]) -> np.ndarray:
+    """Positions of the reverse edge type's edges to store: all but the reverses of held-out (val/test) pairs."""
+    held = np.concatenate([splits[s] for s in splits if s != "train"] or [np.zeros(0, dtype=np.int64)])
+    n = int(max(ei.max(initial=0), rev_ei.max(initial=0))) + 1
+    held_keys = ei[0, held].astype(np.int64) * n + ei[1, held]
+    rev_keys = rev_ei[1].astype(np.int64) * n + rev_ei[0]
+    return np.flatnonzero(~np.isin(rev_keys, held_keys))
 
 
 def write_partitions(graph: GraphInput, parts: np.ndarray, num_parts: int, out: Path, *, method: str,
                      topologies=("csc",), seed: int = 0, progress: Progress | None = None,
                      log: Log | None = None, link_split: dict[str, float] | None = None,
-                     node_weights: np.ndarray | None = None, method_settings: dict | None = None) -> PartitionMeta:
+                     node_weights: np.ndarray | None = None, method_settings: dict | None = None,
+                     link_edge_type: EdgeType | None = None, link_rev_edge_type: EdgeType | None = None
+                     ) -> PartitionMeta:
     """Write the partition folder into ``out`` (which must be empty), META.json last; returns its meta.
 
     ``parts`` is the part of every node of the homogeneous view (:func:`assign_parts`). Each node
     type is renumbered on its own, so part k owns ``[node_ranges[t][k], node_ranges[t][k+1])`` of
     type t. Peak memory beyond the input, while one topology of one edge type is built: its
     renumbered endpoints (int32 when ids fit) plus three int64 arrays of its E entries (sort keys,
-    permutation, sort buffer).  ``link_split`` (``{"val": share, "test": share}``, homogeneous graphs):
-    hold out those edges as link seed splits (:func:`link_split_edges`), not stored in the topology.
+    permutation, sort buffer).  ``link_split`` (``{"val": share, "test": share}``): hold out those edges
+    (of ``link_edge_type`` on a typed graph; the reverses of held-out pairs in ``link_rev_edge_type`` too,
+    as PyG's ``RandomLinkSplit(rev_edge_types=...)``) as link seed splits (:func:`link_split_edges`), not
+    stored in the topology.
     ``method_settings`` are recorded in META.json, with each part's sum of ``node_weights`` (hotness).
     """
     progress, log = progress or _no_progress, log or _no_log
     numbering = {ntype: _Numbering.of(p, num_parts) for ntype, p in _parts_by_type(graph, parts).items()}
     paths = PartitionPaths(out)
-    splits = link_split_edges(graph.edge_index, link_split, seed) if link_split else {}
+    link_type = link_split_type(graph, link_edge_type, link_rev_edge_type) if link_split else None
+    splits, keep = {}, {}
+    if link_split and link_type is not None:
+        ei = graph.edges[link_type].edge_index
+        splits = link_split_edges(ei, link_split, seed, symmetric=link_type[0] == link_type[2])
+        keep[link_type] = splits.get("train")
+        if link_rev_edge_type is not None:
+            keep[link_rev_edge_type] = _reverse_kept(ei, graph.edges[link_rev_edge_type].edge_index, splits)
     for ntype in graph.node_types:
         _write_nodes(graph, ntype, paths, numbering[ntype], progress)
     for etype in graph.edge_types:
-        _write_edges(graph, etype, paths, numbering, topologies, progress, log, splits.get("train"))
+        _write_edges(graph, etype, paths, numbering, topologies, progress, log, keep.get(etype))
     _write_extras(graph, paths, numbering, num_parts, log)
     meta = _meta(graph, parts, numbering, method=method, topologies=topologies, seed=seed)
     if node_weights is not None:
         mass = np.bincount(parts, weights=node_weights, minlength=num_parts)
         meta = dataclasses.replace(meta, method_settings=dict(method_settings or {}),
                                    access_mass=[int(m) for m in mass])
-    if link_split and splits:
+    if link_split and splits and link_type is not None:
         log(f"link splits: {', '.join(f'{k} {v.size:,}' for k, v in splits.items())} edges")
-        sizes = _write_link_splits(graph, paths, numbering[graph.label_type], splits)
+        sizes = _write_link_splits(graph, link_type, paths, numbering, splits)
         shares = {**link_split, "train": 1.0 - sum(link_split.values())}
-        meta = dataclasses.replace(meta, link_splits={k: {"share": float(shares[k]), "sizes": sizes[k]}
+        typed = {} if graph.is_homogeneous else {"edge_type": list(link_type)}
+        if link_rev_edge_type is not None:
+            typed["rev_edge_type"] = list(link_rev_edge_type)
+        meta = dataclasses.replace(meta, link_splits={k: {"share": float(shares[k]), "sizes": sizes[k], **typed}
                                                       for k in sizes})
     write_meta(out, meta)
     return meta
@@ -413,21 +458,22 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
                     topologies=("csc",), seed: int = 0, overwrite: bool = False,
                     progress: Progress | None = None, log: Log | None = None,
                     link_split: dict[str, float] | None = None, node_weights: np.ndarray | None = None,
-                    method_settings: dict | None = None) -> PartitionMeta:
+                    method_settings: dict | None = None, link_edge_type: EdgeType | None = None,
+                    link_rev_edge_type: EdgeType | None = None) -> PartitionMeta:
     """Partition ``graph`` into ``output`` atomically: the folder appears complete or not at all.
 
     Everything is written into a temporary sibling folder, META.json last, then renamed
     into place; a crash leaves only the temporary folder (``.NAME.tmp-PID-*``, no META.json),
     which never loads as valid and is deleted by the next run into the same ``output``.  ``output`` must not
     exist, be empty, or (with ``overwrite``) hold a graphfeed partition; anything else raises ``FileExistsError``.
-    ``link_split``: see :func:`write_partitions` (homogeneous graphs only).  ``method="hotness"`` needs
+    ``link_split``, ``link_edge_type``, ``link_rev_edge_type``: see :func:`write_partitions`.
+    ``method="hotness"`` needs
     ``node_weights`` (each node's pre-sampled access count, int [N]; see
     :func:`graphfeed.server.sampling.access.count_accesses`), recorded with ``method_settings``.
     """
-    if link_split and not graph.is_homogeneous:
-        raise ValueError("--link-split needs a homogeneous graph: typed link splits are not supported yet")
     if link_split:
         check_link_shares(link_split)
+        link_split_type(graph, link_edge_type, link_rev_edge_type)
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}: use one of {', '.join(METHODS)}")
     if method == "hotness":
@@ -450,7 +496,8 @@ def partition_graph(graph: GraphInput, num_parts: int, output: str | os.PathLike
         meta = write_partitions(graph, parts, num_parts, tmp, method=method, topologies=tuple(topologies),
                                 seed=seed, progress=progress, log=log, link_split=link_split,
                                 node_weights=node_weights if method == "hotness" else None,
-                                method_settings=method_settings)
+                                method_settings=method_settings, link_edge_type=link_edge_type,
+                                link_rev_edge_type=link_rev_edge_type)
         _replace_dir(tmp, output, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -82,7 +82,9 @@ class PartitionMeta:
     was first written have defaults that describe a homogeneous graph, so older folders read.
     ``link_splits[split]`` (``--link-split``; empty without) is ``{"share": float, "sizes": [per part]}``:
     the share of node pairs asked for and each part's count of that link split's seed edges; the
-    val/test edges are not in the stored topology.  ``edge_weights`` lists the edge types (by
+    val/test edges are not in the stored topology.  On a typed graph each also names the split's
+    ``"edge_type"`` ``[src, rel, dst]`` (``--link-edge-type``) and, when its reverse edges were held out
+    too, ``"rev_edge_type"``.  ``edge_weights`` lists the edge types (by
     :func:`edge_type_dirname`) stored with sampling weights (an input's ``edge_weight``).
     ``method_settings`` are the assignment's own parameters (``--method hotness``: the pre-sampling's
     ``num_neighbors``, ``batch_size`` and ``epochs``; empty for random and METIS) and ``access_mass``
@@ -125,6 +127,11 @@ class PartitionMeta:
         """Seed edges of every link split (of part ``part``, or of the whole graph); empty without splits."""
         splits = [(name, self.link_splits[name]) for name in LINK_SPLITS if name in self.link_splits]
         return {name: int(sum(s["sizes"]) if part is None else s["sizes"][part]) for name, s in splits}
+
+    def link_edge_type(self) -> tuple[str, str, str] | None:
+        """The edge type of the stored link splits on a typed graph (None: homogeneous, or no splits)."""
+        named = [s["edge_type"] for s in self.link_splits.values() if s.get("edge_type")]
+        return (named[0][0], named[0][1], named[0][2]) if named else None
 
     def edge_type_tuples(self) -> list[tuple[str, str, str]]:
         return [(e[0], e[1], e[2]) for e in self.edge_types]

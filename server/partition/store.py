@@ -450,9 +450,7 @@ class Partition:
         part's stored seed edges, at positions after every earlier part's (the parts' lists one after
         another, as a node split's)."""
         if link.split is not None:
-            if not self.meta.is_homogeneous:
-                raise ValueError(f"edge_label_index={link.split!r}: link splits are stored for homogeneous graphs "
-                                 f"only; pass edge_label_index=((src, rel, dst), index) on a typed graph")
+            check_link_split_type(self.meta, link)
             return self.link_split(link.split)[0]
         check_link_types(self.meta, link)
         if link.every_edge:
@@ -473,7 +471,8 @@ class Partition:
                              f"re-partition with `graphfeed partition --link-split val=0.05,test=0.10` or pass "
                              f"edge_label_index as a [2, E] tensor")
         start = int(sum(sizes[:self.part_id]))
-        src, dst = (_tensor(self.paths.link_split_file(self.part_id, name, end)) for end in ("src", "dst"))
+        etype = self.meta.link_edge_type() or DEFAULT_EDGE_TYPE
+        src, dst = (_tensor(self.paths.link_split_file(self.part_id, name, end, etype)) for end in ("src", "dst"))
         return torch.arange(start, start + int(sizes[self.part_id])), src, dst
 
     def every_edge(self, etype: EdgeType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -502,7 +501,8 @@ class Partition:
     def link_split_eids(self, name: str) -> torch.Tensor:
         """Input edge positions (in the partitioned ``edge_index``) of this part's seed edges of ``name``."""
         self.link_split(name)   # the same check
-        return _tensor(self.paths.link_split_file(self.part_id, name, "eid"))
+        etype = self.meta.link_edge_type() or DEFAULT_EDGE_TYPE
+        return _tensor(self.paths.link_split_file(self.part_id, name, "eid", etype))
 
     # ---- shortcuts to node type ``ntype`` and edge type ``etype`` (the graph, when homogeneous)
 
@@ -543,6 +543,20 @@ def check_link_types(meta: PartitionMeta, link: LinkInput) -> None:
     if link.edge_type is not None and link.edge_type not in etypes:
         raise ValueError(f"edge_label_index names edge type {link.edge_type}, which the graph does not have; its "
                          f"edge types are {', '.join(map(str, etypes))}")
+
+
+def check_link_split_type(meta: PartitionMeta, link: LinkInput) -> None:
+    """ValueError naming the fix unless ``link`` (a link split) names the edge type its splits were stored for
+    (none on a homogeneous graph; on a typed graph ``((src, rel, dst), split)``)."""
+    stored = meta.link_edge_type()
+    if meta.is_homogeneous or link.edge_type == stored:
+        return
+    if stored is None:
+        raise ValueError(f"edge_label_index={link.split!r}: this typed partition has no link splits; re-partition "
+                         f"with `graphfeed partition --link-split val=0.05,test=0.10 --link-edge-type SRC,REL,DST` or "
+                         f"pass edge_label_index=((src, rel, dst), index)")
+    raise ValueError(f"edge_label_index={link.split!r}: the link splits are of edge type {stored}: pass "
+                     f"edge_label_index=({stored}, {link.split!r})")
 
 
 def check_every_edge(meta: PartitionMeta, etype: EdgeType) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, partition_arrays
 from torch_geometric.data import Data
 from torch_geometric.transforms import NormalizeFeatures
 
@@ -24,7 +24,7 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition import synth
 from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import running_cluster
 
@@ -40,11 +40,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="dropin-3000")
-    out = tmp_path_factory.mktemp("dropin") / "parts"
-    builder.partition_graph(g, 2, out, method="metis")
-    return out
+    return partition_arrays(graph, tmp_path_factory.mktemp("dropin") / "parts", classes=4, parts=2, name="dropin-3000",
+                            method="metis")
 
 
 @pytest.fixture(scope="module")

@@ -139,8 +139,8 @@ def test_link_split_errors_name_the_fix(parts_dir, edge_index, tmp_path):
     with pytest.raises(ValueError, match="sum to less than 1"):
         builder.partition_graph(_graph(edge_index), 1, tmp_path / "x", link_split={"val": 0.6, "test": 0.5})
     typed = synth.generate_mag_preset("mag-tiny", seed=0)
-    with pytest.raises(ValueError, match="--link-split needs a homogeneous graph"):
-        builder.partition_graph(typed, 1, tmp_path / "typed", link_split={"val": 0.1})
+    with pytest.raises(ValueError, match="--link-split on a typed graph needs --link-edge-type SRC,REL,DST"):
+        builder.partition_graph(typed, 1, tmp_path / "typed", link_split={"val": 0.1})   # (test_link_split_typed.py)
     assert not (tmp_path / "typed").exists()
     spec = LoaderSpec.of(LinkInput.of("test", neg_sampling="triplet"), FANOUTS, batch_size=4)
     assert loader_spec_from_proto(open_session_request(spec, "g")) == spec and spec.kind == "link:test"

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.core.agreement import inputs_fingerprint, settings_fingerprint
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition import synth
 from graphfeed.testing.chaos import run_chaos
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster, start_server
 
@@ -40,11 +40,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="resilience-1200")
-    out = tmp_path_factory.mktemp("resilience") / "parts"
-    builder.partition_graph(g, 2, out, method="random")
-    return out
+    return partition_arrays(graph, tmp_path_factory.mktemp("resilience") / "parts", classes=4, parts=2,
+                            name="resilience-1200")
 
 
 @pytest.fixture(scope="module")
@@ -331,10 +328,7 @@ def test_a_draining_server_ends_the_trainer_at_once_instead_of_waiting_to_reconn
 
 @pytest.mark.slow
 def test_resume_refuses_another_partition_and_bounds_the_wait(parts_dir, graph, tmp_path):
-    ei, x, y, splits = graph
-    other = tmp_path / "other"
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="another-graph")
-    builder.partition_graph(g, 2, other, method="random")
+    other = partition_arrays(graph, tmp_path / "other", classes=4, parts=2, name="another-graph")
     with running_cluster(parts_dir, log_dir=tmp_path) as servers:
         victim = servers[1]
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=60) as client:

@@ -15,11 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from helpers.graphs import partition_arrays
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition import synth
 from graphfeed.server.sampling.budget import BudgetExceeded, WorkBudget, estimate
 from graphfeed.testing.cluster import running_cluster
 
@@ -35,11 +36,8 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory) -> Path:
-    ei, x, y, splits = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=4, fingerprint="hardening-1000")
-    out = tmp_path_factory.mktemp("hardening") / "parts"
-    builder.partition_graph(g, 2, out, method="random")
-    return out
+    return partition_arrays(graph, tmp_path_factory.mktemp("hardening") / "parts", classes=4, parts=2,
+                            name="hardening-1000")
 
 
 def _alive(pid: int) -> bool:
