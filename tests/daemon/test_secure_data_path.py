@@ -31,10 +31,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
 from graphfeed.client import group as client_group
+from graphfeed.core.epoch import plan_epoch
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.store import open_parts
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 from graphfeed.transport import rpc_group
 
@@ -201,6 +203,17 @@ def test_local_loader_equals_remote_loader_over_the_secure_path(token_cluster, p
         # every call the trainer makes carries its credentials: a wrong session secret is refused by name
         with pytest.raises(PermissionError, match="wrong session secret"):
             client.group.calls.call_sync(0, "pull", (loader.sessions[0], 0, 0, b"\0" * 32), 20)
+        # drop_last packs the parts' remainders: a worker reads the other part's input (input_seeds) on this path
+        counts = [p.split("train").numel() for p in open_parts(parts_dir)[1]]
+        size = next(b for b in (24, 32, 40, 48, 56, 64) if any(
+            e.packed for e in plan_epoch(counts, b, 2, seed=5, epoch=0, shuffle=True, drop_last=True)))
+        for rank in range(2):
+            packed = dict(KW, batch_size=size, drop_last=True, world_size=2, rank=rank)
+            got = list(client.neighbor_loader("train", FANOUTS, **packed))
+            want = list(LocalNeighborLoader(parts_dir, FANOUTS, **packed))
+            assert len(got) == len(want) == -(-sum(counts) // 2) // size
+            for a, b in zip(got, want, strict=True):
+                assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
 
 
 def test_join_group_never_makes_a_worker_dial_a_third_party(token_cluster):
