@@ -110,6 +110,7 @@ def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
     print(f"{time.monotonic() - started:6.0f} s  clone and set-up", flush=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}   # a fresh shell
     servers: list[subprocess.Popen] = []
+    logs = []
     try:
         for line in readme_commands(clone / "README.md")[1:]:
             words = shlex.split(line)
@@ -119,7 +120,7 @@ def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
             run = f"flock {shlex.quote(lock)} {line}" if lock and "--hosts" in words else line
             shell = f"set -euo pipefail; source .venv/bin/activate; {run}"
             if words[1] == "serve":
-                log = open(tmp_path / f"serve-{_option(words, '--port')}.log", "w")
+                logs.append(log := open(tmp_path / f"serve-{_option(words, '--port')}.log", "w"))
                 servers.append(subprocess.Popen(["bash", "-c", shell], cwd=clone, env=env, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True))
                 _wait_serving(clone, _option(words, "--port"), servers[-1])
@@ -133,6 +134,8 @@ def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
         for proc in servers:
             os.killpg(proc.pid, signal.SIGTERM)
         codes = [proc.wait(60) for proc in servers]
+        for log in logs:
+            log.close()
     assert codes == [0] * len(servers), f"servers' exit codes after SIGTERM: {codes}"
 
 
