@@ -56,7 +56,8 @@ def produce_for_seeds(graph: PartitionedGraph, seeds: NodeInput | LinkInput, pos
 def _link_batch(graph: PartitionedGraph, link: LinkInput, positions: torch.Tensor, spec: SamplingSpec,
                 batch_seed: int, stage, feature_dtype) -> dict[str, torch.Tensor]:
     if link.index is None:
-        raise ValueError("a link split cannot be sampled ad hoc: give the batch's seed edges as edge_label_index")
+        raise ValueError("a link split or every edge of a type cannot be sampled ad hoc: give the batch's seed edges "
+                         "as edge_label_index")
     if link.time is not None or spec.temporal:
         raise ValueError("temporal sampling (edge_label_time, time_attr) is not offered for ad-hoc seed edges: "
                          "use graphfeed's own link loaders for temporal sampling")
