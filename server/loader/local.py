@@ -53,6 +53,8 @@ class LocalNeighborLoader:
     lacks.
     """
 
+    embeddings: list | None   # LocalEmbedding tables of a node loader (None: none; link loaders refuse them)
+
     def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *, input_nodes="train",
                  **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
@@ -76,7 +78,7 @@ class LocalNeighborLoader:
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
         self.delivery = Delivery()   # as produced (the node loader's pin_memory / device replace it)
-        self.embeddings: list | None = None   # the node loader's tables (link loaders refuse them)
+        self.embeddings = None   # the node loader's tables (link loaders refuse them)
         check_ranks_agree(self.spec, self.counts)
         self.positions = [input_positions(self.counts, p, part.input_positions(self.spec.input))
                           for p, part in enumerate(self.graph.parts)]
@@ -131,7 +133,7 @@ class LocalNeighborLoader:
 
     def _embedding_rows(self, ntype: str, gids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The batch fields of the loader's table of ``ntype`` (none without one): as a session worker's."""
-        table = next((t for t in self.embeddings if t.spec.ntype == ntype), None)
+        table = next((t for t in self.embeddings or () if t.spec.ntype == ntype), None)
         if table is None:
             return {}
         gids = gids.cpu()
