@@ -262,6 +262,11 @@ def run_bounded(args) -> int:
     report = _Reporter(args.quiet)
     report.log(f"reading {args.input} (chunk headers; hashing the chunks for the input fingerprint)")
     graph = open_chunked(args.input)
+    if graph.dropped:   # shown even with --quiet, as the in-memory path's
+        hard = " (hard negatives are stored by the in-memory path only: partition without --memory-limit)" \
+            if any(n.startswith("hard_neg_dst") for n in graph.dropped) else ""
+        print(f"graphfeed partition: warning: not stored by the bounded-memory path{hard}: "
+              f"{', '.join(graph.dropped)}", file=sys.stderr, flush=True)
     report.log(f"read {graph.num_nodes:,} nodes, {graph.num_edges:,} edges in "
                f"{sum(len(f.files) for e in graph.edges.values() for f in e.fields.values())} edge chunk file(s) "
                f"(input sha256 {graph.fingerprint[:12]}); memory limit {format_bytes(limit)}")

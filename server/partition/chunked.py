@@ -286,6 +286,7 @@ def open_chunked(folder: str | os.PathLike, *, with_fingerprint: bool = True) ->
         fields = _folder_fields(folder, manifest)
         graph = _assemble({DEFAULT_NODE_TYPE: _node_fields(fields)}, {DEFAULT_EDGE_TYPE: _edge_fields(fields)},
                           _splits_of(folder, manifest), folder)
+        graph.dropped = [] if manifest else _unread_files(folder)
     graph.name = _name_of(folder)
     if with_fingerprint:
         graph.fingerprint = chunked_fingerprint(graph)
@@ -340,6 +341,20 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
     fields = {name: _npy_chunks(name, paths) for name, paths in groups.items()}
     fields.update(_parquet_fields(folder))
     return fields
+
+
+def _unread_files(folder: Path) -> list[str]:
+    """The ``.npy`` files of a plain chunk folder that the bounded path does not store (named by ``graphfeed
+    partition``, as the in-memory path names what it drops): neither a field's chunks, nor a split, nor a count."""
+    kept = set(NODE_FIELDS + EDGE_FIELDS)
+    out = []
+    for p in sorted(folder.glob("*.npy")):
+        m = _CHUNK_RE.match(p.name)
+        if (m and m["field"] in kept) or p.stem in kept or p.stem == "num_nodes" or \
+                p.stem in {f"{s}_idx" for s in SPLITS}:
+            continue
+        out.append(p.name)
+    return out
 
 
 def _npy_chunks(name: str, paths: list[Path]) -> ArrayChunks:

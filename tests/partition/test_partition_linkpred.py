@@ -70,6 +70,19 @@ def test_partition_stores_each_edges_hard_negatives_with_its_source_part(tiny_ha
     assert stored == want
 
 
+def test_the_bounded_path_names_the_hard_negatives_it_does_not_store(tiny_hard, tmp_path, capsys):
+    """``--memory-limit`` partitions through the bounded path, which stores no hard negatives: the run says so in
+    one warning naming the file and the fix, and the parts have no lists (a loader asking for them is refused)."""
+    code = cli_main(["partition", str(tiny_hard), "-p", "2", "-o", str(tmp_path / "p"), "--method", "random",
+                     "--memory-limit", "256MB", "-q"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if "not stored by the bounded-memory path" in line]
+    assert len(warning) == 1 and "hard_neg_dst.npy" in warning[0] and "without --memory-limit" in warning[0], err
+    _, parts = open_parts(tmp_path / "p")
+    assert all(p.edges(DEFAULT_EDGE_TYPE).hard_negatives is None for p in parts)
+
+
 def test_typed_folder_hard_negatives_per_edge_type(tmp_path):
     graph = synth.generate_mag_preset("mag-tiny", seed=0)
     writes = graph.edges[WRITES]
