@@ -38,6 +38,7 @@ def _assert_consistent_rates(r: dict) -> None:
 
 @pytest.mark.slow
 def test_started_servers_same_counts_as_inprocess_and_clean_shutdown(tiny_parts_dir, tiny_graph, capsys):
+    before = _children()   # e.g. a shared cluster this test process started earlier
     rc = cli_main(["bench", "remote", "--graph", str(tiny_parts_dir), "--servers", "2", "--num-neighbors", "5,3",
                    "--batch-size", "100", "--prefetch", "2", "--epochs", "2", "--compare"])
     out = capsys.readouterr().out.strip().splitlines()
@@ -62,7 +63,7 @@ def test_started_servers_same_counts_as_inprocess_and_clean_shutdown(tiny_parts_
     assert r["servers_peak_rss_mb"] == pytest.approx(sum(r["servers_peak_rss_mb_each"]), abs=0.2)
     assert r["peak_rss_mb"] > 100 and ref["peak_rss_mb"] > 100
     assert not _processes_mentioning(str(tiny_parts_dir)), "the daemons must be gone"
-    assert not psutil.Process().children(recursive=True), "no child process may survive the bench"
+    assert not _children() - before, "no child process may survive the bench"
 
 
 def test_running_servers_by_address(tiny_parts_dir, tiny_graph, tmp_path):
@@ -126,10 +127,11 @@ def test_feature_cache_lowers_the_feature_bytes_of_the_same_epoch(tiny_parts_dir
     (["--servers", "2", "--peer-cache-mb", "-1"], "--peer-cache-mb must be a number of MiB >= 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tiny_parts_dir, capsys, argv, message):
+    before = _children()   # e.g. a shared cluster this test process started earlier
     rc = cli_main(["bench", "remote", "--graph", str(tiny_parts_dir), *argv])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1, err
-    assert not psutil.Process().children(recursive=True), "nothing may be started for bad arguments"
+    assert not _children() - before, "nothing may be started for bad arguments"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -175,3 +177,7 @@ def test_link_mode_through_two_servers_equals_inprocess_counts(tmp_path, capsys)
     assert (r["link"], r["neg_ratio"], r["input"]) == (True, 2.0, "val")
     assert r["ratio_vs_inprocess"] == pytest.approx(r["seeds_per_s"] / ref["seeds_per_s"], abs=1e-3)
     _assert_consistent_rates(r)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
