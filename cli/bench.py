@@ -156,13 +156,7 @@ def _run_embedding(args) -> int:
     cfg = EmbeddingBenchConfig(servers=_servers(args.servers), graph=args.graph, dim=args.dim,
                                num_neighbors=_fanouts(args.num_neighbors, example="10,5"),
                                batch_size=args.batch_size, epochs=args.epochs, seed=args.seed)
-    try:
-        result = bench_embedding(cfg)
-    except RuntimeError as exc:  # a server failed to start or stop: one line
-        print(f"graphfeed bench embedding: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    return _print_result("embedding", bench_embedding, cfg)
 
 
 def _run_online(args) -> int:
@@ -171,10 +165,16 @@ def _run_online(args) -> int:
     sizes, fanouts = _fanouts(args.sizes, "--sizes", "1,64,1024"), _fanouts(args.num_neighbors)
     cfg = OnlineBenchConfig(servers=_servers(args.servers), graph=args.graph, num_neighbors=fanouts, sizes=sizes,
                             requests=args.requests, warmup=args.warmup, seed=args.seed)
+    return _print_result("online", bench_online, cfg)
+
+
+def _print_result(name: str, bench, cfg) -> int:
+    """Run ``bench(cfg)`` of the cluster benches and print its figures as one JSON line; exit code 1 with one
+    line when a server failed to start or stop."""
     try:
-        result = bench_online(cfg)
-    except RuntimeError as exc:  # a server failed to start or stop: one line
-        print(f"graphfeed bench online: error: {exc}", file=sys.stderr)
+        result = bench(cfg)
+    except RuntimeError as exc:
+        print(f"graphfeed bench {name}: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result), flush=True)
     return 0

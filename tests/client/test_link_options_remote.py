@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, partition_with_hard_negatives
 from helpers.shared import serving
 
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE
+from graphfeed.server.partition import synth
 from graphfeed.testing.cluster import SERVING, health_status
 
 N = 800
@@ -27,12 +26,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory):
-    ei, x, y, splits, hard = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint="linkopts-remote")
-    g.edges[DEFAULT_EDGE_TYPE].hard_neg_dst = hard
-    out = tmp_path_factory.mktemp("linkopts_remote") / "parts"
-    builder.partition_graph(g, 2, out, method="metis", topologies=("csc",))
-    return out
+    return partition_with_hard_negatives(graph, tmp_path_factory.mktemp("linkopts_remote") / "parts", "linkopts-remote")
 
 
 @pytest.fixture(scope="module")

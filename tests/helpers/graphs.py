@@ -179,3 +179,16 @@ def same_value(a, b) -> bool:
     import torch
 
     return a.dtype == b.dtype and torch.equal(a, b) if torch.is_tensor(b) else a == b
+
+
+def partition_with_hard_negatives(graph, out, fingerprint: str):
+    """``graph`` = ``(edge_index, x, y, splits, hard_neg_dst)`` (3 classes) as 2 METIS parts under ``out``, each
+    edge's hard negatives stored with it (the link-option tests' partition, local and remote)."""
+    from graphfeed.server.partition import builder
+    from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE
+
+    ei, x, y, splits, hard = graph
+    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint=fingerprint)
+    g.edges[DEFAULT_EDGE_TYPE].hard_neg_dst = hard
+    builder.partition_graph(g, 2, out, method="metis", topologies=("csc",))
+    return out

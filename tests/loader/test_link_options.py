@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import partition_with_hard_negatives
 
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, SamplingSpec, reverse_edge_type
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
@@ -31,12 +32,7 @@ def graph():
 
 @pytest.fixture(scope="module")
 def parts_dir(graph, tmp_path_factory):
-    ei, x, y, splits, hard = graph
-    g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint="linkopts")
-    g.edges[DEFAULT_EDGE_TYPE].hard_neg_dst = hard
-    out = tmp_path_factory.mktemp("linkopts") / "parts"
-    builder.partition_graph(g, 2, out, method="metis", topologies=("csc",))
-    return out
+    return partition_with_hard_negatives(graph, tmp_path_factory.mktemp("linkopts") / "parts", "linkopts")
 
 
 @pytest.fixture(scope="module")
