@@ -30,6 +30,7 @@ import ipaddress
 import math
 import os
 import re
+import string
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -42,8 +43,9 @@ LOG_FORMATS = ("logfmt", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PORT = 65535
 MIN_TOKEN_LENGTH = 16
-MIN_TOKEN_DISTINCT = 8     # distinct characters a token needs (refuses aaaa..., 1212...)
-MIN_TOKEN_BITS = 50.0      # estimated entropy a token needs: length x log2(distinct characters)
+MIN_TOKEN_DISTINCT = 5     # distinct characters a token needs (refuses aaaa..., 1212...); a random 16-character
+#                            hex token has fewer than 5 about twice in a million draws
+MIN_TOKEN_BITS = 50.0      # estimated entropy a token needs: length x log2(size of the alphabet it is drawn from)
 DEFAULT_MAX_HOPS = 10
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20   # ~8M explicit node ids; splits and link splits are named, not sent
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
@@ -272,12 +274,11 @@ def _token(v) -> str:
     if any(word in v.lower() for word in PLACEHOLDER_WORDS):
         raise ValueError("expected a real secret, got the placeholder of an example: generate one with "
                          "`openssl rand -hex 32`")
-    distinct = len(set(v))
-    if distinct < MIN_TOKEN_DISTINCT or len(v) * math.log2(distinct) < MIN_TOKEN_BITS or _guessable(v):
+    if len(set(v)) < MIN_TOKEN_DISTINCT or _token_bits(v) < MIN_TOKEN_BITS or _repeats(v) or _guessable(v):
         raise ValueError(f"expected a random secret: a token needs at least {MIN_TOKEN_DISTINCT} distinct characters "
-                         f"and {MIN_TOKEN_BITS:g} bits of estimated entropy (length x log2(distinct characters)), "
-                         f"and must not be a common word followed by digits; generate one with "
-                         f"`openssl rand -hex 32`")
+                         f"and {MIN_TOKEN_BITS:g} bits of estimated entropy (length x log2(alphabet): 16 for hex, "
+                         f"36 for lowercase and digits, ...), no repeated pattern, and must not be a common word "
+                         f"followed by digits; generate one with `openssl rand -hex 32`")
     return v
 
 
@@ -285,9 +286,25 @@ _GUESSABLE = re.compile(r"^(password|passwd|secret|token|admin|letmein|qwerty|gr
                         re.IGNORECASE)
 
 
+def _token_bits(token: str) -> float:
+    """Entropy of a token as if each character were drawn at random from the alphabet its character classes
+    make up (hex digits count 16, not 36: the output of ``openssl rand -hex``)."""
+    if all(c in string.hexdigits for c in token) and (token.islower() or token.isupper() or token.isdigit()):
+        alphabet = 16
+    else:
+        classes = (string.digits, string.ascii_lowercase, string.ascii_uppercase, string.punctuation)
+        alphabet = sum(len(chars) for chars in classes if any(c in chars for c in token))
+    return len(token) * math.log2(alphabet)
+
+
+def _repeats(token: str) -> bool:
+    """Whether the token is a shorter unit written at least twice (``abcdeabcdeabcdea``)."""
+    return any(token == (token[:p] * (len(token) // p + 1))[:len(token)] for p in range(1, len(token) // 2 + 1))
+
+
 def _guessable(token: str) -> bool:
     """A dictionary word plus digits (``password12345678``), or a run of one keyboard row / alphabet."""
-    runs = ("abcdefghijklmnopqrstuvwxyz", "0123456789abcdef", "qwertyuiop", "asdfghjkl", "zxcvbnm")
+    runs = ("abcdefghijklmnopqrstuvwxyz", "0123456789abcdef", "0123456789", "qwertyuiop", "asdfghjkl", "zxcvbnm")
     low = token.lower()
     return bool(_GUESSABLE.match(token)) or any(low in r * 4 for r in runs)
 
