@@ -29,7 +29,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from typing_extensions import Unpack
@@ -158,6 +158,10 @@ class SamplingSpec:
     graph has it, see :func:`reverse_edge_type`).
     """
 
+    # Options that may be given per hop (a list of one value per hop; ``control.proto`` carries them as
+    # ``<name>_per_hop``): :meth:`at_hop` resolves them, so a source only ever sees one hop's value.
+    PER_HOP: ClassVar[tuple[str, ...]] = ("replace",)
+
     num_neighbors: Fanouts | TypedFanouts
     replace: bool | tuple[bool, ...] = False
     direction: str = "in"
@@ -170,7 +174,8 @@ class SamplingSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "num_neighbors", fanouts(self.num_neighbors))
-        object.__setattr__(self, "replace", _replace(self.replace, self.num_hops))
+        for name in self.PER_HOP:
+            object.__setattr__(self, name, _per_hop(name, getattr(self, name), self.num_hops))
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
         if self.weight_attr is not None:
@@ -196,25 +201,26 @@ class SamplingSpec:
         return self.time_attr is not None
 
     @property
-    def per_hop_replace(self) -> bool:
-        """True when ``replace`` was given per hop (a tuple): only the per-hop driver samples it."""
-        return isinstance(self.replace, tuple)
+    def per_hop(self) -> bool:
+        """True when an option of :attr:`PER_HOP` was given per hop (a tuple): only the per-hop driver samples it."""
+        return any(isinstance(getattr(self, name), tuple) for name in self.PER_HOP)
 
     def replace_at(self, hop: int) -> bool:
         """Whether hop ``hop`` (0 = the seeds' hop) samples with replacement."""
-        return self.replace[hop] if isinstance(self.replace, tuple) else bool(self.replace)
+        return bool(self.at_hop(hop).replace)
 
     @property
     def hop_replace(self) -> bool:
         """``replace`` of a spec that is one hop's (:meth:`at_hop`), what a source samples with; ValueError for a
-        spec with per-hop ``replace`` (the driver resolves it per hop first)."""
-        if isinstance(self.replace, tuple):
-            raise ValueError("this spec gives replace per hop: sample a hop with spec.at_hop(hop)")
+        spec with per-hop options (the driver resolves them per hop first)."""
+        if self.per_hop:
+            raise ValueError("this spec gives options per hop: sample a hop with spec.at_hop(hop)")
         return bool(self.replace)
 
     def at_hop(self, hop: int) -> SamplingSpec:
-        """This spec as hop ``hop`` samples it: ``replace`` that hop's bool (itself when it is one already)."""
-        return self if not self.per_hop_replace else dataclasses.replace(self, replace=self.replace_at(hop))
+        """This spec as hop ``hop`` samples it: each per-hop option that hop's value (itself when none is)."""
+        hop_values = {name: getattr(self, name)[hop] for name in self.PER_HOP if isinstance(getattr(self, name), tuple)}
+        return dataclasses.replace(self, **hop_values) if hop_values else self
 
     @property
     def weighted(self) -> bool:
@@ -285,19 +291,26 @@ def reverse_edge_type(etype: EdgeType, edge_types: Iterable, given: Iterable[tup
     return guess if guess in known else None
 
 
-def _replace(value, num_hops: int) -> bool | tuple[bool, ...]:
-    """``replace`` as stored: one bool for every hop, or a tuple of one bool per hop (PyG takes one bool;
-    per hop, e.g. ``[False, True]``, samples the hops named True with replacement).  ValueError naming
-    the fix for anything else."""
+# per-hop option -> (is one hop's value valid?, what one value is, an example of the per-hop form)
+_HOP_VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "replace": (lambda v: isinstance(v, bool), "a bool", "[False, True]"),
+}
+
+
+def _per_hop(name: str, value, num_hops: int):
+    """A :attr:`SamplingSpec.PER_HOP` option as stored: one value for every hop, or a tuple of one value per hop
+    (PyG takes one value; per hop, e.g. ``replace=[False, True]``, hop 1 samples with replacement).  The same
+    value for every hop is stored as that one value.  ValueError naming the fix for anything else."""
     if not isinstance(value, (tuple, list)):
-        return value     # one value for every hop, stored as given (as before per-hop replace existed)
-    if all(isinstance(v, bool) for v in value):
-        if len(value) != num_hops:
-            raise ValueError(f"replace has {len(value)} entries for {num_hops} hops: give one bool per hop "
-                             f"(e.g. [False, True]) or one bool for every hop")
-        hops = tuple(value)
-        return hops[0] if len(set(hops)) == 1 else hops   # the same for every hop: stored as one bool
-    raise ValueError(f"replace must be a bool or a list of one bool per hop, e.g. [False, True], got {value!r}")
+        return value     # one value for every hop, stored as given (as before per-hop options existed)
+    ok, what, example = _HOP_VALUE_CHECKS[name]
+    if not all(ok(v) for v in value):
+        raise ValueError(f"{name} must be {what} or a list of one per hop, e.g. {example}, got {value!r}")
+    if len(value) != num_hops:
+        raise ValueError(f"{name} has {len(value)} entries for {num_hops} hops: give one value per hop "
+                         f"(e.g. {example}) or one value for every hop")
+    hops = tuple(value)
+    return hops[0] if len(set(hops)) == 1 else hops
 
 
 WEIGHT_SOURCE = "edge_attr"

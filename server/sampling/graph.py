@@ -64,7 +64,7 @@ def sample_topology(topo, node_offset: int, seeds: torch.Tensor, spec: SamplingS
     The fused native op when loaded; otherwise the multi-hop driver over
     :func:`dispatch.one_hop`.  Same result either way.  ``seeds`` must be distinct global ids.
     """
-    if dispatch.has_fused_sampler() and not spec.per_hop_replace:
+    if dispatch.has_fused_sampler() and not spec.per_hop:
         return dispatch.fused_sample_subgraph(topo, node_offset, seeds, spec, seed)
 
     def hop_fn(gids: torch.Tensor, fanout: int, hop: int) -> OneHop:
@@ -259,7 +259,7 @@ class PartitionedGraph:
                 sub = sample_topology(part.topology(spec.topology), part.start, seeds[self.label_type], spec, seed)
                 return TypedSubgraph.of_homogeneous(sub, self.label_type, self.edge_types[0])
             topos = {e: part.edges(e).topology(spec.topology) for e in fanouts}
-            if not spec.weighted and not spec.per_hop_replace and dispatch.has_fused_typed_sampler(topos):
+            if not spec.weighted and not spec.per_hop and dispatch.has_fused_typed_sampler(topos):
                 # the fused ops sample uniformly, with one replace for every hop
                 stores = {t: part.nodes(t) for t in self.node_types}
                 return dispatch.fused_sample_typed(topos, {t: n.start for t, n in stores.items()}, seeds, fanouts,

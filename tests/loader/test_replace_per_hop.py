@@ -49,14 +49,14 @@ def _in_neighbors(graph) -> dict[int, set[int]]:
 
 def test_spec_stores_per_hop_replace_and_round_trips_the_control_plane():
     spec = SamplingSpec((4, 6), replace=[False, True])
-    assert spec.replace == (False, True) and spec.per_hop_replace
+    assert spec.replace == (False, True) and spec.per_hop
     assert [spec.replace_at(h) for h in range(2)] == [False, True]
-    assert spec.at_hop(1).replace is True and not spec.at_hop(1).per_hop_replace
+    assert spec.at_hop(1).replace is True and not spec.at_hop(1).per_hop
     assert SamplingSpec((4, 6), replace=[True, True]).replace is True   # the same for every hop: one bool
     assert sampling_from_proto(sampling_to_proto(spec)) == spec
     with pytest.raises(ValueError, match="replace has 3 entries for 2 hops"):
         SamplingSpec((4, 6), replace=[True, False, True])
-    with pytest.raises(ValueError, match="replace must be a bool or a list of one bool per hop"):
+    with pytest.raises(ValueError, match="replace must be a bool or a list of one per hop"):
         LoaderSpec.of("train", [4, 6], replace=[1, 0], rank=0, world_size=1)
 
 
