@@ -148,7 +148,8 @@ class SamplingSpec:
     ``time_attr`` (PyG's argument, ``"time"``: node times, or ``"edge_time"``) samples temporally:
     only neighbours (``"time"``) or edges (``"edge_time"``) not later than the seed's time, which
     every node of the seed's subgraph inherits (temporal sampling is disjoint, as in PyG);
-    ``temporal_strategy`` ``"uniform"`` draws among them uniformly, ``"last"`` takes the most recent.
+    ``temporal_strategy`` ``"uniform"`` draws among them uniformly, ``"last"`` takes the most recent; per hop,
+    e.g. ``["last", "uniform"]``, a seed's most recent neighbours and then a uniform draw around them.
 
     ``exclude_seed_edges`` (link loaders; DGL's ``exclude="reverse_id"``, GraphStorm's
     ``exclude_training_targets``): no edge between a batch's positive seed edge's endpoints is sampled --
@@ -160,14 +161,14 @@ class SamplingSpec:
 
     # Options that may be given per hop (a list of one value per hop; ``control.proto`` carries them as
     # ``<name>_per_hop``): :meth:`at_hop` resolves them, so a source only ever sees one hop's value.
-    PER_HOP: ClassVar[tuple[str, ...]] = ("replace",)
+    PER_HOP: ClassVar[tuple[str, ...]] = ("replace", "temporal_strategy")
 
     num_neighbors: Fanouts | TypedFanouts
     replace: bool | tuple[bool, ...] = False
     direction: str = "in"
     weight_attr: str | None = None
     time_attr: str | None = None
-    temporal_strategy: str = "uniform"
+    temporal_strategy: str | tuple[str, ...] = "uniform"
     disjoint: bool = False
     exclude_seed_edges: bool = False
     reverse_edge_types: tuple[tuple[EdgeType, EdgeType], ...] = ()
@@ -180,7 +181,7 @@ class SamplingSpec:
             raise ValueError(f"direction must be 'in' or 'out', got {self.direction!r}")
         if self.weight_attr is not None:
             weight_column(self.weight_attr)
-        if self.temporal_strategy not in TEMPORAL_STRATEGIES:
+        if isinstance(self.temporal_strategy, str) and self.temporal_strategy not in TEMPORAL_STRATEGIES:
             raise ValueError(f"temporal_strategy must be 'uniform' or 'last', got {self.temporal_strategy!r}")
         if self.time_attr is not None:
             if self.time_attr not in TIME_ATTRS:
@@ -294,6 +295,7 @@ def reverse_edge_type(etype: EdgeType, edge_types: Iterable, given: Iterable[tup
 # per-hop option -> (is one hop's value valid?, what one value is, an example of the per-hop form)
 _HOP_VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "replace": (lambda v: isinstance(v, bool), "a bool", "[False, True]"),
+    "temporal_strategy": (lambda v: v in TEMPORAL_STRATEGIES, "'uniform' or 'last'", "['last', 'uniform']"),
 }
 
 
@@ -976,7 +978,8 @@ class SamplingOptions(TypedDict, total=False):
     * ``weight_attr`` (None): ``"edge_attr"``, ``"edge_attr:K"`` or ``"edge_weight"``: neighbors drawn with
       probability proportional to that edge weight.
     * ``time_attr`` (None): ``"time"`` (node times) or ``"edge_time"``: temporal sampling (disjoint).
-    * ``temporal_strategy`` ("uniform"): ``"uniform"`` or ``"last"`` (the most recent neighbours).
+    * ``temporal_strategy`` ("uniform"): ``"uniform"`` or ``"last"`` (the most recent neighbours); a list of one
+      per hop (e.g. ``["last", "uniform"]``) sets it per hop.
     * ``disjoint`` (False): every seed grows its own subgraph (``batch.batch``).
     * ``exclude_seed_edges`` (False; link loaders): a batch's positive seed edges, and their reverse edges, are
       never sampled into it (DGL's ``exclude="reverse_id"``, GraphStorm's ``exclude_training_targets``).
@@ -988,7 +991,7 @@ class SamplingOptions(TypedDict, total=False):
     direction: str
     weight_attr: str | None
     time_attr: str | None
-    temporal_strategy: str
+    temporal_strategy: str | Sequence[str]
     disjoint: bool
     exclude_seed_edges: bool
     reverse_edge_types: Mapping | None

@@ -168,7 +168,7 @@ class EdgeTypeFanouts(_message.Message):
     def __init__(self, edge_type: _Optional[_Union[EdgeType, _Mapping]] = ..., fanouts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingSpec(_message.Message):
-    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint", "replace_per_hop", "exclude_seed_edges", "reverse_edge_types")
+    __slots__ = ("num_neighbors", "replace", "direction", "edge_type_fanouts", "weight_attr", "time_attr", "temporal_strategy", "disjoint", "replace_per_hop", "exclude_seed_edges", "reverse_edge_types", "temporal_strategy_per_hop")
     NUM_NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class SamplingSpec(_message.Message):
     REPLACE_PER_HOP_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_SEED_EDGES_FIELD_NUMBER: _ClassVar[int]
     REVERSE_EDGE_TYPES_FIELD_NUMBER: _ClassVar[int]
+    TEMPORAL_STRATEGY_PER_HOP_FIELD_NUMBER: _ClassVar[int]
     num_neighbors: _containers.RepeatedScalarFieldContainer[int]
     replace: bool
     direction: str
@@ -191,7 +192,8 @@ class SamplingSpec(_message.Message):
     replace_per_hop: _containers.RepeatedScalarFieldContainer[bool]
     exclude_seed_edges: bool
     reverse_edge_types: _containers.RepeatedCompositeFieldContainer[ReverseEdgeType]
-    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ..., replace_per_hop: _Optional[_Iterable[bool]] = ..., exclude_seed_edges: _Optional[bool] = ..., reverse_edge_types: _Optional[_Iterable[_Union[ReverseEdgeType, _Mapping]]] = ...) -> None: ...
+    temporal_strategy_per_hop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, num_neighbors: _Optional[_Iterable[int]] = ..., replace: _Optional[bool] = ..., direction: _Optional[str] = ..., edge_type_fanouts: _Optional[_Iterable[_Union[EdgeTypeFanouts, _Mapping]]] = ..., weight_attr: _Optional[str] = ..., time_attr: _Optional[str] = ..., temporal_strategy: _Optional[str] = ..., disjoint: _Optional[bool] = ..., replace_per_hop: _Optional[_Iterable[bool]] = ..., exclude_seed_edges: _Optional[bool] = ..., reverse_edge_types: _Optional[_Iterable[_Union[ReverseEdgeType, _Mapping]]] = ..., temporal_strategy_per_hop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReverseEdgeType(_message.Message):
     __slots__ = ("edge_type", "reverse")

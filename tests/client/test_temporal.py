@@ -120,6 +120,30 @@ def test_last_strategy_takes_the_most_recent_edges(parts_dir, graph):
             assert sorted(edge_time[got].tolist()) == sorted(edge_time[want].tolist()), v
 
 
+def test_temporal_strategy_per_hop(parts_dir, graph):
+    """``["last", "uniform"]``: hop 0 takes each seed's most recent edges (as "last" for every hop does), hop 1
+    draws uniformly among its frontier's eligible edges (not what "last" takes there)."""
+    ei, _, _, _, node_time, edge_time = graph
+    kw = dict(batch_size=32, time_attr="edge_time", shuffle=True, seed=4)
+    per_hop = LocalNeighborLoader(parts_dir, FANOUTS, temporal_strategy=["last", "uniform"], **kw)
+    last = LocalNeighborLoader(parts_dir, FANOUTS, temporal_strategy="last", **kw)
+    assert per_hop.spec.sampling.temporal_strategy == ("last", "uniform")
+    hop1_differs = 0
+    for b, a in zip(per_hop, last, strict=True):
+        check_disjoint(b, ei, FANOUTS, b.batch_size)
+        check_temporal(b, ei, node_time, edge_time, "edge_time", _node_seed_time(b, node_time))
+        k0 = b.num_sampled_edges[0]
+        assert k0 == a.num_sampled_edges[0] and torch.equal(b.e_id[:k0], a.e_id[:k0]), "hop 0 is 'last'"
+        hop1_differs += not torch.equal(b.e_id[k0:].sort().values, a.e_id[k0:].sort().values)
+    assert hop1_differs > 0, "hop 1 is uniform, not 'last'"
+    assert LocalNeighborLoader(parts_dir, FANOUTS, temporal_strategy=["last", "last"], time_attr="time") \
+        .spec.sampling.temporal_strategy == "last", "the same for every hop is stored as one value"
+    with pytest.raises(ValueError, match=r"temporal_strategy has 1 entries for 2 hops"):
+        LocalNeighborLoader(parts_dir, FANOUTS, temporal_strategy=["last"], time_attr="time")
+    with pytest.raises(ValueError, match=r"temporal_strategy must be 'uniform' or 'last' or a list of one per hop"):
+        LocalNeighborLoader(parts_dir, FANOUTS, temporal_strategy=["last", "first"], time_attr="time")
+
+
 def test_temporal_link_batches_inherit_the_seed_edge_time(parts_dir, graph):
     ei, _, _, _, node_time, edge_time = graph
     seeds = torch.from_numpy(ei[:, ::9]).contiguous()
@@ -166,7 +190,8 @@ def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, gr
     cases = [dict(input_nodes="train", disjoint=True),
              dict(input_nodes="train", time_attr="time"),
              dict(input_nodes=ids, time_attr="edge_time", temporal_strategy="last",
-                  input_time=torch.from_numpy(node_time[1::2]) + 100)]
+                  input_time=torch.from_numpy(node_time[1::2]) + 100),
+             dict(input_nodes="train", time_attr="edge_time", temporal_strategy=["last", "uniform"])]
     with gf.connect([s.address for s in cluster], timeout=60) as client:
         for kw in cases:
             local = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=40, shuffle=True, seed=3, **kw))
