@@ -135,22 +135,20 @@ class DataGroup:
                                    "group per process): reuse it, or close() it before connecting again")
             _ACTIVE.append(self)
         try:
-            self._open_all()
-            # Heartbeats start as soon as the servers hold the group: a join that is slow on a loaded
-            # host (seconds) must not let a short lease expire before the first renewal.
-            self._start_heartbeats()
+            self._open_all()     # starts each server's heartbeat as soon as that server holds the group
             self._join()
             self._channel = self._open_channel()
         except BaseException:
             self.close()
             raise
 
-    def _start_heartbeats(self) -> None:
-        for s in self.servers:
-            t = threading.Thread(target=self._heartbeat, args=(s,), name=f"graphfeed-heartbeat-{s.part}",
-                                 daemon=True)
-            t.start()
-            self._threads.append(t)
+    def _start_heartbeat(self, s: ServerConn) -> None:
+        """Renew ``s``'s lease from now on.  Started the moment ``s`` holds the group, not after every server
+        does: on a loaded host another server's OpenGroup (a worker process starting) can take longer than a
+        short lease, which must not lapse on the servers that answered first."""
+        t = threading.Thread(target=self._heartbeat, args=(s,), name=f"graphfeed-heartbeat-{s.part}", daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def _open_all(self) -> None:
         secure = self.data_path == "secure"
@@ -163,6 +161,7 @@ class DataGroup:
                                       data_path=self.data_path)
             reply = s.call("OpenGroup", req, timeout=self.timeout)
             s.group_lease = reply.lease_seconds
+            self._start_heartbeat(s)
             s.extra["worker_pid"] = reply.worker_pid
             if secure:
                 if reply.data_path != "secure" or not reply.data_endpoint:
