@@ -54,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", action="store_true", help="progress bar on rank 0")
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="seconds to wait for the servers to open this trainer's group (each starts a session "
+                        "worker: slower on a busy machine; default 120)")
     return p.parse_args(argv)
 
 
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     fanouts = [int(k) for k in args.num_neighbors.split(",")]
     say = print if rank == 0 else (lambda *a, **k: None)
-    with graphfeed.client.connect(cluster_arg(args.servers)) as client:
+    with graphfeed.client.connect(cluster_arg(args.servers), timeout=args.connect_timeout) as client:
         num_features = client.features["x"][0][0]
         common = dict(num_neighbors=fanouts, prefetch=args.prefetch, seed=args.seed)
         train = client.neighbor_loader(input_nodes="train", batch_size=args.batch_size, shuffle=True, **common)
