@@ -292,6 +292,8 @@ def reverse_edge_type(etype: EdgeType, edge_types: Iterable, given: Iterable[tup
     return guess if guess in known else None
 
 
+TEMPORAL_STRATEGIES = ("uniform", "last")
+
 # per-hop option -> (is one hop's value valid?, what one value is, an example of the per-hop form)
 _HOP_VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "replace": (lambda v: isinstance(v, bool), "a bool", "[False, True]"),
@@ -317,7 +319,6 @@ def _per_hop(name: str, value, num_hops: int):
 
 WEIGHT_SOURCE = "edge_attr"
 EDGE_WEIGHT = "edge_weight"     # the weights stored from an input's edge_weight.npy / Data.edge_weight
-TEMPORAL_STRATEGIES = ("uniform", "last")
 TIME_ATTRS = ("time", "edge_time")     # node times (Data.time, node_time.npy), edge times (Data.edge_time)
 
 

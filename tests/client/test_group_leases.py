@@ -20,13 +20,13 @@ class _Stub:
     def __init__(self, part: int, log: list, opened: threading.Event):
         self.part, self.log, self.opened = part, log, opened
 
-    def OpenGroup(self, req, timeout):   # noqa: N802 -- the gRPC method's name
+    def OpenGroup(self, req, timeout):   # noqa: N802 -- named as the gRPC method it stands in for
         if self.part == 1:
             time.sleep(SLOW_OPEN)
             self.opened.set()
         return pb.OpenGroupReply(lease_seconds=LEASE, worker_pid=1000 + self.part)
 
-    def Heartbeat(self, req, timeout):   # noqa: N802
+    def Heartbeat(self, req, timeout):   # noqa: N802 -- named as the gRPC method it stands in for
         self.log.append((self.part, self.opened.is_set()))
         return pb.HeartbeatReply()
 
