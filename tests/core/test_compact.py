@@ -64,7 +64,8 @@ def a_node_batch(num_nodes: int = 400, num_edges: int = 1500, seed: int = 0) -> 
     col = torch.sort(torch.randint(0, num_nodes // 2, (num_edges,), generator=g)).values
     row = torch.randint(0, num_nodes, (num_edges,), generator=g)
     n_id = torch.randperm(10**6, generator=g)[:num_nodes]
-    wire_batch = schema.encode(x=torch.randn(num_nodes, 4, generator=g), y=torch.randint(0, 40, (num_nodes,), generator=g),
+    wire_batch = schema.encode(x=torch.randn(num_nodes, 4, generator=g),
+                               y=torch.randint(0, 40, (num_nodes,), generator=g),
                                edge_index=torch.stack([row, col]), n_id=n_id,
                                e_id=torch.randint(0, 3 * 10**7, (num_edges,), generator=g),
                                num_sampled_nodes=[64, 136, 200], num_sampled_edges=[500, 1000], batch_size=64,
