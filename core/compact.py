@@ -102,7 +102,7 @@ def pack(batch: Mapping[str, torch.Tensor]) -> PackedBatch:
     return PackedBatch(tensors, widen, counts)
 
 
-def unpack(value) -> dict[str, torch.Tensor]:
+def unpack(value: PackedBatch | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The batch dict of a :class:`PackedBatch` (a plain batch dict as it is).  BatchSchemaError when the
     packed counts do not fit its rows (a version mismatch or a damaged frame)."""
     if not isinstance(value, PackedBatch):
