@@ -11,6 +11,9 @@ keys in the same order, dtypes, shapes and values.  Two cuts, both exact:
   widened back on arrival: ``edge_index``, ``e_id``, ``n_id``, ``batch``, ``input_id``, ``x_cached``,
   ``emb_gid``, ``edge_label_index``, ..., and integer labels ``y`` (a 47-class ``y`` is one byte a node).
   A tensor whose values need its full width travels as it is.  Bool and floating tensors are untouched.
+* **Index sets as bitmasks.**  A 1-D integer tensor whose values strictly increase from 0 or more --
+  ``x_cached``, the positions of the rows the trainer's feature cache fills -- travels as one bit per
+  value ``0 .. max`` when that is fewer bytes than its narrowed values, and is rebuilt with ``nonzero``.
 * **Sorted columns as counts.**  The sampler emits a hop's edges grouped by destination, so an
   ``edge_index``'s column (destination local ids) is non-decreasing; it then travels as the number of
   edges of each destination ``0 .. max`` (CSC style, narrowed: a fanout below 256 is one byte a
@@ -51,12 +54,14 @@ class PackedBatch:
 
     ``tensors``: the batch's keys in order, each tensor as it travels; ``widen``: key -> the dtype name
     (of :data:`WIDE`) the key's tensor is widened back to; ``counts``: ``edge_index`` key -> its
-    column as per-destination edge counts (``tensors[key]`` is then the row, ``[E]``).  ValueError when
-    the fields do not fit together (another version's packing, or a tampered frame)."""
+    column as per-destination edge counts (``tensors[key]`` is then the row, ``[E]``); ``bitsets``: the
+    keys whose tensor is a bitmask of the values (uint8, value ``8 * i + j`` is bit ``j`` of byte ``i``).
+    ValueError when the fields do not fit together (another version's packing, or a tampered frame)."""
 
     tensors: dict
     widen: dict
     counts: dict
+    bitsets: tuple = ()
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -75,6 +80,10 @@ class PackedBatch:
             raise ValueError(f"a packed batch names key(s) {stray[:3]} it does not carry")
         if not all(k in self.widen and k.startswith(_EDGE_INDEX) for k in self.counts):
             raise ValueError("a packed batch carries per-destination counts for a key that is not an edge_index")
+        if not isinstance(self.bitsets, tuple) or not all(
+                k in self.widen and k not in self.counts and self.tensors[k].dtype == torch.uint8
+                and self.tensors[k].dim() == 1 for k in self.bitsets):
+            raise ValueError("a packed batch's bitsets must name its 1-D uint8 tensors to widen")
 
     def nbytes(self) -> int:
         """Bytes of the tensors as they travel."""
@@ -86,6 +95,7 @@ def pack(batch: Mapping[str, torch.Tensor]) -> PackedBatch:
     tensors: dict[str, torch.Tensor] = {}
     widen: dict[str, str] = {}
     counts: dict[str, torch.Tensor] = {}
+    bitsets: list[str] = []
     for key, t in batch.items():
         if key.startswith(_EDGE_INDEX):
             column = _column_counts(t)
@@ -96,10 +106,14 @@ def pack(batch: Mapping[str, torch.Tensor]) -> PackedBatch:
                 widen[key] = _name(t.dtype)
                 continue
         small = _narrow(t)
+        bits = _bitmask(t, small.numel() * small.element_size())
+        if bits is not None:
+            small = bits
+            bitsets.append(key)
         if small is not t:
             widen[key] = _name(t.dtype)
         tensors[key] = small
-    return PackedBatch(tensors, widen, counts)
+    return PackedBatch(tensors, widen, counts, tuple(bitsets))
 
 
 def unpack(value: PackedBatch | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -112,6 +126,8 @@ def unpack(value: PackedBatch | dict[str, torch.Tensor]) -> dict[str, torch.Tens
         dtype = WIDE.get(value.widen.get(key, ""))
         if key in value.counts:
             out[key] = _edge_index(key, t, value.counts[key], dtype or torch.int64)
+        elif key in value.bitsets:
+            out[key] = _members(t).to(dtype or torch.int64)
         elif dtype is not None:
             out[key] = t.to(dtype)
         else:
@@ -176,3 +192,24 @@ def _column(counts: torch.Tensor, num_edges: int) -> torch.Tensor:
     steps = torch.zeros(num_edges + 1, dtype=torch.int64)
     steps.index_add_(0, ends, torch.ones_like(ends))
     return torch.cumsum(steps[:num_edges], 0)
+
+
+_BITS = torch.arange(8, dtype=torch.uint8)
+
+
+def _bitmask(t: torch.Tensor, narrowed_bytes: int) -> torch.Tensor | None:
+    """The bitmask of ``t``'s values when they strictly increase from 0 or more and it is fewer bytes than
+    ``narrowed_bytes``; None otherwise."""
+    if t.dim() != 1 or t.numel() < MIN_NUMEL or t.dtype not in (torch.int16, torch.int32, torch.int64):
+        return None
+    size = (int(t[-1]) + 8) // 8
+    if int(t[0]) < 0 or size >= narrowed_bytes or not bool((t[1:] > t[:-1]).all()):
+        return None
+    flags = torch.zeros(size * 8, dtype=torch.uint8)
+    flags[t] = 1
+    return (flags.view(size, 8) << _BITS).sum(1, dtype=torch.uint8)
+
+
+def _members(bits: torch.Tensor) -> torch.Tensor:
+    """The values (sorted, int64) whose bits are set in the bitmask ``bits``."""
+    return ((bits.unsqueeze(1) >> _BITS) & 1).view(-1).nonzero().view(-1)

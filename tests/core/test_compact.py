@@ -88,9 +88,12 @@ def test_every_index_field_round_trips_bit_identical_and_travels_narrow():
     assert packed.counts[EI].dtype == torch.uint8 and int(packed.counts[EI].sum()) == 1500
     assert t[schema.node_key("n_id", "_N")].dtype == torch.int32        # ids below 10**6
     assert t[schema.edge_key("e_id", ("_N", "to", "_N"))].dtype == torch.int32
-    for key in ("y", "batch", "x_cached"):
+    for key in ("y", "batch"):
         assert t[schema.node_key(key, "_N")].dtype in (torch.uint8, torch.int16), key
-    assert t["input_id"].dtype == torch.int16 and t[schema.node_key("emb_gid", "_N")].dtype == torch.int32
+    assert t[schema.node_key("emb_gid", "_N")].dtype == torch.int32
+    # strictly increasing index sets travel as bitmasks: x_cached (positions 0, 3, ..., 399), a sorted input_id
+    assert set(packed.bitsets) == {schema.node_key("x_cached", "_N"), "input_id"}
+    assert t[schema.node_key("x_cached", "_N")].shape == (50,) and t["input_id"].shape == (56,)
     for key in ("x", "emb"):   # floating tensors untouched, not even copied
         assert t[schema.node_key(key, "_N")] is b[schema.node_key(key, "_N")]
     assert t[schema.META].dtype == torch.int64 and schema.META not in packed.widen   # too small to bother
@@ -115,6 +118,20 @@ def test_values_that_need_their_width_stay_int64_and_boundaries_narrow_exactly()
     for lo, hi, dtype in ((0, 255, torch.uint8), (-1, 127, torch.int8), (0, 256, torch.int16), (-129, 0, torch.int16),
                           (0, 2**15, torch.int32)):
         assert compact._narrow(torch.tensor([lo, hi] * 10)).dtype == dtype, (lo, hi)
+
+
+def test_index_sets_travel_as_bitmasks_only_when_smaller_and_strictly_increasing():
+    key = schema.node_key("x_cached", "_N")
+    for values, as_bits in ((torch.arange(0, 4000, 2), True), (torch.arange(8, 24), True),
+                            (torch.tensor([0] * 5 + list(range(100))), False),     # repeats: not a set
+                            (torch.arange(0, 40000, 500), False),                   # sparse: bits are more bytes
+                            (torch.arange(-3, 100), False), (torch.arange(100).flip(0), False)):
+        b = a_node_batch()
+        b[key] = values
+        packed = pack(b)
+        assert (key in packed.bitsets) == as_bits, values[:6]
+        assert_identical(unpack(packed), b)
+        assert_identical(unpack(through_secure_wire(packed)), b)
 
 
 def test_an_unsorted_or_big_column_travels_narrowed_not_as_counts():
@@ -191,6 +208,8 @@ def test_a_packing_that_does_not_fit_is_refused_naming_the_version():
         PackedBatch(packed.tensors, {EI: "float32"}, {})
     with pytest.raises(ValueError, match="does not carry"):
         PackedBatch({}, {"n_id@_N": "int64"}, {})
+    with pytest.raises(ValueError, match="bitsets must name its 1-D uint8 tensors"):
+        PackedBatch(packed.tensors, packed.widen, packed.counts, (EI,))
     with pytest.raises(ValueError, match="not an edge_index"):
         PackedBatch(packed.tensors, packed.widen, {"n_id@_N": torch.ones(3, dtype=torch.uint8)})
     def widen_to_pickle(header):
