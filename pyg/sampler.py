@@ -31,6 +31,7 @@ from torch_geometric.sampler import BaseSampler, EdgeSamplerInput, NegativeSampl
 from graphfeed.client.errors import InvalidRequest, ServerError
 from graphfeed.client.sessions import SessionSet
 from graphfeed.core import spec as specs
+from graphfeed.core.compact import unpack
 from graphfeed.core.seeding import batch_seed
 from graphfeed.proto.convert import open_session_request
 from graphfeed.pyg.calls import WAIT_SLACK, remote_message
@@ -152,7 +153,7 @@ class GraphfeedSampler(BaseSampler):
                 pending = client.group.calls.call(part, "sample_seeds", (sessions.ids[part], sessions.secrets[part],
                                                                          seeds, positions, int(seed)),
                                                   client.rpc_timeout)
-                return pending.result(timeout=client.rpc_timeout + WAIT_SLACK)
+                value = pending.result(timeout=client.rpc_timeout + WAIT_SLACK)
             except ValueError as exc:   # the worker refused the seeds: the server's INVALID_ARGUMENT
                 raise InvalidRequest(f"{server}: sample: {remote_message(exc)}") from None
             except Exception as exc:    # noqa: BLE001 -- a lost server, an expired session, a timeout
@@ -164,6 +165,7 @@ class GraphfeedSampler(BaseSampler):
                     client.recover((server, message), exc, generation)
                     continue
                 raise ServerError(server, message) from exc
+            return unpack(value)   # the worker answers in the compact wire form (graphfeed.core.compact)
         raise AssertionError("unreachable")
 
     def _open_sessions(self) -> SessionSet:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from graphfeed.core.compact import unpack
 from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.pending import Pending
 
@@ -69,7 +70,10 @@ class BatchChannel(ABC):
 
 
 class CallsChannel(BatchChannel):
-    """A pull is the worker's ``pull`` function called through ``calls``, bounded by ``rpc_timeout`` seconds."""
+    """A pull is the worker's ``pull`` function called through ``calls``, bounded by ``rpc_timeout`` seconds.
+
+    The worker answers pulls and samples in the compact wire form (:mod:`graphfeed.core.compact`); the
+    pending batch is the unpacked one, bit-identical to what the worker produced."""
 
     def __init__(self, calls: DataCalls, rpc_timeout: float):
         super().__init__()
@@ -78,12 +82,14 @@ class CallsChannel(BatchChannel):
 
     def request(self, part: int, session_id: str, secret: bytes, epoch: int, seq: int) -> Pending:
         self._check_open()
-        return self.calls.call(part, "pull", (session_id, int(epoch), int(seq), secret), self.rpc_timeout)
+        pending = self.calls.call(part, "pull", (session_id, int(epoch), int(seq), secret), self.rpc_timeout)
+        return pending.then(unpack)
 
     def sample(self, part: int, session_id: str, secret: bytes, node_ids, seed: int) -> Pending:
         self._check_open()
-        return self.calls.call(part, "sample", (session_id, secret, node_ids, int(seed)), self.rpc_timeout)
+        return self.calls.call(part, "sample", (session_id, secret, node_ids, int(seed)), self.rpc_timeout).then(unpack)
 
     def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
         self._check_open()
         return self.calls.call(part, "hot_rows", (ntype, int(start), int(count), dtype), self.rpc_timeout)
+

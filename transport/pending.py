@@ -89,6 +89,20 @@ class Pending:
                 return
         self._run(fn)
 
+    def then(self, fn: Callable[[Any], Any]) -> "Pending":
+        """A new Pending that completes with ``fn(value)`` once this one has its value (in the completing
+        thread), or with this one's error -- or ``fn``'s."""
+        out = Pending()
+
+        def settle(p: Pending) -> None:
+            try:
+                out.set_result(fn(p.result()))
+            except Exception as exc:  # noqa: BLE001 -- the error goes to whoever waits on ``out``
+                out.set_exception(exc)
+
+        self.add_done_callback(settle)
+        return out
+
     def _run(self, fn: Callable[["Pending"], None]) -> None:
         try:
             fn(self)

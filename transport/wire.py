@@ -74,6 +74,9 @@ def _register_core_records() -> None:
 
     register_record(embedding.EmbeddingSpec)   # a table's creation (rpc_api.emb_create)
     register_record(embedding.SparseUpdate)    # a step's rule (rpc_api.emb_push)
+    from graphfeed.core import compact
+
+    register_record(compact.PackedBatch)        # a batch as it leaves a worker (rpc_api.pull, sample, ...)
 
 
 _register_core_records()

@@ -62,6 +62,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.distributed.rpc.internal as rpc_internal
 
+from graphfeed.core.compact import pack
 from graphfeed.core.embedding import EmbeddingSpec, SparseUpdate
 from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingSpec, feature_dtype
 from graphfeed.server.partition.format import part_files_identity
@@ -102,13 +103,14 @@ def pull(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> torch.fu
 
 
 def pull_pending(session_id: str, epoch: int, seq: int, secret: bytes = b"") -> Pending:
-    """:func:`pull` in no transport's terms: the pending batch, or the PermissionError for a wrong secret."""
+    """:func:`pull` in no transport's terms: the pending batch in its compact wire form
+    (:func:`graphfeed.core.compact.pack`), or the PermissionError for a wrong secret."""
     worker = _bound()
     try:
         worker.authorize(session_id, secret)
     except PermissionError as exc:  # through the pending result, so the caller gets the PermissionError itself
         return Pending.failed(exc)
-    return worker.pull(session_id, int(epoch), int(seq))
+    return worker.pull(session_id, int(epoch), int(seq)).then(pack)
 
 
 @rpc.functions.async_execution
@@ -154,7 +156,7 @@ def sample_pending(session_id: str, secret: bytes, node_ids: torch.Tensor, seed:
         worker.authorize(session_id, secret)
         if not isinstance(node_ids, torch.Tensor):
             raise ValueError(f"node_ids must be a tensor of original node ids, got {type(node_ids).__name__}")
-        return worker.sample(session_id, node_ids, int(seed))
+        return worker.sample(session_id, node_ids, int(seed)).then(pack)
     except (PermissionError, LookupError, ValueError) as exc:
         return Pending.failed(exc)
 
@@ -176,7 +178,7 @@ def sample_seeds_pending(session_id: str, secret: bytes, seeds, positions: torch
         worker.authorize(session_id, secret)
         if not isinstance(seeds, (NodeInput, LinkInput)):
             raise ValueError(f"seeds must be a NodeInput or a LinkInput record, got {type(seeds).__name__}")
-        return worker.sample_seeds(session_id, seeds, positions, int(batch_seed))
+        return worker.sample_seeds(session_id, seeds, positions, int(batch_seed)).then(pack)
     except (PermissionError, LookupError, ValueError) as exc:
         return Pending.failed(exc)
 

@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.distributed.rpc.internal as rpc_internal
 
+from graphfeed.core.compact import pack
 from graphfeed.server.worker import rpc_api
 from graphfeed.server.worker.buffer import BatchBuffer
-from graphfeed.transport.channel import BatchChannel, ChannelClosed
+from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.channel import BatchChannel, CallsChannel, ChannelClosed
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.torch_rpc import TorchRpcChannel, settle
 
@@ -59,6 +61,41 @@ def test_pending_wakes_a_waiter_in_another_thread():
     pending = Pending()
     threading.Timer(0.05, pending.set_result, args=("late",)).start()
     assert pending.result(timeout=10) == "late"
+
+
+def test_pending_then_maps_the_value_once_and_passes_errors_on():
+    pending = Pending()
+    doubled = pending.then(lambda v: v * 2)
+    assert not doubled.done()
+    pending.set_result(21)
+    assert doubled.result(0) == 42 and Pending.completed(1).then(str).result(0) == "1"
+    with pytest.raises(PermissionError, match="wrong session secret"):
+        Pending.failed(PermissionError("wrong session secret")).then(lambda v: v).result(0)
+    with pytest.raises(ZeroDivisionError):   # the function's own error, to whoever waits
+        Pending.completed(0).then(lambda v: 1 / v).result(0)
+
+
+class _Answers(DataCalls):
+    """DataCalls answering every call with the worker's side of it: ``rpc_api``'s compact form of a batch."""
+
+    kind = "fake"
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def call(self, part, name, args, timeout):
+        return Pending.completed(pack(self.batch))
+
+
+def test_calls_channel_unpacks_pulls_and_samples_as_they_arrive():
+    ei = torch.stack([torch.arange(40) % 7, torch.arange(40) // 4])
+    batch = {"edge_index@_N__to___N": ei, "n_id@_N": torch.arange(40) * 3, "x@_N": torch.randn(40, 2)}
+    channel = CallsChannel(_Answers(batch), rpc_timeout=5)
+    pulled, sampled = channel.request(0, "s", b"k", 0, 0), channel.sample(0, "s", b"k", torch.arange(3), 0)
+    for got in (pulled.result(0), sampled.result(0)):
+        assert list(got) == list(batch)
+        assert all(got[k].dtype == batch[k].dtype and torch.equal(got[k], batch[k]) for k in batch)
 
 
 # ---- BatchBuffer's pulls --------------------------------------------------------------------------

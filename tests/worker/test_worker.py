@@ -11,6 +11,7 @@ import torch
 from helpers.graphs import synthetic_parts
 
 from graphfeed.core.batch import to_pyg
+from graphfeed.core.compact import unpack
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.worker.buffer import BatchBuffer
@@ -129,7 +130,7 @@ def test_worker_serves_the_local_loaders_batches(one_part):
                 handle.call(StartEpoch("s1", 0, (7,)))
             assert handle.call(StartEpoch("s1", 0, (n_local,))) == EpochStarted(4)
             futs = [rpc.rpc_async("part0", PULL, args=("s1", 0, seq, SECRET)) for seq in range(4)]
-            got = [to_pyg(f.wait()) for f in futs]
+            got = [to_pyg(unpack(f.wait())) for f in futs]   # pulls answer in the compact wire form
             want = list(LocalNeighborLoader(one_part, [5, 3], batch_size=64, shuffle=True, seed=3))
             for a, b in zip(got, want, strict=True):
                 for key in ("x", "y", "edge_index", "n_id", "e_id"):
