@@ -43,11 +43,14 @@ class EmbeddingBenchConfig:
     emb_lr: float = 0.05
     seed: int = 0
     edge_types: tuple[tuple[str, str, str], ...] | None = None   # sampled edge types (None: every one)
+    threads: int = 0   # the trainer's torch threads (0: torch's default)
 
     def __post_init__(self):
         object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
         if self.dim < 1 or self.epochs < 1 or self.batch_size < 1:
             raise ValueError("--dim, --epochs and --batch-size must be >= 1")
+        if self.threads < 0:
+            raise ValueError("--threads must be >= 0 (0: torch's default)")
 
 
 def _model(client, hidden: int):
@@ -72,17 +75,27 @@ def featureless_types(client) -> list[str]:
     return [t for t in client.node_types if "x" not in probe[t]]
 
 
-class TypedRun:
-    """One model trained through ``client``, with server tables on the featureless types or zeros there."""
+#: per-batch phases a run times (ms each; ``step_ms`` is their sum plus the loop's own bookkeeping)
+PHASES = ("wait", "forward", "backward", "dense_step", "sparse_step")
 
-    def __init__(self, client, cfg: EmbeddingBenchConfig, *, embeddings: bool):
+
+class TypedRun:
+    """One model trained through ``client``, with server tables on the featureless types (``embeddings``), or
+    without them: zeros there (the plain model), or -- ``constant`` -- fixed random rows of the tables' shape as
+    leaves that require grad, so the model does the same forward and backward on them as on server rows but
+    nothing travels (the "without system" baseline: the model's own cost of learnable inputs)."""
+
+    def __init__(self, client, cfg: EmbeddingBenchConfig, *, embeddings: bool, constant: bool = False):
         import graphfeed.client as gf
 
+        if embeddings and constant:
+            raise ValueError("a run has server tables or constant rows, not both")
         torch.manual_seed(cfg.seed)
         self.client, self.cfg, self.label = client, cfg, client.label_type
         self.types = featureless_types(client)
         self.tables = ([client.embedding(t, dim=cfg.dim, seed=cfg.seed, field="x") for t in self.types]
                        if embeddings else [])
+        self.constant = _ConstantRows(cfg.dim, cfg.seed) if constant else None
         fanouts: list[int] | dict = list(cfg.num_neighbors)
         if cfg.edge_types is not None:
             fanouts = {tuple(e): list(cfg.num_neighbors) for e in cfg.edge_types}
@@ -94,36 +107,60 @@ class TypedRun:
         self.opt: torch.optim.Optimizer | None = None
         self.sparse = gf.SparseAdam(self.tables, lr=cfg.emb_lr) if self.tables else None
         self.step_ms: list[float] = []
-        self.push_ms: list[float] = []
+        self.phase_ms: dict[str, list[float]] = {k: [] for k in PHASES}
         self.pushed = 0
+        self.rows_bytes = 0
+        self.cpu_s = {"trainer": 0.0, "servers": 0.0}
+
+    def timed_epoch(self, cpu: CpuClock) -> None:
+        """:meth:`epoch`, adding the CPU seconds this process and the servers' processes spent meanwhile."""
+        before = cpu.read()
+        self.epoch()
+        for k, v in cpu.since(before).items():
+            self.cpu_s[k] += v
 
     def epoch(self) -> None:
-        """One training epoch; each step's time (wait + forward/backward + steps) into ``step_ms``."""
+        """One training epoch; each step's time (wait + forward/backward + steps) into ``step_ms``, its phases into
+        ``phase_ms``."""
         label, t0 = self.label, time.perf_counter()
         for batch in self.train:
-            _zeros(batch, self.types, self.cfg.dim, self.tables)
+            t1 = time.perf_counter()
+            self._featureless_inputs(batch)
             size = batch[label].batch_size
             out = self.model(batch.x_dict, batch.edge_index_dict)[label][:size]
             loss = torch.nn.functional.cross_entropy(out, batch[label].y[:size])
             if self.opt is None:   # lazy layers have their shapes after the first forward
                 self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
             self.opt.zero_grad()
+            t2 = time.perf_counter()
             loss.backward()
+            t3 = time.perf_counter()
             self.opt.step()
+            t4 = time.perf_counter()
             if self.sparse is not None:
-                p0 = time.perf_counter()
-                self.pushed += sum(int(batch[t].x.size(0)) for t in self.types)
+                rows = [batch[t].x for t in self.types]
+                self.pushed += sum(int(r.size(0)) for r in rows)
+                self.rows_bytes += sum(r.numel() * r.element_size() for r in rows)
                 self.sparse.step()
-                self.push_ms.append((time.perf_counter() - p0) * 1e3)
             now = time.perf_counter()
+            for phase, ms in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, now - t4)):
+                self.phase_ms[phase].append(ms * 1e3)
             self.step_ms.append((now - t0) * 1e3)
             t0 = now
+
+    def _featureless_inputs(self, batch) -> None:
+        """The stand-in of a featureless type when the run has no tables: zeros, or the constant leaf rows."""
+        if self.tables:
+            return
+        for t in self.types:
+            n = batch[t].num_nodes
+            batch[t].x = self.constant.leaf(n) if self.constant is not None else torch.zeros(n, self.cfg.dim)
 
     def accuracy(self) -> float:
         correct = total = 0
         with torch.no_grad():
             for batch in self.val:
-                _zeros(batch, self.types, self.cfg.dim, self.tables)
+                self._featureless_inputs(batch)
                 size = batch[self.label].batch_size
                 pred = self.model(batch.x_dict, batch.edge_index_dict)[self.label][:size].argmax(-1)
                 correct += int((pred == batch[self.label].y[:size]).sum())
@@ -131,12 +168,15 @@ class TypedRun:
         return correct / max(1, total)
 
     def finish(self) -> dict:
-        """Accuracy and timings; closes the loaders and tables."""
+        """Accuracy and timings (medians over the batches); closes the loaders and tables."""
         result = {"val_accuracy": self.accuracy(), "batch_ms": statistics.median(self.step_ms),
-                  "batches": len(self.step_ms)}
+                  "batches": len(self.step_ms),
+                  **{f"{k}_ms": round(statistics.median(v), 3) for k, v in self.phase_ms.items()},
+                  **{f"cpu_ms_{k}": round(v * 1e3 / max(1, len(self.step_ms)), 3) for k, v in self.cpu_s.items()}}
         if self.sparse is not None:
-            result.update(push_ms=statistics.median(self.push_ms),
-                          rows_pushed_per_step=self.pushed / max(1, len(self.push_ms)),
+            steps = max(1, len(self.step_ms))
+            result.update(push_ms=result["sparse_step_ms"], rows_pushed_per_step=self.pushed / steps,
+                          emb_bytes_per_batch=self.rows_bytes / steps,
                           table_rows=sum(t.num_rows for t in self.tables),
                           rows_applied_per_s_per_server=push_throughput(self.tables[0], self.sparse,
                                                                         len(self.client.servers)))
@@ -145,6 +185,47 @@ class TypedRun:
         for t in self.tables:
             t.close()
         return result
+
+
+class CpuClock:
+    """CPU seconds (user + system) of this process and of the server processes (``server_pids`` and their
+    children: daemons and their workers), read with psutil; processes that end meanwhile drop out."""
+
+    def __init__(self, server_pids):
+        self.server_pids = list(server_pids)
+
+    def read(self) -> dict[str, dict[int, float]]:
+        import psutil
+
+        me = psutil.Process()
+        servers: dict[int, float] = {}
+        for pid in self.server_pids:
+            try:
+                root = psutil.Process(pid)
+                for p in [root, *root.children(recursive=True)]:
+                    t = p.cpu_times()
+                    servers[p.pid] = t.user + t.system
+            except psutil.Error:
+                continue
+        t = me.cpu_times()
+        return {"trainer": {me.pid: t.user + t.system}, "servers": servers}
+
+    def since(self, before: dict[str, dict[int, float]]) -> dict[str, float]:
+        now = self.read()
+        return {k: sum(v - before[k].get(pid, 0.0) for pid, v in now[k].items()) for k in now}
+
+
+class _ConstantRows:
+    """Fixed random rows ``[n, dim]`` handed out as fresh leaves that require grad (their gradients dropped)."""
+
+    def __init__(self, dim: int, seed: int):
+        self.dim, self.gen = dim, torch.Generator().manual_seed(seed)
+        self.rows = torch.empty(0, dim)
+
+    def leaf(self, n: int) -> torch.Tensor:
+        if n > self.rows.size(0):
+            self.rows = torch.randn(max(n, 2 * self.rows.size(0)), self.dim, generator=self.gen) * 0.1
+        return self.rows[:n].detach().requires_grad_(torch.is_grad_enabled())
 
 
 def train_typed(client, cfg: EmbeddingBenchConfig, *, embeddings: bool) -> dict:
@@ -169,33 +250,34 @@ def push_throughput(table, sparse, servers: int, rows: int = 50_000, steps: int 
     return rows * steps / (time.perf_counter() - began) / servers
 
 
-def _zeros(batch, types: list[str], dim: int, tables: list) -> None:
-    """The plain run's stand-in for a featureless type: zero features of the tables' width."""
-    if tables:
-        return
-    for t in types:
-        batch[t].x = torch.zeros(batch[t].num_nodes, dim)
-
-
 def bench_embedding(cfg: EmbeddingBenchConfig) -> dict:
-    """Both runs on one client and the same servers, their epochs interleaved (plain, embedding, plain, ...) so
-    a loaded machine slows both alike; the figures as one dict."""
+    """The three runs on one client and the same servers, their epochs interleaved (plain, constant, embedding,
+    plain, ...) so a loaded machine slows them alike; the figures as one dict."""
     import graphfeed.client as gf
 
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     with ExitStack() as stack:
+        pids: list[int] = []   # servers this bench started: their CPU is counted
         if isinstance(cfg.servers, int):
             cluster = stack.enter_context(LocalCluster(str(cfg.graph), cfg.servers))
-            addresses = cluster.addresses
+            addresses, pids = cluster.addresses, [s.pid for s in cluster.servers]
         else:
             addresses = list(cfg.servers)
         with gf.connect(addresses, timeout=120) as client:
-            runs = {"plain": TypedRun(client, cfg, embeddings=False), "embedding": TypedRun(client, cfg,
-                                                                                          embeddings=True)}
+            runs = {"plain": TypedRun(client, cfg, embeddings=False),
+                    "constant": TypedRun(client, cfg, embeddings=False, constant=True),
+                    "embedding": TypedRun(client, cfg, embeddings=True)}
+            cpu = CpuClock(pids)
             for _ in range(cfg.epochs):
                 for run in runs.values():
-                    run.epoch()
+                    run.timed_epoch(cpu)
             types = runs["plain"].types
             results = {name: run.finish() for name, run in runs.items()}
-    return {"servers": len(addresses), "dim": cfg.dim, "featureless_types": types, "epochs": cfg.epochs,
+    ms = {name: r["batch_ms"] for name, r in results.items()}
+    return {"servers": len(addresses), "dim": cfg.dim, "trainer_threads": torch.get_num_threads(),
+            "featureless_types": types, "epochs": cfg.epochs,
             "batch_size": cfg.batch_size, **{f"{k}_{name}": v for name, r in results.items() for k, v in r.items()},
-            "overhead": results["embedding"]["batch_ms"] / results["plain"]["batch_ms"] - 1}
+            "overhead": ms["embedding"] / ms["plain"] - 1,
+            "model_overhead": ms["constant"] / ms["plain"] - 1,
+            "system_overhead": ms["embedding"] / ms["constant"] - 1}

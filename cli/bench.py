@@ -148,6 +148,9 @@ def _add_embedding(sub) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
     p.add_argument("--epochs", type=int, default=3, help="training epochs per run (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="the trainer's torch threads (default 0: torch's own; 1 keeps a loaded machine's timings "
+                        "from thread oversubscription)")
 
 
 def _run_embedding(args) -> int:
@@ -155,7 +158,8 @@ def _run_embedding(args) -> int:
 
     cfg = EmbeddingBenchConfig(servers=_servers(args.servers), graph=args.graph, dim=args.dim,
                                num_neighbors=_fanouts(args.num_neighbors, example="10,5"),
-                               batch_size=args.batch_size, epochs=args.epochs, seed=args.seed)
+                               batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+                               threads=args.threads)
     return _print_result("embedding", bench_embedding, cfg)
 
 

@@ -113,6 +113,30 @@ class EmbeddingSpec:
         return out.to(self.torch_dtype)
 
 
+#: float feature dtypes a loader may ask for (``feature_dtype``) that also narrow its tables' rows on the wire
+NARROW_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def rows_dtype(spec: EmbeddingSpec, feature_dtype: torch.dtype | None) -> str | None:
+    """The dtype name a loader's batches carry table ``spec``'s rows in: the loader's ``feature_dtype`` when it
+    is a narrow float (bf16, fp16) and the table is wider -- the rows then travel, from peers too, in the
+    bytes the trainer asked features to travel in, and their gradients come back in float32 -- else None
+    (the table's own dtype; int8 features do not quantize rows)."""
+    if feature_dtype not in NARROW_DTYPES:
+        return None
+    wider = torch.empty((), dtype=spec.torch_dtype).element_size() > torch.empty((), dtype=feature_dtype).element_size()
+    return str(feature_dtype).removeprefix("torch.") if wider else None
+
+
+def check_rows_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` (a :data:`TABLE_DTYPES` name or None) as a torch dtype; ValueError naming the choices."""
+    if dtype is None:
+        return None
+    if dtype not in TABLE_DTYPES:
+        raise ValueError(f"rows dtype {dtype!r} is not a table dtype: use one of {', '.join(TABLE_DTYPES)}")
+    return getattr(torch, dtype)
+
+
 def _mix(*values: int) -> int:
     h = 0x9E3779B97F4A7C15
     for v in values:
@@ -146,10 +170,22 @@ class SparseUpdate:
 
 def coalesce(gids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(distinct ids ascending, summed gradient rows)``: duplicate ids' rows added in float32, as torch
-    coalesces a sparse gradient (the owner applies one update per row and step)."""
-    ids, inverse = torch.unique(gids.reshape(-1).to(torch.int64), return_inverse=True)
+    coalesces a sparse gradient (the owner applies one update per row and step).
+
+    Ids without duplicates (one trainer's batch: its nodes are distinct) are only put in order, one row
+    gather; ids already strictly ascending (a trainer that coalesced them itself) are taken as they are.
+    Only duplicates pay for ``index_add_``, whose CPU kernel is a scatter several times slower than a
+    gather."""
+    gids = gids.reshape(-1).to(torch.int64)
+    grads = grads.to(torch.float32)
+    if gids.numel() < 2 or bool((gids[1:] > gids[:-1]).all()):
+        return gids, grads
+    ordered, order = torch.sort(gids)
+    if bool((ordered[1:] != ordered[:-1]).all()):
+        return ordered, grads.index_select(0, order)
+    ids, inverse = torch.unique_consecutive(ordered, return_inverse=True)
     summed = torch.zeros(ids.numel(), grads.size(1), dtype=torch.float32)
-    summed.index_add_(0, inverse, grads.to(torch.float32))
+    summed.index_add_(0, inverse, grads.index_select(0, order))
     return ids, summed
 
 
@@ -159,31 +195,35 @@ def apply_update(rows: torch.Tensor, state: dict[str, torch.Tensor], local: torc
     already coalesced), in place, keeping per-row state in ``state`` (made on first use: Adagrad's
     ``sum``, Adam's ``exp_avg``, ``exp_avg_sq`` and per-row ``step``).  Each row's arithmetic is that of
     ``torch.optim``'s dense rule with the default options, applied on the steps that row gets a gradient
-    (Adam counts steps per row, as DGL's sparse Adam does)."""
+    (Adam counts steps per row, as DGL's sparse Adam does).  Each touched row of ``rows`` and of each state
+    tensor is gathered once and written back once; the arithmetic is in place on the gathered copies."""
     n = rows.size(0)
-    w = rows.index_select(0, local).to(torch.float32)
+    w = rows.index_select(0, local)
+    if w.dtype != torch.float32:
+        w = w.to(torch.float32)
     if update.rule == "sgd":
         w.add_(grads, alpha=-update.lr)
     elif update.rule == "adagrad":
         acc = _state(state, "sum", n, rows.size(1), torch.float32)
         s = acc.index_select(0, local).addcmul_(grads, grads)
         acc.index_copy_(0, local, s)
-        w.addcdiv_(grads, s.sqrt().add_(update.eps), value=-update.lr)
+        w.addcdiv_(grads, s.sqrt_().add_(update.eps), value=-update.lr)
     else:
         b1, b2 = update.betas
         m_all = _state(state, "exp_avg", n, rows.size(1), torch.float32)
         v_all = _state(state, "exp_avg_sq", n, rows.size(1), torch.float32)
         step_all = _state(state, "step", n, 0, torch.float32)
         step = step_all.index_select(0, local).add_(1)
+        step_all.index_copy_(0, local, step)
         m = m_all.index_select(0, local).lerp_(grads, 1 - b1)   # b1 m + (1 - b1) g
+        m_all.index_copy_(0, local, m)
         v = v_all.index_select(0, local).mul_(b2).addcmul_(grads, grads, value=1 - b2)
+        v_all.index_copy_(0, local, v)
         bc1 = 1 - torch.pow(b1, step)
         bc2 = 1 - torch.pow(b2, step)
-        denom = v.sqrt().div_(bc2.sqrt_().unsqueeze(1)).add_(update.eps)
-        w.sub_(denom.reciprocal_().mul_(m).mul_((update.lr / bc1).unsqueeze(1)))
-        m_all.index_copy_(0, local, m)
-        v_all.index_copy_(0, local, v)
-        step_all.index_copy_(0, local, step)
+        # torch.optim.Adam: w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), per row here (per-row steps)
+        denom = v.sqrt_().div_(bc2.sqrt_().unsqueeze(1)).add_(update.eps)
+        w.addcdiv_(m.mul_((update.lr / bc1).unsqueeze(1)), denom, value=-1.0)
     rows.index_copy_(0, local, w.to(rows.dtype))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate
+from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_rows_dtype
 from graphfeed.server.embedding.table import PartTable
 from graphfeed.server.partition.book import RangePartitionBook
 
@@ -82,20 +82,23 @@ class EmbeddingStore:
         with self.lock:
             return self.tables.pop(name, None) is not None
 
-    def rows(self, name: str, gids: torch.Tensor) -> torch.Tensor:
-        """Rows of any ``gids`` of the table's type: this part's read here, the others' asked of their workers
-        (all at once).  LookupError for an unknown table; ValueError for ids outside the graph."""
+    def rows(self, name: str, gids: torch.Tensor, dtype: str | None = None) -> torch.Tensor:
+        """Rows of any ``gids`` of the table's type, in ``dtype`` (a table dtype name; None: the table's): this
+        part's read here, the others' asked of their workers (all at once, in ``dtype``: narrow rows travel
+        narrow).  LookupError for an unknown table; ValueError for ids outside the graph or a bad dtype."""
         table = self.table(name)
         gids = checked_ids(self._book(table.spec.ntype), gids, table.spec)
-        out = torch.empty(gids.numel(), table.spec.dim, dtype=table.spec.torch_dtype)
+        want = check_rows_dtype(dtype) or table.spec.torch_dtype
+        out = torch.empty(gids.numel(), table.spec.dim, dtype=want)
         asked = []
+        extra = () if dtype is None else (dtype,)
         for part, pos in self._book(table.spec.ntype).split(gids):
             if part == self.part_id:
                 out[pos] = table.read(gids[pos])
             elif self.peer is None:
                 raise RuntimeError(f"embedding rows of part {part} are not reachable from part {self.part_id}")
             else:
-                asked.append((pos, self.peer(part, "emb_rows", (name, gids[pos]))))
+                asked.append((pos, self.peer(part, "emb_rows", (name, gids[pos], *extra))))
         for pos, pending in asked:
             out[pos] = torch.as_tensor(pending.result(self.timeout)).to(out.dtype)
         return out
@@ -152,10 +155,11 @@ class LocalEmbedding:
         self.parts = [PartTable(spec, p, *book.range(p)) for p in range(book.num_parts)]
         self.handed = HandOut(spec)
 
-    def rows(self, gids: torch.Tensor) -> torch.Tensor:
-        """Copies of the rows of global ids ``gids`` ([n, dim]); ValueError for ids outside the type."""
+    def rows(self, gids: torch.Tensor, dtype: str | None = None) -> torch.Tensor:
+        """Copies of the rows of global ids ``gids`` ([n, dim]) in ``dtype`` (None: the table's); ValueError for
+        ids outside the type."""
         gids = checked_ids(self.book, gids, self.spec)
-        out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
+        out = torch.empty(gids.numel(), self.spec.dim, dtype=check_rows_dtype(dtype) or self.spec.torch_dtype)
         for part, pos in self.book.split(gids):
             out[pos] = self.parts[part].read(gids[pos])
         return out

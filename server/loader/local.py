@@ -15,7 +15,7 @@ from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.compat import take_loader_extras
 from graphfeed.core.delivery import Delivery
-from graphfeed.core.embedding import check_tables, hand_out_rows
+from graphfeed.core.embedding import check_tables, hand_out_rows, rows_dtype
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import (
@@ -137,7 +137,7 @@ class LocalNeighborLoader:
         if table is None:
             return {}
         gids = gids.cpu()
-        return {"emb": table.rows(gids), "emb_gid": gids}
+        return {"emb": table.rows(gids, rows_dtype(table.spec, self.spec.feature_torch_dtype)), "emb_gid": gids}
 
     def state_dict(self) -> dict:
         """Epoch, cursor, seed and fingerprints (see :mod:`graphfeed.core.progress`)."""

@@ -355,10 +355,11 @@ def emb_close(name: str) -> bool:
     return _bound().embeddings.close(str(name))
 
 
-def emb_rows(name: str, gids: torch.Tensor) -> torch.Tensor:
+def emb_rows(name: str, gids: torch.Tensor, dtype: str | None = None) -> torch.Tensor:
     """Rows of table ``name`` for global ids ``gids`` (a peer asks for the ids this part owns; the trainer may
-    ask for any); LookupError for an unknown table, ValueError for ids outside the type."""
-    return _bound().embeddings.rows(str(name), gids)
+    ask for any), in ``dtype`` (a table dtype name; None: the table's); LookupError for an unknown table,
+    ValueError for ids outside the type or a bad dtype."""
+    return _bound().embeddings.rows(str(name), gids, None if dtype is None else str(dtype))
 
 
 def emb_push(name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from graphfeed.core import batch as batch_codec
+from graphfeed.core.embedding import rows_dtype
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
 from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput, SeedInput
@@ -245,7 +246,8 @@ class Session:
         if name is None or self.embeddings is None:
             return {}
         gids = gids.cpu()
-        return {"emb": self.embeddings.rows(name, gids), "emb_gid": gids}
+        dtype = rows_dtype(self.embeddings.table(name).spec, self.spec.feature_torch_dtype)
+        return {"emb": self.embeddings.rows(name, gids, dtype), "emb_gid": gids}
 
     def _check_bytes(self, batch: dict[str, torch.Tensor]) -> None:
         """A batch over the worker's ``max_batch_bytes`` is not buffered (BudgetExceeded names the setting)."""
