@@ -44,6 +44,7 @@ class EmbeddingBenchConfig:
     seed: int = 0
     edge_types: tuple[tuple[str, str, str], ...] | None = None   # sampled edge types (None: every one)
     threads: int = 0   # the trainer's torch threads (0: torch's default)
+    feature_dtype: str | None = None   # the loaders' feature_dtype (bfloat16: the rows travel in it too)
 
     def __post_init__(self):
         object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
@@ -100,9 +101,9 @@ class TypedRun:
         if cfg.edge_types is not None:
             fanouts = {tuple(e): list(cfg.num_neighbors) for e in cfg.edge_types}
         self.train = client.neighbor_loader((self.label, "train"), fanouts, batch_size=cfg.batch_size, shuffle=True,
-                                            seed=cfg.seed, embeddings=self.tables)
+                                            seed=cfg.seed, embeddings=self.tables, feature_dtype=cfg.feature_dtype)
         self.val = client.neighbor_loader((self.label, "val"), fanouts, batch_size=cfg.batch_size,
-                                          embeddings=self.tables)
+                                          embeddings=self.tables, feature_dtype=cfg.feature_dtype)
         self.model = _model(client, cfg.hidden)
         self.opt: torch.optim.Optimizer | None = None
         self.sparse = gf.SparseAdam(self.tables, lr=cfg.emb_lr) if self.tables else None
@@ -127,7 +128,7 @@ class TypedRun:
             t1 = time.perf_counter()
             self._featureless_inputs(batch)
             size = batch[label].batch_size
-            out = self.model(batch.x_dict, batch.edge_index_dict)[label][:size]
+            out = self.model(_float_inputs(batch), batch.edge_index_dict)[label][:size]
             loss = torch.nn.functional.cross_entropy(out, batch[label].y[:size])
             if self.opt is None:   # lazy layers have their shapes after the first forward
                 self.opt = torch.optim.Adam(self.model.parameters(), lr=self.cfg.lr)
@@ -162,7 +163,7 @@ class TypedRun:
             for batch in self.val:
                 self._featureless_inputs(batch)
                 size = batch[self.label].batch_size
-                pred = self.model(batch.x_dict, batch.edge_index_dict)[self.label][:size].argmax(-1)
+                pred = self.model(_float_inputs(batch), batch.edge_index_dict)[self.label][:size].argmax(-1)
                 correct += int((pred == batch[self.label].y[:size]).sum())
                 total += size
         return correct / max(1, total)
@@ -185,6 +186,11 @@ class TypedRun:
         for t in self.tables:
             t.close()
         return result
+
+
+def _float_inputs(batch) -> dict:
+    """The batch's ``x`` per type in float32 (a narrow ``feature_dtype`` widened here, rows' gradients included)."""
+    return {t: x if x.dtype == torch.float32 else x.float() for t, x in batch.x_dict.items()}
 
 
 class CpuClock:

@@ -151,6 +151,8 @@ def _add_embedding(sub) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="the trainer's torch threads (default 0: torch's own; 1 keeps a loaded machine's timings "
                         "from thread oversubscription)")
+    p.add_argument("--feature-dtype", default=None, choices=("bfloat16", "float16", "float32"),
+                   help="the loaders' feature_dtype (default: as stored); bfloat16 also narrows the rows on the wire")
 
 
 def _run_embedding(args) -> int:
@@ -159,7 +161,7 @@ def _run_embedding(args) -> int:
     cfg = EmbeddingBenchConfig(servers=_servers(args.servers), graph=args.graph, dim=args.dim,
                                num_neighbors=_fanouts(args.num_neighbors, example="10,5"),
                                batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
-                               threads=args.threads)
+                               threads=args.threads, feature_dtype=args.feature_dtype)
     return _print_result("embedding", bench_embedding, cfg)
 
 

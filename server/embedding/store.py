@@ -94,7 +94,7 @@ class EmbeddingStore:
         extra = () if dtype is None else (dtype,)
         for part, pos in self._book(table.spec.ntype).split(gids):
             if part == self.part_id:
-                out[pos] = table.read(gids[pos])
+                out[pos] = table.read(gids[pos]).to(want)
             elif self.peer is None:
                 raise RuntimeError(f"embedding rows of part {part} are not reachable from part {self.part_id}")
             else:
@@ -161,7 +161,7 @@ class LocalEmbedding:
         gids = checked_ids(self.book, gids, self.spec)
         out = torch.empty(gids.numel(), self.spec.dim, dtype=check_rows_dtype(dtype) or self.spec.torch_dtype)
         for part, pos in self.book.split(gids):
-            out[pos] = self.parts[part].read(gids[pos])
+            out[pos] = self.parts[part].read(gids[pos]).to(out.dtype)
         return out
 
     def take_grads(self):

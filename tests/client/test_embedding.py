@@ -92,6 +92,33 @@ def test_rows_ride_the_batch_equal_the_local_loader_and_train_on_both_servers(sh
             table.rows(torch.tensor([0]))
 
 
+def test_rows_travel_in_the_loaders_narrow_feature_dtype_and_still_train(shared_mag, shared_mag_cluster, connect):
+    parts, _ = shared_mag
+    graph = _local_graph(parts)
+    fanouts = _fanouts(graph)
+    kwargs = dict(batch_size=64, shuffle=True, seed=3, feature_dtype="bfloat16")
+    with connect([s.address for s in shared_mag_cluster], timeout=60) as client:
+        table = client.embedding("author", dim=DIM, seed=7, name="narrow")
+        local = LocalEmbedding(EmbeddingSpec("narrow", "author", DIM, seed=7), graph.books["author"])
+        remote_loader = client.neighbor_loader(("paper", "train"), fanouts, embeddings=[table], **kwargs)
+        local_loader = LocalNeighborLoader(graph, fanouts, input_nodes=("paper", "train"), embeddings=[local],
+                                           **kwargs)
+        for a, b, _ in zip(remote_loader, local_loader, range(2)):   # peer rows too: bf16 end to end
+            assert a["author"].emb.dtype == torch.bfloat16 and a["author"].emb.requires_grad
+            assert_same_batch(a, b)
+            gids = a["author"].emb_gid
+            assert torch.equal(a["author"].emb, table.rows(gids).to(torch.bfloat16))
+        table.take_grads(), local.take_grads()
+        before = table.rows(torch.arange(table.num_rows))
+        opt = SparseAdam([table], lr=0.05)
+        seen = _train(remote_loader, opt, torch.randn(DIM), 2, field="emb", every=1)
+        touched = torch.cat(seen).unique()
+        after = table.rows(torch.arange(table.num_rows))
+        assert after.dtype == torch.float32 and not torch.equal(after[touched], before[touched])
+        remote_loader.close()
+        table.close()
+
+
 def test_bad_requests_are_one_line_and_the_servers_stay_up(shared_mag_cluster, connect):
     with connect([s.address for s in shared_mag_cluster], timeout=60) as client:
         with pytest.raises(ValueError, match="node type 'venue'"):

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphfeed.core.embedding import EmbeddingSpec, SparseAdagrad, SparseAdam, SparseSGD, SparseUpdate, coalesce
+from graphfeed.core.embedding import (
+    EmbeddingSpec,
+    SparseAdagrad,
+    SparseAdam,
+    SparseSGD,
+    SparseUpdate,
+    coalesce,
+    rows_dtype,
+)
 from graphfeed.server.embedding import EmbeddingStore, LocalEmbedding, PartTable
 from graphfeed.server.partition.book import RangePartitionBook
 
@@ -96,6 +104,32 @@ def test_adam_touching_every_row_equals_dense_adam():
 def test_coalesce_sums_duplicates_in_id_order():
     ids, rows = coalesce(torch.tensor([5, 2, 5]), torch.tensor([[1.0], [2.0], [3.0]]))
     assert ids.tolist() == [2, 5] and rows.view(-1).tolist() == [2.0, 4.0]
+
+
+def test_coalesce_takes_ascending_ids_as_they_are_and_only_orders_distinct_ones():
+    grads = torch.arange(8.0).view(4, 2)
+    ids, rows = coalesce(torch.tensor([1, 4, 6, 9]), grads)   # a trainer's already ordered push
+    assert ids.tolist() == [1, 4, 6, 9] and torch.equal(rows, grads)
+    ids, rows = coalesce(torch.tensor([9, 1, 6, 4]), grads)   # distinct, unordered: put in order, nothing summed
+    assert ids.tolist() == [1, 4, 6, 9] and torch.equal(rows, grads[[1, 3, 2, 0]])
+    ids, rows = coalesce(torch.tensor([9, 1, 9, 1, 3]), torch.arange(10.0).view(5, 2))
+    assert ids.tolist() == [1, 3, 9] and rows.tolist() == [[8.0, 10.0], [8.0, 9.0], [4.0, 6.0]]
+    ids, rows = coalesce(torch.tensor([4, 4]), torch.ones(2, 3, dtype=torch.bfloat16))   # ascending, not strict
+    assert ids.tolist() == [4] and rows.dtype == torch.float32 and rows.tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_rows_travel_in_a_narrow_feature_dtype_only():
+    wide, half = EmbeddingSpec("t", "n", DIM), EmbeddingSpec("h", "n", DIM, dtype="bfloat16")
+    assert rows_dtype(wide, torch.bfloat16) == "bfloat16" and rows_dtype(wide, torch.float16) == "float16"
+    assert rows_dtype(wide, None) is None and rows_dtype(wide, torch.float32) is None
+    assert rows_dtype(wide, torch.int8) is None   # int8 features quantize x, never the rows
+    assert rows_dtype(half, torch.bfloat16) is None and rows_dtype(half, torch.float16) is None
+    table = LocalEmbedding(wide, BOOK)
+    ids = torch.tensor([11, 0, 7])
+    narrow = table.rows(ids, "bfloat16")
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow, table.rows(ids).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="'int8' is not a table dtype"):
+        table.rows(ids, "int8")
 
 
 def test_initial_rows_depend_on_the_spec_and_the_ids_only():
