@@ -194,7 +194,7 @@ def run_trainer(args: argparse.Namespace) -> None:
     batch = timed_steps(emb, opt, lambda k: torch.randperm(n, generator=gen)[:args.batch_rows], args.steps,
                         server_pids, args.dim)
     servers = len(server_pids)
-    out = {}
+    out: dict[str, Any] = {}
     for name, r in (("random", rand), ("batch", batch)):
         secs = r.pop("_secs")
         out[name] = dict(r, rows_applied_per_s_per_server=round(r["rows"] / secs / servers),
