@@ -148,6 +148,7 @@ def timed_steps(emb, opt, ids_of, steps: int, server_pids: list[int], dim: int) 
     def one(k: int) -> tuple[float, int, int]:
         ids = ids_of(k)
         grad = torch.randn(ids.numel(), dim) * 1e-3
+        opt.zero_grad()   # DGL keeps each forward's trace until zero_grad: else a step re-applies the earlier ones
         rows = emb(ids)
         (rows * grad).sum().backward()
         t0 = time.perf_counter()
