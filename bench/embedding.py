@@ -1,19 +1,25 @@
 """Typed training with server-held embeddings (``graphfeed bench embedding``).
 
 On a typed graph whose other node types have no features (the ``mag`` presets: authors), the same
-``to_hetero`` GraphSAGE model is trained twice through the servers, on one client, epochs interleaved:
+``to_hetero`` GraphSAGE model is trained three times through the servers, on one client, epochs interleaved
+(plain, constant, embedding, plain, ...) so a loaded machine slows them alike:
 
 * ``plain``: every featureless type gets zero features (what a model without embeddings sees);
+* ``constant``: fixed random rows of the tables' shape, handed out as leaves that require grad: the model's
+  own extra forward/backward on learnable inputs, with nothing travelling (the "without system" baseline);
 * ``embedding``: every featureless type gets a learnable server table (``client.embedding(..., field="x")``)
   stepped by :class:`graphfeed.client.SparseAdam` on the owners.
 
-Reported per run: validation accuracy after ``epochs`` epochs, the median training step time
-(``batch_ms``: wait for the batch + forward/backward + dense step + the sparse push, per batch), and for
-the embedding run the push figures (``push_ms``: what ``step()`` costs the trainer, one step in flight;
-``rows_applied_per_s_per_server``: synchronous pushes of 50,000 random gradient rows, merged and applied
-with Adam on the owners, per second per server).
-``overhead`` = embedding ``batch_ms`` / plain ``batch_ms`` - 1: what pulling the rows with the batch and
-pushing their gradients adds (the issue's target: at most 0.2).
+Reported per run: validation accuracy, the median training step time (``batch_ms``: wait for the batch +
+forward/backward + dense step + the sparse push) and its phases (``wait_ms``, ``forward_ms``, ``backward_ms``,
+``dense_step_ms``, ``sparse_step_ms``: medians), CPU ms per batch of this process and of the servers' process
+trees (``cpu_ms_trainer``, ``cpu_ms_servers``: robust where wall time is not, on a shared machine), and for the
+embedding run the rows' bytes per batch and the push figures (``push_ms``: what ``step()`` costs the trainer,
+one step in flight; ``rows_applied_per_s_per_server``: synchronous pushes of 50,000 random gradient rows, merged
+and applied with Adam on the owners, per second per server).
+``overhead`` = embedding / plain - 1 (the issue's target: at most 0.2); ``model_overhead`` = constant / plain - 1
+(the model's part, which any embedding store pays); ``system_overhead`` = embedding / constant - 1 (pulling
+the rows with the batch and pushing their gradients).
 """
 from __future__ import annotations
 
