@@ -13,7 +13,7 @@ import sys
 from graphfeed.cli.main import UsageError
 
 HELP = ("benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency), "
-        "`bench embedding` (server-held embeddings)")
+        "`bench embedding` (server-held embeddings), `bench channel` (the secure data path's channel alone)")
 
 
 def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5") -> tuple[int, ...]:
@@ -40,6 +40,7 @@ def add_arguments(parser) -> None:
     _add_remote(sub)
     _add_online(sub)
     _add_embedding(sub)
+    _add_channel(sub)
 
 
 def _add_workload(p) -> None:
@@ -155,6 +156,30 @@ def _add_embedding(sub) -> None:
                    help="the loaders' feature_dtype (default: as stored); bfloat16 also narrows the rows on the wire")
 
 
+def _add_channel(sub) -> None:
+    p = sub.add_parser("channel", help="CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)",
+                       description="A secure-path server in a child process answers calls with --frame-mb MiB "
+                                   "tensors until --mb MiB arrived; prints one JSON line with GB/s, send and "
+                                   "receive CPU-s per GB and AES-GCM's own CPU-s per GB on this core "
+                                   "(graphfeed.bench.channel).")
+    p.add_argument("--mb", type=float, default=1024.0, help="MiB received per repeat (default 1024)")
+    p.add_argument("--frame-mb", type=float, default=8.0, help="MiB per answer (default 8)")
+    p.add_argument("--inflight", type=int, default=4, help="calls in flight (default 4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats; the cheapest is reported (default 3)")
+    p.add_argument("--no-tls", action="store_true", help="the MAC'd plain channel instead of TLS")
+
+
+def _run_channel(args) -> int:
+    from graphfeed.bench.channel import ChannelBenchConfig, bench_channel
+
+    try:
+        cfg = ChannelBenchConfig(megabytes=args.mb, frame_mb=args.frame_mb, inflight=args.inflight,
+                                 tls=not args.no_tls, repeats=args.repeats)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return _print_result("channel", bench_channel, cfg)
+
+
 def _run_embedding(args) -> int:
     from graphfeed.bench.embedding import EmbeddingBenchConfig, bench_embedding
 
@@ -248,6 +273,8 @@ def run(args) -> int:
         return _run_online(args)
     if command == "embedding":
         return _run_embedding(args)
+    if command == "channel":
+        return _run_channel(args)
     if command != "sample":
         raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
                          "`graphfeed bench remote --servers N --graph DIR ...` or "

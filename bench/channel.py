@@ -1,0 +1,237 @@
+"""The secure data path's channel alone (``graphfeed bench channel``): CPU per GB to send and to receive.
+
+A :class:`~graphfeed.transport.secure.SecureServer` runs in a child process and answers ``blob(n)``
+with a tensor of ``n`` bytes (made once per size); this process calls it with ``inflight`` calls
+in flight until ``megabytes`` have arrived, over loopback, with or without TLS.  Each byte is
+therefore sent (framed, MACed or encrypted) once by the child and received (read, checked or
+decrypted) once here, as a batch travels from a worker to the trainer.
+
+Figures (one JSON line):
+
+* ``gb_per_s``: payload GB (1e9 bytes) per wall-clock second;
+* ``send_cpu_s_per_gb`` / ``recv_cpu_s_per_gb``: CPU seconds (user + system, every thread) of the
+  child / this process per payload GB, measured over the timed calls only (start-up, the TLS
+  handshake and one warm-up call excluded);
+* ``cipher``: the TLS suite negotiated (``None`` without TLS) and, for that suite's AES key size,
+  ``aes_seal_cpu_s_per_gb`` / ``aes_open_cpu_s_per_gb``: what AES-GCM alone costs per GB in 16 KiB
+  records (TLS's record size) on this core -- the bound a TLS channel's send / receive can approach.
+  Without TLS the bound shown is AES-128-GMAC's (the frames' body MAC).
+
+Loopback puts the kernel's copy on both ends into the same machine's figures; a real link has it too.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import resource
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+RECORD = 16 << 10   # bytes of a TLS record's plaintext at most
+
+
+@dataclass(frozen=True)
+class ChannelBenchConfig:
+    """What ``bench channel`` measures: ``megabytes`` (MiB) in frames of ``frame_mb`` MiB, ``inflight`` calls in
+    flight, over TLS (a self-signed certificate made for the run) or the MAC'd plain channel."""
+
+    megabytes: float = 1024.0
+    frame_mb: float = 8.0
+    inflight: int = 4
+    tls: bool = True
+    repeats: int = 3
+
+    def __post_init__(self):
+        if self.megabytes <= 0 or self.frame_mb <= 0 or self.frame_mb > self.megabytes:
+            raise ValueError(f"--mb and --frame-mb must be positive with --frame-mb <= --mb, got {self.megabytes} "
+                             f"and {self.frame_mb}")
+        if self.inflight < 1 or self.repeats < 1:
+            raise ValueError(f"--inflight and --repeats must be >= 1, got {self.inflight} and {self.repeats}")
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _serve(key: bytes, cert: str | None, keyfile: str | None, pipe) -> None:
+    """The child: answer ``blob(n)``; report the CPU seconds between the parent's "mark" messages."""
+    from graphfeed.transport.secure import Function, SecureServer, TlsServer
+
+    torch.set_num_threads(1)
+    blobs: dict[int, torch.Tensor] = {}
+
+    def blob(n: int) -> torch.Tensor:
+        if n not in blobs:
+            blobs[n] = torch.randint(0, 256, (int(n),), dtype=torch.uint8)
+        return blobs[n]
+
+    tls = TlsServer(cert, keyfile) if cert and keyfile else None
+    server = SecureServer("127.0.0.1", key, {"blob": Function(blob)}, name="bench", tls=tls, threads=4).start()
+    pipe.send(server.address)
+    try:
+        while (msg := pipe.recv()) != "stop":
+            assert msg == "mark"
+            pipe.send(_cpu())
+    finally:
+        server.close()
+
+
+def _gmac_cpu_s_per_gb(megabytes: int = 256) -> float:
+    """CPU seconds per GB of AES-128-GMAC (the plain channel's body MAC, through ``cryptography``) in 1 MiB calls."""
+    from graphfeed.transport.secure import _body_tag
+
+    block, key = os.urandom(1 << 20), os.urandom(16)
+    t0 = time.process_time()
+    for k in range(megabytes):
+        _body_tag(key, k.to_bytes(8, "big"), [block])
+    return (time.process_time() - t0) / (megabytes * (1 << 20) / 1e9)
+
+
+def openssl_speed(cipher: str, seconds: int = 1) -> dict | None:
+    """``openssl speed`` of ``cipher`` (e.g. ``aes-256-gcm``) in 16 KiB blocks, encrypt and decrypt, as CPU seconds
+    per GB -- when the ``openssl`` command is the library Python's :mod:`ssl` uses (else None: not its bound)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    exe = shutil.which("openssl")
+    if exe is None:
+        return None
+    version = subprocess.run([exe, "version"], capture_output=True, text=True).stdout.split()
+    if len(version) < 2 or version[1] not in ssl.OPENSSL_VERSION:
+        return None
+    out: dict = {"library": ssl.OPENSSL_VERSION, "cipher": cipher}
+    for label, extra in (("seal", []), ("open", ["-decrypt"])):
+        run = subprocess.run([exe, "speed", "-seconds", str(seconds), "-bytes", str(RECORD), *extra,
+                              "-evp", cipher], capture_output=True, text=True)
+        rate = [line.split()[-1] for line in run.stdout.splitlines() if line.upper().startswith(cipher.upper())]
+        if not rate or not rate[-1].endswith("k"):
+            return None
+        out[f"{label}_cpu_s_per_gb"] = round(1e9 / (float(rate[-1][:-1]) * 1000), 3)   # "k" = 1000 bytes/s
+    return out
+
+
+def tls_record_cpu_s_per_gb(cert: str, keyfile: str, megabytes: int = 256) -> tuple[float, float]:
+    """CPU seconds per GB to seal and to open TLS records between two in-memory :class:`ssl.SSLObject` (no
+    socket): what :class:`~graphfeed.transport.tls.TlsStream` pays above the network, with OpenSSL's own copies."""
+    import ssl
+
+    from graphfeed.transport.secure import TlsServer, client_tls
+    from graphfeed.transport.tls import WRITE_CHUNK
+
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    server = TlsServer(cert, keyfile).context().wrap_bio(bios[0], bios[1], server_side=True)
+    client = client_tls(cert).wrap_bio(bios[2], bios[3], server_side=False)
+    for _ in range(8):   # the handshake, flight by flight
+        for obj in (client, server):
+            try:
+                obj.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+        bios[0].write(bios[3].read())
+        bios[2].write(bios[1].read())
+    frame = memoryview(os.urandom(8 << 20))
+    into = memoryview(bytearray(len(frame)))
+    seal = open_ = 0.0
+    for _ in range(max(1, megabytes // 8)):
+        t0 = time.process_time()
+        records = []
+        for start in range(0, len(frame), WRITE_CHUNK):
+            server.write(frame[start:start + WRITE_CHUNK])
+            records.append(bios[1].read())
+        t1 = time.process_time()
+        got = 0
+        for chunk in records:
+            bios[2].write(chunk)
+            while got < len(into):
+                try:
+                    got += client.read(len(into) - got, into[got:])
+                except ssl.SSLWantReadError:
+                    break
+        seal, open_ = seal + t1 - t0, open_ + time.process_time() - t1
+    gb = max(1, megabytes // 8) * len(frame) / 1e9
+    return seal / gb, open_ / gb
+
+
+def _certificate(folder: str) -> tuple[str, str]:
+    from graphfeed.bench.hosts import hosts_certificate
+
+    return hosts_certificate(folder, ["127.0.0.1"])
+
+
+def _pull(calls, frame: int, frames: int, inflight: int) -> None:
+    """``frames`` calls of ``blob(frame)`` with ``inflight`` in flight; checks every answer's size."""
+    pending: list = []
+    sent = 0
+    while sent < frames or pending:
+        while sent < frames and len(pending) < inflight:
+            pending.append(calls.call(0, "blob", (frame,), 60.0))
+            sent += 1
+        got = pending.pop(0).result()
+        if got.numel() != frame:
+            raise RuntimeError(f"bench channel: a frame of {got.numel()} bytes, expected {frame}")
+
+
+def bench_channel(cfg: ChannelBenchConfig) -> dict:
+    with tempfile.TemporaryDirectory(prefix="graphfeed-bench-channel-") as folder:
+        cert, keyfile = _certificate(folder) if cfg.tls else (None, None)
+        result = _measure(cfg, cert, keyfile)
+        if cert and keyfile:
+            seal, open_ = tls_record_cpu_s_per_gb(cert, keyfile)
+            result.update(tls_record_seal_cpu_s_per_gb=round(seal, 3), tls_record_open_cpu_s_per_gb=round(open_, 3))
+            result["aes_bound"] = openssl_speed("aes-256-gcm" if "256" in str(result["cipher"]) else "aes-128-gcm")
+        else:
+            result["gmac_cpu_s_per_gb"] = round(_gmac_cpu_s_per_gb(), 3)
+    return result
+
+
+def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> dict:
+    """The channel's figures: the server in a child process, ``cfg.repeats`` timed runs, the cheapest reported."""
+    from graphfeed.transport.secure import SecureCalls, client_tls, new_group_key
+
+    key = new_group_key()
+    frame = int(cfg.frame_mb * (1 << 20))
+    frames = max(1, int(cfg.megabytes * (1 << 20)) // frame)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(key, cert, keyfile, child), daemon=True)
+    proc.start()
+    calls = None
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("bench channel: the server process did not start within 60 s")
+        address = parent.recv()
+        calls = SecureCalls(key, {0: address}, tls=client_tls(cert) if cert else None)
+        _pull(calls, frame, 1, 1)   # connect, handshake, first allocation
+        cipher = calls._client(0)._connection().sock.cipher() if cert else None
+        runs = [_timed(calls, parent, frame, frames, cfg.inflight) for _ in range(cfg.repeats)]
+    finally:
+        if calls is not None:
+            calls.close()
+        parent.send("stop")
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    best = min(runs, key=lambda r: r["recv_cpu_s_per_gb"] + r["send_cpu_s_per_gb"])
+    return {"tls": cfg.tls, "cipher": cipher[0] if cipher else None, "protocol": cipher[1] if cipher else None,
+            "frame_mb": cfg.frame_mb, "inflight": cfg.inflight, "gb": round(frames * frame / 1e9, 3),
+            "repeats": cfg.repeats, **best,
+            "runs": [{k: r[k] for k in ("gb_per_s", "send_cpu_s_per_gb", "recv_cpu_s_per_gb")} for r in runs]}
+
+
+def _timed(calls, pipe, frame: int, frames: int, inflight: int) -> dict:
+    pipe.send("mark")
+    send0 = pipe.recv()
+    recv0, t0 = _cpu(), time.perf_counter()
+    _pull(calls, frame, frames, inflight)
+    wall, recv1 = time.perf_counter() - t0, _cpu()
+    pipe.send("mark")
+    send1 = pipe.recv()
+    gb = frames * frame / 1e9
+    return {"gb_per_s": round(gb / wall, 3), "send_cpu_s_per_gb": round((send1 - send0) / gb, 3),
+            "recv_cpu_s_per_gb": round((recv1 - recv0) / gb, 3)}
