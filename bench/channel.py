@@ -11,11 +11,16 @@ Figures (one JSON line):
 * ``gb_per_s``: payload GB (1e9 bytes) per wall-clock second;
 * ``send_cpu_s_per_gb`` / ``recv_cpu_s_per_gb``: CPU seconds (user + system, every thread) of the
   child / this process per payload GB, measured over the timed calls only (start-up, the TLS
-  handshake and one warm-up call excluded);
-* ``cipher``: the TLS suite negotiated (``None`` without TLS) and, for that suite's AES key size,
-  ``aes_seal_cpu_s_per_gb`` / ``aes_open_cpu_s_per_gb``: what AES-GCM alone costs per GB in 16 KiB
-  records (TLS's record size) on this core -- the bound a TLS channel's send / receive can approach.
-  Without TLS the bound shown is AES-128-GMAC's (the frames' body MAC).
+  handshake and warm-up calls that fill the reused receive buffers excluded); the cheapest of
+  ``repeats`` runs (each run's figures are in ``runs``: on a loaded machine they spread widely);
+* ``cipher`` / ``protocol``: the TLS suite negotiated (``None`` without TLS);
+* ``aes_bound`` (TLS): ``openssl speed`` of that suite's AES-GCM in 16 KiB blocks (TLS's record
+  size), as CPU seconds per GB to seal and to open -- the cipher alone in the OpenSSL that Python's
+  :mod:`ssl` links (``None`` when the ``openssl`` command is another version): the bound a TLS
+  channel's send / receive can approach;
+* ``tls_record_seal_cpu_s_per_gb`` / ``tls_record_open_cpu_s_per_gb`` (TLS): the same through two
+  in-memory :class:`ssl.SSLObject` (Python's TLS record layer and its copies, no socket);
+* ``gmac_cpu_s_per_gb`` (no TLS): AES-128-GMAC, the plain frames' body MAC.
 
 Loopback puts the kernel's copy on both ends into the same machine's figures; a real link has it too.
 """
@@ -149,9 +154,10 @@ def tls_record_cpu_s_per_gb(cert: str, keyfile: str, megabytes: int = 256) -> tu
             bios[2].write(chunk)
             while got < len(into):
                 try:
-                    got += client.read(len(into) - got, into[got:])
+                    k: int = client.read(len(into) - got, into[got:])   # type: ignore[assignment]  # with a buffer: a count
                 except ssl.SSLWantReadError:
                     break
+                got += k
         seal, open_ = seal + t1 - t0, open_ + time.process_time() - t1
     gb = max(1, megabytes // 8) * len(frame) / 1e9
     return seal / gb, open_ / gb
@@ -206,7 +212,7 @@ def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> 
             raise RuntimeError("bench channel: the server process did not start within 60 s")
         address = parent.recv()
         calls = SecureCalls(key, {0: address}, tls=client_tls(cert) if cert else None)
-        _pull(calls, frame, 1, 1)   # connect, handshake, first allocation
+        _pull(calls, frame, min(frames, 2 * cfg.inflight + 4), cfg.inflight)   # connect; fill the reused buffers
         cipher = calls._client(0)._connection().sock.cipher() if cert else None
         runs = [_timed(calls, parent, frame, frames, cfg.inflight) for _ in range(cfg.repeats)]
     finally:

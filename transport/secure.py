@@ -624,14 +624,15 @@ class SecureClient:
     def connect(self) -> Connection:
         host, _, port = self.address.rpartition(":")
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout)
+            raw = socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout)
         except OSError as exc:
             raise ConnectionError(f"cannot reach {self.where}'s data path at {self.address}: {exc}") from None
+        sock: socket.socket | TlsStream = raw
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             binding = b""
             if self.tls is not None:
-                sock = TlsStream(sock, self.tls, server_side=False, timeout=self.connect_timeout)
+                sock = TlsStream(raw, self.tls, server_side=False, timeout=self.connect_timeout)
                 der = sock.getpeercert(binary_form=True)
                 binding = hashlib.sha256(der or b"").digest()
             recv_key, send_key = _client_handshake(sock, self.key, binding, f"{self.where} at {self.address}")
