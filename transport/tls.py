@@ -87,32 +87,37 @@ class TlsStream:
         return k > 0
 
     def recv_into(self, view, nbytes: int = 0, flags: int = 0) -> int:
-        """Decrypted bytes into ``view`` (at most ``nbytes``, default its length): at least one, all that are
-        already decrypted-ready up to ``nbytes``, or 0 at the end of the stream.  ``flags`` must be 0."""
+        """Decrypted bytes into ``view`` (at most ``nbytes``, default its length): at least one -- as many as the
+        bytes already received hold -- or 0 at the end of the stream.  ``flags`` must be 0."""
         if flags:
             raise ValueError("TlsStream.recv_into takes no flags")
         view = memoryview(view).cast("B")
         n = nbytes or len(view)
+        while True:
+            got = self._drain(view, n)
+            if got or self._eof:
+                return got
+            if not self._fill():
+                self._eof = True   # the next drain says how it ended (close_notify or not): 0 bytes either way
+
+    def _drain(self, view: memoryview, n: int) -> int:
+        """Decrypt the whole records the incoming BIO holds into ``view[:n]``, holding the lock once for all."""
         got = 0
-        while got < n:
+        read = self._obj.read
+        with self._tls_lock:
             try:
-                with self._tls_lock:
-                    k: int = self._obj.read(n - got, view[got:n])   # type: ignore[assignment]  # into a buffer: a count
-                    answer = self._out.pending
+                while got < n:
+                    k: int = read(n - got, view[got:n])   # type: ignore[assignment]  # into a buffer: a count
+                    if not k:
+                        break
+                    got += k
             except ssl.SSLWantReadError:
-                if got or self._eof:
-                    return got
-                if not self._fill():
-                    self._eof = True   # the next read says how it ended (close_notify or not): 0 bytes either way
-                continue
+                pass
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 self._eof = True
-                return got
-            if k == 0:
-                return got
-            got += k
-            if answer:   # the read made TLS answer (a key update): send it unless a sender will
-                self._flush_if_free()
+            answer = self._out.pending
+        if answer:   # the reads made TLS answer (a key update): send it unless a sender will
+            self._flush_if_free()
         return got
 
     # ---- send ------------------------------------------------------------------------------------------
