@@ -22,11 +22,11 @@ def pki(tmp_path_factory):
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _tls_pair(pki, *, server_stream: bool = False, relay_pieces: int = 0):
+def _tls_pair(pki, *, server_stream: bool = False, relay_pieces: int = 0, flip_at: int = -1):
     """A connected (client TlsStream, server end) pair: the server end an SSLSocket as a worker's, or a TlsStream.
     ``relay_pieces``: the two ends talk through a relay that hands bytes on in pieces of 1..relay_pieces bytes."""
     if relay_pieces:
-        client_raw, server_raw = _relayed(relay_pieces)
+        client_raw, server_raw = _relayed(relay_pieces, flip_at)
     else:
         listener = socket.create_server(("127.0.0.1", 0))
         client_raw = socket.create_connection(listener.getsockname()[:2])
@@ -67,15 +67,21 @@ def _close_relays():
             s.close()
 
 
-def _relayed(most: int) -> tuple[socket.socket, socket.socket]:
-    """Two sockets joined by pumps that forward in random pieces of 1..most bytes (records split across reads)."""
+def _relayed(most: int, flip_at: int = -1) -> tuple[socket.socket, socket.socket]:
+    """Two sockets joined by pumps that forward in random pieces of 1..most bytes (records split across reads);
+    ``flip_at``: the server -> client pump flips one bit of the byte at that offset (a tampered record)."""
     client, a = socket.socketpair()
     server, b = socket.socketpair()
 
     def pump(src, dst, seed):
         rng = random.Random(seed)
+        passed = 0
         try:
             while data := src.recv(1 << 16):
+                if src is b and passed <= flip_at < passed + len(data):
+                    data = bytearray(data)
+                    data[flip_at - passed] ^= 0x10
+                passed += len(data)
                 view = memoryview(data)
                 while view:
                     k = rng.randint(1, most)
@@ -137,6 +143,32 @@ def test_records_split_across_socket_reads_reassemble(pki):
     assert _read_exactly(server, 4) == b"ping"
     client.close()
     server.close()
+
+
+def test_a_tampered_record_ends_the_stream_with_an_error(pki):
+    """One bit flipped on the wire, deep in the data: TLS refuses the record; nothing of it reaches the reader."""
+    client, server = _tls_pair(pki, relay_pieces=5000, flip_at=200_000)
+    data = random.Random(4).randbytes(400_000)
+    t = threading.Thread(target=lambda: _quietly(server.sendall, data))
+    t.start()
+    buf = bytearray(len(data))
+    view, got = memoryview(buf), 0
+    with pytest.raises(ssl.SSLError):
+        while got < len(data):
+            k = client.recv_into(view[got:])
+            assert k > 0
+            got += k
+    assert got < 200_000 and buf[:got] == data[:got]   # what arrived before the tampered record, all of it true
+    client.close()
+    server.close()
+    t.join(10)
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
 
 
 def test_a_tiny_read_buffer_still_reads_records_larger_than_it(pki, monkeypatch):
