@@ -13,13 +13,13 @@ Figures (one JSON line):
   child / this process per payload GB, measured over the timed calls only (start-up, the TLS
   handshake and warm-up calls that fill the reused receive buffers excluded); the cheapest of
   ``repeats`` runs (each run's figures are in ``runs``: on a loaded machine they spread widely);
-* ``cipher`` / ``protocol``: the TLS suite negotiated (``None`` without TLS);
-* ``aes_bound`` (TLS): ``openssl speed`` of that suite's AES-GCM in 16 KiB blocks (TLS's record
-  size), as CPU seconds per GB to seal and to open -- the cipher alone in the OpenSSL that Python's
-  :mod:`ssl` links (``None`` when the ``openssl`` command is another version): the bound a TLS
-  channel's send / receive can approach;
-* ``tls_record_seal_cpu_s_per_gb`` / ``tls_record_open_cpu_s_per_gb`` (TLS): the same through two
-  in-memory :class:`ssl.SSLObject` (Python's TLS record layer and its copies, no socket);
+* ``cipher`` / ``protocol``: the suite of the TLS set-up (``None`` without TLS); the frames after it are
+  sealed with AES-256-GCM (:mod:`graphfeed.transport.secure`);
+* ``aead_seal_cpu_s_per_gb`` / ``aead_open_cpu_s_per_gb`` (TLS): AES-256-GCM alone, through the same
+  library and in the same 1 MiB pieces as the frames -- the bound the channel's send / receive approach;
+* ``openssl_speed`` (TLS): ``openssl speed`` of the TLS suite's AES-GCM in 16 KiB blocks (a TLS record)
+  as CPU-s per GB, in the OpenSSL Python's :mod:`ssl` links -- what TLS records would pay for the cipher
+  (``None`` when the ``openssl`` command is another version);
 * ``gmac_cpu_s_per_gb`` (no TLS): AES-128-GMAC, the plain frames' body MAC.
 
 Loopback puts the kernel's copy on both ends into the same machine's figures; a real link has it too.
@@ -98,7 +98,7 @@ def _gmac_cpu_s_per_gb(megabytes: int = 256) -> float:
 
 def openssl_speed(cipher: str, seconds: int = 1) -> dict | None:
     """``openssl speed`` of ``cipher`` (e.g. ``aes-256-gcm``) in 16 KiB blocks, encrypt and decrypt, as CPU seconds
-    per GB -- when the ``openssl`` command is the library Python's :mod:`ssl` uses (else None: not its bound)."""
+    per GB -- when the ``openssl`` command is the library Python's :mod:`ssl` uses (else None)."""
     import shutil
     import ssl
     import subprocess
@@ -120,47 +120,25 @@ def openssl_speed(cipher: str, seconds: int = 1) -> dict | None:
     return out
 
 
-def tls_record_cpu_s_per_gb(cert: str, keyfile: str, megabytes: int = 256) -> tuple[float, float]:
-    """CPU seconds per GB to seal and to open TLS records between two in-memory :class:`ssl.SSLObject` (no
-    socket): what :class:`~graphfeed.transport.tls.TlsStream` pays above the network, with OpenSSL's own copies."""
-    import ssl
+def aead_cpu_s_per_gb(megabytes: int = 256) -> tuple[float, float]:
+    """CPU seconds per GB of AES-256-GCM through ``cryptography`` in :data:`~graphfeed.transport.secure.SEAL_CHUNK`
+    pieces, encrypt and decrypt (into a buffer, as sealed frames do): the cipher alone that TLS frames pay."""
+    from graphfeed.transport.secure import SEAL_CHUNK, SEAL_SLACK, _gcm
 
-    from graphfeed.transport.secure import TlsServer, client_tls
-    from graphfeed.transport.tls import WRITE_CHUNK
-
-    bios = [ssl.MemoryBIO() for _ in range(4)]
-    server = TlsServer(cert, keyfile).context().wrap_bio(bios[0], bios[1], server_side=True)
-    client = client_tls(cert).wrap_bio(bios[2], bios[3], server_side=False)
-    for _ in range(8):   # the handshake, flight by flight
-        for obj in (client, server):
-            try:
-                obj.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
-        bios[0].write(bios[3].read())
-        bios[2].write(bios[1].read())
-    frame = memoryview(os.urandom(8 << 20))
-    into = memoryview(bytearray(len(frame)))
-    seal = open_ = 0.0
-    for _ in range(max(1, megabytes // 8)):
+    key, piece = os.urandom(32), memoryview(os.urandom(SEAL_CHUNK))
+    out = memoryview(bytearray(SEAL_CHUNK + SEAL_SLACK))
+    frames = max(1, megabytes // 8)
+    costs = []
+    for decrypt in (False, True):
         t0 = time.process_time()
-        records = []
-        for start in range(0, len(frame), WRITE_CHUNK):
-            server.write(frame[start:start + WRITE_CHUNK])
-            records.append(bios[1].read())
-        t1 = time.process_time()
-        got = 0
-        for chunk in records:
-            bios[2].write(chunk)
-            while got < len(into):
-                try:
-                    k: int = client.read(len(into) - got, into[got:])   # type: ignore[assignment]  # with a buffer: a count
-                except ssl.SSLWantReadError:
-                    break
-                got += k
-        seal, open_ = seal + t1 - t0, open_ + time.process_time() - t1
-    gb = max(1, megabytes // 8) * len(frame) / 1e9
-    return seal / gb, open_ / gb
+        for f in range(frames):
+            cipher = _gcm(key, f.to_bytes(12, "big"))
+            ctx = cipher.decryptor() if decrypt else cipher.encryptor()
+            for _ in range(8):
+                ctx.update_into(piece, out)
+        costs.append(time.process_time() - t0)
+    gb = frames * 8 * SEAL_CHUNK / 1e9
+    return costs[0] / gb, costs[1] / gb
 
 
 def _certificate(folder: str) -> tuple[str, str]:
@@ -187,9 +165,9 @@ def bench_channel(cfg: ChannelBenchConfig) -> dict:
         cert, keyfile = _certificate(folder) if cfg.tls else (None, None)
         result = _measure(cfg, cert, keyfile)
         if cert and keyfile:
-            seal, open_ = tls_record_cpu_s_per_gb(cert, keyfile)
-            result.update(tls_record_seal_cpu_s_per_gb=round(seal, 3), tls_record_open_cpu_s_per_gb=round(open_, 3))
-            result["aes_bound"] = openssl_speed("aes-256-gcm" if "256" in str(result["cipher"]) else "aes-128-gcm")
+            seal, open_ = aead_cpu_s_per_gb()
+            result.update(aead_seal_cpu_s_per_gb=round(seal, 3), aead_open_cpu_s_per_gb=round(open_, 3))
+            result["openssl_speed"] = openssl_speed("aes-256-gcm" if "256" in str(result["cipher"]) else "aes-128-gcm")
         else:
             result["gmac_cpu_s_per_gb"] = round(_gmac_cpu_s_per_gb(), 3)
     return result
@@ -213,7 +191,7 @@ def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> 
         address = parent.recv()
         calls = SecureCalls(key, {0: address}, tls=client_tls(cert) if cert else None)
         _pull(calls, frame, min(frames, 2 * cfg.inflight + 4), cfg.inflight)   # connect; fill the reused buffers
-        cipher = calls._client(0)._connection().sock.cipher() if cert else None
+        cipher = calls._client(0)._connection().tls_suite if cert else None
         runs = [_timed(calls, parent, frame, frames, cfg.inflight) for _ in range(cfg.repeats)]
     finally:
         if calls is not None:
