@@ -82,7 +82,7 @@ from graphfeed.transport.pending import Pending
 log = logging.getLogger(__name__)
 
 MAGIC = b"GFDP"
-VERSION = 3                   # 3: with TLS, sealed frames after the set-up (2: TLS records; 1: HMAC-SHA256 bodies)
+VERSION = 3   # 3: with TLS, sealed frames after the set-up; compact batches (2: TLS records; 1: HMAC bodies)
 NONCE = 32
 HELLO = len(MAGIC) + 1 + NONCE
 MAC = 32
