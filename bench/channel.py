@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 RECORD = 16 << 10   # bytes of a TLS record's plaintext at most
+CALL_TIMEOUT = 60.0   # seconds a blob call, and the server process's CPU reading, may take
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,9 @@ def _pull(calls, frame: int, frames: int, inflight: int) -> None:
     sent = 0
     while sent < frames or pending:
         while sent < frames and len(pending) < inflight:
-            pending.append(calls.call(0, "blob", (frame,), 60.0))
+            pending.append(calls.call(0, "blob", (frame,), CALL_TIMEOUT))
             sent += 1
-        got = pending.pop(0).result()
+        got = pending.pop(0).result(CALL_TIMEOUT + 10)
         if got.numel() != frame:
             raise RuntimeError(f"bench channel: a frame of {got.numel()} bytes, expected {frame}")
 
@@ -208,14 +209,20 @@ def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> 
             "runs": [{k: r[k] for k in ("gb_per_s", "send_cpu_s_per_gb", "recv_cpu_s_per_gb")} for r in runs]}
 
 
-def _timed(calls, pipe, frame: int, frames: int, inflight: int) -> dict:
+def _server_cpu(pipe) -> float:
+    """The server process's CPU seconds so far (it answers a "mark"); RuntimeError when it does not answer."""
     pipe.send("mark")
-    send0 = pipe.recv()
+    if not pipe.poll(CALL_TIMEOUT):
+        raise RuntimeError(f"bench channel: the server process did not answer within {CALL_TIMEOUT:g} s")
+    return pipe.recv()
+
+
+def _timed(calls, pipe, frame: int, frames: int, inflight: int) -> dict:
+    send0 = _server_cpu(pipe)
     recv0, t0 = _cpu(), time.perf_counter()
     _pull(calls, frame, frames, inflight)
     wall, recv1 = time.perf_counter() - t0, _cpu()
-    pipe.send("mark")
-    send1 = pipe.recv()
+    send1 = _server_cpu(pipe)
     gb = frames * frame / 1e9
     return {"gb_per_s": round(gb / wall, 3), "send_cpu_s_per_gb": round((send1 - send0) / gb, 3),
             "recv_cpu_s_per_gb": round((recv1 - recv0) / gb, 3)}

@@ -116,13 +116,18 @@ class RemoteEmbedding:
                 log.warning("embedding table %r started again from its initial rows after the servers' group was "
                             "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
 
-    def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Positions of ``gids`` per owning part; ValueError for ids outside the type."""
+    def _checked(self, gids) -> torch.Tensor:
+        """``gids`` as a flat int64 tensor; ValueError naming the first id outside the type."""
         gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
         bad = (gids < 0) | (gids >= self.num_rows)
         if bool(bad.any()):
             raise ValueError(f"embedding table {self.spec.name!r}: id {int(gids[bad][0])} is outside the "
                              f"{self.spec.ntype!r} nodes 0..{self.num_rows - 1}")
+        return gids
+
+    def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Positions of ``gids`` per owning part; ValueError for ids outside the type."""
+        gids = self._checked(gids)
         owner = torch.searchsorted(self.bounds, gids, right=True) - 1
         return {p: pos for p in range(len(self.bounds) - 1) if (pos := torch.nonzero(owner == p).view(-1)).numel()}
 
@@ -132,7 +137,7 @@ class RemoteEmbedding:
         """The current rows of global ids ``gids`` (a batch's ``emb_gid``), read from their owners: [n, dim]."""
         self.ensure()
         self.flush()
-        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+        gids = self._checked(gids)
         where = self._split(gids)
         got = self._on_parts("emb_rows", {p: (self.spec.name, gids[pos]) for p, pos in where.items()})
         out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
@@ -160,11 +165,7 @@ class RemoteEmbedding:
 
     def _by_owner(self, gids: torch.Tensor, grads: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per owning part: its ids ascending and their gradient rows; ValueError for ids outside the type."""
-        ordered, order = torch.sort(torch.as_tensor(gids, dtype=torch.int64).reshape(-1))
-        if ordered.numel() and (int(ordered[0]) < 0 or int(ordered[-1]) >= self.num_rows):
-            bad = int(ordered[0]) if int(ordered[0]) < 0 else int(ordered[-1])
-            raise ValueError(f"embedding table {self.spec.name!r}: id {bad} is outside the {self.spec.ntype!r} "
-                             f"nodes 0..{self.num_rows - 1}")
+        ordered, order = torch.sort(self._checked(gids))
         cuts = torch.searchsorted(ordered, self.bounds).tolist()   # where each part's ids begin
         return {p: (ordered[a:b].clone(), grads.index_select(0, order[a:b]))
                 for p, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a}

@@ -124,8 +124,7 @@ def rows_dtype(spec: EmbeddingSpec, feature_dtype: torch.dtype | None) -> str | 
     (the table's own dtype; int8 features do not quantize rows)."""
     if feature_dtype not in NARROW_DTYPES:
         return None
-    wider = torch.empty((), dtype=spec.torch_dtype).element_size() > torch.empty((), dtype=feature_dtype).element_size()
-    return str(feature_dtype).removeprefix("torch.") if wider else None
+    return str(feature_dtype).removeprefix("torch.") if spec.torch_dtype.itemsize > feature_dtype.itemsize else None
 
 
 def check_rows_dtype(dtype) -> torch.dtype | None:

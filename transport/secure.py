@@ -279,15 +279,6 @@ class _SealedOut:
             self.used = 0
 
 
-def _recv_exact_into(sock, view: memoryview) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
-        if k == 0:
-            raise ConnectionError("connection closed in the middle of a frame")
-        got += k
-
-
 def _decoded(header: bytes, body: torch.Tensor, body_len: int) -> tuple[dict, Any]:
     """An authenticated frame's ``(header, value)``: its JSON header parsed, its buffer table checked."""
     meta = wire.loads_header(header)
@@ -474,7 +465,7 @@ class Connection:
         got = 0
         while got < body_len:
             k = min(len(scratch), body_len - got)
-            _recv_exact_into(self.sock, scratch[:k])
+            self._recv_into(scratch[:k])
             opener.update_into(scratch[:k], target[got:got + k + slack])
             got += k
         tag = _recv_exact(self.sock, SEAL_TAG)
@@ -750,8 +741,9 @@ class SecureClient:
                 der = sock.getpeercert(binary_form=True)
                 binding = hashlib.sha256(der or b"").digest()
             recv_key, send_key = _client_handshake(sock, self.key, binding, f"{self.where} at {self.address}")
-            suite = sock.cipher() if isinstance(sock, ssl.SSLSocket) else None
+            suite = None
             if isinstance(sock, ssl.SSLSocket):
+                suite = sock.cipher()
                 sock = _leave_tls(sock)
         except ssl.SSLError as exc:
             _close(sock)

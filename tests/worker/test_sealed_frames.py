@@ -94,49 +94,57 @@ def test_sealed_frames_show_nothing_in_clear_and_cross_split_reads():
         s.close()
 
 
+def _sealed_bytes(value) -> bytearray:
+    """The bytes of one sealed frame (id 1) carrying ``value``, sent from a thread (a frame may be larger than a
+    socket pair's buffer)."""
+    a, b = socket.socketpair()
+    sender, _ = _sealed_pair(a, b)
+    send = threading.Thread(target=sender.send, args=({"k": "ok", "id": 1}, value))
+    send.start()
+    try:
+        return _read_all(b, send)
+    finally:
+        a.close()
+        b.close()
+
+
+def _sealed_receiver() -> tuple[socket.socket, secure.Connection]:
+    """``(writer, receiver)``: what is written to ``writer`` arrives at a sealed connection with the receiving
+    end's keys (the caller closes both sockets)."""
+    writer, reader = socket.socketpair()
+    return writer, secure.Connection(reader, K1, K2, mac=False, seal=True, where="d")
+
+
 @pytest.mark.parametrize("where, match", [("header", "header failed its tag"), ("body", "body failed its tag")])
 def test_a_tampered_sealed_frame_ends_the_connection_before_it_is_decoded(where, match):
-    a, b = socket.socketpair()
-    sender, receiver = _sealed_pair(a, b)
-    sender.send({"k": "ok", "id": 1}, torch.arange(4000))
-    raw = bytearray(b.recv(1 << 20))
+    raw = _sealed_bytes(torch.arange(4000))
     raw[secure.PREFIX.size + 3 if where == "header" else len(raw) - 100] ^= 1
-    c, d = socket.socketpair()
-    c.sendall(bytes(raw))
-    tampered = secure.Connection(d, K1, K2, mac=False, seal=True, where="d")
+    writer, tampered = _sealed_receiver()
+    writer.sendall(bytes(raw))
     with pytest.raises(secure.FrameError, match=match):
         tampered.recv()
-    for s in (a, b, c, d):
-        s.close()
+    writer.close()
+    tampered.sock.close()
 
 
 def test_a_replayed_sealed_frame_fails_its_header_tag():
-    a, b = socket.socketpair()
-    sender, receiver = _sealed_pair(a, b)
-    sender.send({"k": "ok", "id": 1}, torch.arange(10))
-    raw = b.recv(1 << 16)
-    c, d = socket.socketpair()
-    c.sendall(raw + raw)                 # the same frame twice: the second has the wrong counter
-    replay = secure.Connection(d, K1, K2, mac=False, seal=True, where="d")
+    raw = bytes(_sealed_bytes(torch.arange(10)))
+    writer, replay = _sealed_receiver()
+    writer.sendall(raw + raw)                 # the same frame twice: the second has the wrong counter
     assert replay.recv()[0]["id"] == 1
     with pytest.raises(secure.FrameError, match="header failed its tag"):
         replay.recv()
-    for s in (a, b, c, d):
-        s.close()
+    writer.close()
+    replay.sock.close()
 
 
 def test_a_peer_that_closes_mid_frame_is_a_clear_error_not_a_hang():
-    a, b = socket.socketpair()
-    sender, receiver = _sealed_pair(a, b)
-    send = threading.Thread(target=sender.send, args=({"k": "ok", "id": 1}, torch.zeros(1 << 20)))
-    send.start()
-    raw = _read_all(b, send)
-    c, d = socket.socketpair()
-    cut = secure.Connection(d, K1, K2, mac=False, seal=True, where="d")
+    raw = _sealed_bytes(torch.zeros(1 << 20))
+    writer, cut = _sealed_receiver()
 
     def worker():   # three quarters of the body, then the worker goes away
-        c.sendall(bytes(raw[:3 << 20]))
-        c.close()
+        writer.sendall(bytes(raw[:3 << 20]))
+        writer.close()
 
     t = threading.Thread(target=worker)
     t.start()
@@ -145,8 +153,7 @@ def test_a_peer_that_closes_mid_frame_is_a_clear_error_not_a_hang():
         cut.recv()
     assert time.monotonic() - t0 < 10
     t.join(10)
-    for s in (a, b, d):
-        s.close()
+    cut.sock.close()
 
 
 def test_macs_and_seals_are_not_mixed():
