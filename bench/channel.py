@@ -23,12 +23,19 @@ Figures (one JSON line):
 * ``gmac_cpu_s_per_gb`` (no TLS): AES-128-GMAC, the plain frames' body MAC.
 
 Loopback puts the kernel's copy on both ends into the same machine's figures; a real link has it too.
+``--hosts 2`` runs the server on one emulated host and the receiver on another
+(:class:`graphfeed.testing.hosts.EmulatedHosts`: a veth link through a bridge), so the receive figure is the
+one a trainer pays off its host (``bench remote --hosts``), without the sampling around it; the CPU figures
+are then read from ``/proc`` for each host's process tree.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -49,6 +56,7 @@ class ChannelBenchConfig:
     inflight: int = 4
     tls: bool = True
     repeats: int = 3
+    hosts: int = 0   # 0: loopback, the receiver in this process; 2: server and receiver on two emulated hosts
 
     def __post_init__(self):
         if self.megabytes <= 0 or self.frame_mb <= 0 or self.frame_mb > self.megabytes:
@@ -56,6 +64,9 @@ class ChannelBenchConfig:
                              f"and {self.frame_mb}")
         if self.inflight < 1 or self.repeats < 1:
             raise ValueError(f"--inflight and --repeats must be >= 1, got {self.inflight} and {self.repeats}")
+        if self.hosts not in (0, 2):
+            raise ValueError(f"--hosts takes 2 (the server on one emulated host, the receiver on another), "
+                             f"got {self.hosts}")
 
 
 def _cpu() -> float:
@@ -162,10 +173,19 @@ def _pull(calls, frame: int, frames: int, inflight: int) -> None:
 
 
 def bench_channel(cfg: ChannelBenchConfig) -> dict:
+    if cfg.hosts:
+        from graphfeed.testing.hosts import unavailable
+
+        reason = unavailable()
+        if reason:
+            raise RuntimeError(f"--hosts: {reason}")
     with tempfile.TemporaryDirectory(prefix="graphfeed-bench-channel-") as folder:
-        cert, keyfile = _certificate(folder) if cfg.tls else (None, None)
-        result = _measure(cfg, cert, keyfile)
-        if cert and keyfile:
+        if cfg.hosts:
+            result = _measure_hosts(cfg, folder)
+        else:
+            cert, keyfile = _certificate(folder) if cfg.tls else (None, None)
+            result = _measure(cfg, cert, keyfile)
+        if cfg.tls:
             seal, open_ = aead_cpu_s_per_gb()
             result.update(aead_seal_cpu_s_per_gb=round(seal, 3), aead_open_cpu_s_per_gb=round(open_, 3))
             result["openssl_speed"] = openssl_speed("aes-256-gcm" if "256" in str(result["cipher"]) else "aes-128-gcm")
@@ -174,13 +194,26 @@ def bench_channel(cfg: ChannelBenchConfig) -> dict:
     return result
 
 
+def _frames(cfg: ChannelBenchConfig) -> tuple[int, int]:
+    """(bytes per frame, frames per timed run)."""
+    frame = int(cfg.frame_mb * (1 << 20))
+    return frame, max(1, int(cfg.megabytes * (1 << 20)) // frame)
+
+
+def _summary(cfg: ChannelBenchConfig, cipher, frame: int, frames: int, runs: list[dict]) -> dict:
+    best = min(runs, key=lambda r: r["recv_cpu_s_per_gb"] + r["send_cpu_s_per_gb"])
+    return {"tls": cfg.tls, "cipher": cipher[0] if cipher else None, "protocol": cipher[1] if cipher else None,
+            "frame_mb": cfg.frame_mb, "inflight": cfg.inflight, "gb": round(frames * frame / 1e9, 3),
+            "repeats": cfg.repeats, "hosts": cfg.hosts, **best,
+            "runs": [{k: r[k] for k in ("gb_per_s", "send_cpu_s_per_gb", "recv_cpu_s_per_gb")} for r in runs]}
+
+
 def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> dict:
     """The channel's figures: the server in a child process, ``cfg.repeats`` timed runs, the cheapest reported."""
     from graphfeed.transport.secure import SecureCalls, client_tls, new_group_key
 
     key = new_group_key()
-    frame = int(cfg.frame_mb * (1 << 20))
-    frames = max(1, int(cfg.megabytes * (1 << 20)) // frame)
+    frame, frames = _frames(cfg)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(key, cert, keyfile, child), daemon=True)
@@ -202,11 +235,7 @@ def _measure(cfg: ChannelBenchConfig, cert: str | None, keyfile: str | None) -> 
         if proc.is_alive():
             proc.kill()
             proc.join(10)
-    best = min(runs, key=lambda r: r["recv_cpu_s_per_gb"] + r["send_cpu_s_per_gb"])
-    return {"tls": cfg.tls, "cipher": cipher[0] if cipher else None, "protocol": cipher[1] if cipher else None,
-            "frame_mb": cfg.frame_mb, "inflight": cfg.inflight, "gb": round(frames * frame / 1e9, 3),
-            "repeats": cfg.repeats, **best,
-            "runs": [{k: r[k] for k in ("gb_per_s", "send_cpu_s_per_gb", "recv_cpu_s_per_gb")} for r in runs]}
+    return _summary(cfg, cipher, frame, frames, runs)
 
 
 def _server_cpu(pipe) -> float:
@@ -226,3 +255,122 @@ def _timed(calls, pipe, frame: int, frames: int, inflight: int) -> dict:
     gb = frames * frame / 1e9
     return {"gb_per_s": round(gb / wall, 3), "send_cpu_s_per_gb": round((send1 - send0) / gb, 3),
             "recv_cpu_s_per_gb": round((recv1 - recv0) / gb, 3)}
+
+
+# ---- across two emulated hosts ------------------------------------------------------------------------
+
+HOST_COMMAND = (sys.executable, "-m", "graphfeed.bench.channel")
+
+
+def _measure_hosts(cfg: ChannelBenchConfig, folder: str) -> dict:
+    """The figures with the server on host1 and the receiver on host0; CPU of each side's process tree from /proc."""
+    from graphfeed.bench.hosts import hosts_certificate
+    from graphfeed.bench.remote import tree_cpu_s
+    from graphfeed.testing.hosts import EmulatedHosts
+    from graphfeed.transport.secure import new_group_key
+
+    key, (frame, frames) = new_group_key(), _frames(cfg)
+    with EmulatedHosts(2) as em:
+        cert, keyfile = hosts_certificate(folder, [em[1].address]) if cfg.tls else (None, None)
+        server = _start_side(em[1], "serve", {"key": key.hex(), "host": em[1].address, "cert": cert,
+                                              "keyfile": keyfile})
+        address = _side_line(server, "address ").split()[1]
+        receiver = _start_side(em[0], "pull", {"key": key.hex(), "address": address, "ca": cert, "frame": frame,
+                                               "warm": min(frames, 2 * cfg.inflight + 4), "inflight": cfg.inflight})
+        runs = []
+        for _ in range(cfg.repeats):
+            _side_line(receiver, "ready")
+            send0, recv0, t0 = tree_cpu_s([server.pid]), tree_cpu_s([receiver.pid]), time.perf_counter()
+            _send_line(receiver, str(frames))
+            _side_line(receiver, "done")
+            wall = time.perf_counter() - t0
+            send1, recv1 = tree_cpu_s([server.pid]), tree_cpu_s([receiver.pid])
+            gb = frames * frame / 1e9
+            runs.append({"gb_per_s": round(gb / wall, 3), "send_cpu_s_per_gb": round((send1 - send0) / gb, 3),
+                         "recv_cpu_s_per_gb": round((recv1 - recv0) / gb, 3)})
+        _side_line(receiver, "ready")
+        _send_line(receiver, "0")
+        cipher = json.loads(_side_line(receiver, "cipher ").split(" ", 1)[1])
+        for side in (receiver, server):
+            assert side.stdin is not None
+            side.stdin.close()
+            try:
+                code = side.wait(CALL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"bench channel: a host's process did not exit within {CALL_TIMEOUT:g} s "
+                                   f"of its end") from None
+            if code != 0:
+                raise RuntimeError(f"bench channel: a host's process exited with code {code}")
+    return _summary(cfg, cipher, frame, frames, runs)
+
+
+def _start_side(host, role: str, spec: dict) -> subprocess.Popen:
+    from graphfeed.testing.hosts import LineReader
+
+    proc = host.popen([*HOST_COMMAND, role], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.reader = LineReader(proc.stdout)   # type: ignore[attr-defined]
+    _send_line(proc, json.dumps(spec))      # the group key on a pipe, not on the command line
+    return proc
+
+
+def _send_line(proc: subprocess.Popen, line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def _side_line(proc: subprocess.Popen, prefix: str) -> str:
+    """The side's next line, which must start with ``prefix`` (within CALL_TIMEOUT s: else RuntimeError)."""
+    line = proc.reader.readline(CALL_TIMEOUT)   # type: ignore[attr-defined]
+    if not line or not line.startswith(prefix):
+        raise RuntimeError(f"bench channel: a host's process said {line!r} where {prefix!r} was due within "
+                           f"{CALL_TIMEOUT:g} s (exit code {proc.poll()}; its error is above)")
+    return line.strip()
+
+
+def _host_serve(spec: dict) -> None:
+    """host1: answer ``blob(n)`` on the host's address until stdin closes."""
+    from graphfeed.transport.secure import Function, SecureServer, TlsServer
+
+    torch.set_num_threads(1)
+    blobs: dict[int, torch.Tensor] = {}
+
+    def blob(n: int) -> torch.Tensor:
+        if n not in blobs:
+            blobs[n] = torch.randint(0, 256, (int(n),), dtype=torch.uint8)
+        return blobs[n]
+
+    tls = TlsServer(spec["cert"], spec["keyfile"]) if spec["cert"] else None
+    server = SecureServer(spec["host"], bytes.fromhex(spec["key"]), {"blob": Function(blob)}, name="bench", tls=tls,
+                          threads=4).start()
+    print(f"address {server.address}", flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        server.close()
+
+
+def _host_pull(spec: dict) -> None:
+    """host0: warm up, then one timed run per "N" line (N frames; 0 ends), saying "ready" and "done" around it."""
+    from graphfeed.transport.secure import SecureCalls, client_tls
+
+    calls = SecureCalls(bytes.fromhex(spec["key"]), {0: spec["address"]},
+                        tls=client_tls(spec["ca"]) if spec["ca"] else None)
+    try:
+        _pull(calls, spec["frame"], spec["warm"], spec["inflight"])
+        while True:
+            print("ready", flush=True)
+            frames = int(sys.stdin.readline() or 0)
+            if frames <= 0:
+                break
+            _pull(calls, spec["frame"], frames, spec["inflight"])
+            print("done", flush=True)
+        suite = calls._client(0)._connection().tls_suite if spec["ca"] else None
+        print(f"cipher {json.dumps(suite)}", flush=True)
+    finally:
+        calls.close()
+
+
+if __name__ == "__main__":
+    _spec = json.loads(sys.stdin.readline())
+    {"serve": _host_serve, "pull": _host_pull}[sys.argv[1]](_spec)

@@ -167,6 +167,9 @@ def _add_channel(sub) -> None:
     p.add_argument("--inflight", type=int, default=4, help="calls in flight (default 4)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats; the cheapest is reported (default 3)")
     p.add_argument("--no-tls", action="store_true", help="the MAC'd plain channel instead of TLS")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="2: the server and the receiver on two emulated hosts (root, network namespaces), so the "
+                        "receive figure is a trainer's off its host; default: loopback")
 
 
 def _run_channel(args) -> int:
@@ -174,7 +177,7 @@ def _run_channel(args) -> int:
 
     try:
         cfg = ChannelBenchConfig(megabytes=args.mb, frame_mb=args.frame_mb, inflight=args.inflight,
-                                 tls=not args.no_tls, repeats=args.repeats)
+                                 tls=not args.no_tls, repeats=args.repeats, hosts=args.hosts)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return _print_result("channel", bench_channel, cfg)

@@ -7,6 +7,7 @@ import pytest
 
 from graphfeed.bench.channel import ChannelBenchConfig, bench_channel
 from graphfeed.cli.main import main as cli_main
+from graphfeed.testing.hosts import unavailable
 
 
 def test_tls_channel_figures_and_the_aes_bound():
@@ -35,8 +36,20 @@ def test_cli_prints_one_json_line_for_the_plain_channel(capsys):
     (["--mb", "0"], "--mb and --frame-mb must be positive"),
     (["--mb", "4", "--frame-mb", "8"], "--frame-mb <= --mb"),
     (["--inflight", "0"], "--inflight and --repeats"),
+    (["--hosts", "3"], "--hosts takes 2"),
 ])
 def test_cli_bad_arguments_are_one_line_errors(capsys, argv, message):
     rc = cli_main(["bench", "channel"] + argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
+
+
+@pytest.mark.hosts
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+@pytest.mark.parametrize("tls", [False, True])
+def test_channel_across_two_emulated_hosts(tls):
+    r = bench_channel(ChannelBenchConfig(megabytes=64, frame_mb=8, inflight=2, tls=tls, repeats=2, hosts=2))
+    assert r["hosts"] == 2 and r["tls"] is tls and len(r["runs"]) == 2
+    assert (r["cipher"] is not None) is tls
+    for run in r["runs"]:   # both sides' CPU read from /proc on their hosts: each moved 64 MiB, so each used some
+        assert run["gb_per_s"] > 0 and run["send_cpu_s_per_gb"] > 0 and run["recv_cpu_s_per_gb"] > 0
