@@ -100,6 +100,7 @@ RECV_LOWAT = 1 << 20          # bytes a frame's reader waits for per wake-up (SO
 BODY_TAG = 16                 # bytes of a body's GMAC
 POOLED_BODY = 1 << 20         # bodies of at least this many bytes are received into reused buffers
 POOL_BUFFERS = 6              # reused receive buffers per connection (about the batches in flight and in use)
+POOL_HEADROOM = 1 / 16        # a pooled buffer's spare room beyond the body it was made for (batches vary by ~1%)
 SENDMSG_PIECES = 64           # buffers per sendmsg call (Linux allows 1024)
 SEAL_CHUNK = 1 << 20          # bytes per socket read / write of sealed frames (decrypted or encrypted while in cache)
 SEAL_TAG = 16                 # bytes of a sealed header's or body's GCM tag
@@ -313,7 +314,8 @@ class ReceiveBuffers:
 
     A buffer is a numpy array; the tensors viewing it share one storage, which holds one reference to the
     array until the last of them is freed -- the array's reference count says whether it is in use.  At most
-    ``keep`` buffers are kept; a body that finds none free (or none of a fitting size) gets fresh memory.
+    ``keep`` buffers are kept; a body that finds none free (or none of a fitting size) gets fresh memory, with
+    :data:`POOL_HEADROOM` to spare, so the next batches -- a little larger or smaller each -- fit in it.
     """
 
     def __init__(self, keep: int = POOL_BUFFERS):
@@ -330,14 +332,19 @@ class ReceiveBuffers:
             if n <= buf.nbytes <= 2 * n and sys.getrefcount(buf) == 3:
                 self.reused += 1
                 return torch.from_numpy(buf)[:n]
-        fresh = np.empty(n, dtype=np.uint8)
         if len(self._owned) >= self.keep:   # replace a free buffer of the wrong size, if there is one
             free = [k for k in range(len(self._owned)) if sys.getrefcount(self._owned[k]) == 2]   # list, argument
             if not free:
-                return torch.from_numpy(fresh)
+                return torch.empty(n, dtype=torch.uint8)   # every kept buffer in use: this one is not kept
             del self._owned[free[0]]   # by position: list.remove would compare arrays elementwise
+        fresh = np.empty(_with_headroom(n), dtype=np.uint8)
         self._owned.append(fresh)
-        return torch.from_numpy(fresh)
+        return torch.from_numpy(fresh)[:n]
+
+def _with_headroom(n: int) -> int:
+    """Bytes of a fresh pooled buffer for an ``n``-byte body: :data:`POOL_HEADROOM` more, in whole MiB."""
+    return -(-int(n * (1 + POOL_HEADROOM)) // (1 << 20)) << 20
+
 
 class Connection:
     """One authenticated socket: :meth:`send` (thread-safe) and :meth:`recv` (one reader thread)."""

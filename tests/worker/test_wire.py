@@ -163,9 +163,21 @@ def test_receive_buffers_replace_a_free_buffer_of_another_size():
     small, mid = buffers.take(2 << 20), buffers.take(3 << 20)
     del small
     big = buffers.take(9 << 20)                 # the pool is full: the free 2 MiB buffer makes room
-    assert sorted(b.nbytes for b in buffers._owned) == [3 << 20, 9 << 20]
+    assert sorted(b.nbytes for b in buffers._owned) == [secure._with_headroom(3 << 20), secure._with_headroom(9 << 20)]
     held = buffers.take(9 << 20)                # the 9 MiB one is in use: fresh memory, not pooled
     assert held.data_ptr() != big.data_ptr() and buffers.reused == 0
     del big, mid
     assert buffers.take(9 << 20).numel() == 9 << 20 and buffers.reused == 1
     assert buffers.take(100).numel() == 100 and buffers.reused == 1   # small bodies are never pooled
+
+
+def test_a_pooled_buffer_has_room_for_a_slightly_larger_next_body():
+    buffers = secure.ReceiveBuffers(keep=2)
+    n = 120_000_000                             # a medium batch's body; the next ones vary by about 1%
+    first = buffers.take(n)
+    assert first.numel() == n and buffers._owned[0].nbytes == secure._with_headroom(n) >= int(n * 1.06)
+    ptr = first.data_ptr()
+    del first
+    larger = buffers.take(n + n // 50)           # 2% larger: fits the free buffer, no fresh pages
+    assert larger.numel() == n + n // 50 and larger.data_ptr() == ptr and buffers.reused == 1
+    assert secure._with_headroom(5) == 1 << 20 and secure._with_headroom(1 << 20) == 2 << 20   # whole MiB
