@@ -229,9 +229,15 @@ def _body_key(direction_key: bytes) -> bytes:
     return hmac.digest(direction_key, b"body-gmac", "sha256")[:16]
 
 
+def _body_mac(key: bytes, seq: bytes):
+    """An AES-128-GMAC context under ``key`` with nonce ``seq`` (8 bytes) | ``"body"``: feed it the body's bytes in
+    order (``authenticate_additional_data``), ``finalize``, read ``tag``."""
+    return Cipher(algorithms.AES(key), modes.GCM(seq + b"body")).encryptor()
+
+
 def _body_tag(key: bytes, seq: bytes, pieces) -> bytes:
-    """AES-128-GMAC of the concatenated ``pieces`` under ``key`` with nonce ``seq`` (8 bytes) | ``"body"``."""
-    mac = Cipher(algorithms.AES(key), modes.GCM(seq + b"body")).encryptor()
+    """AES-128-GMAC of the concatenated ``pieces`` (:func:`_body_mac`)."""
+    mac = _body_mac(key, seq)
     for piece in pieces:
         mac.authenticate_additional_data(piece)
     mac.finalize()
@@ -429,12 +435,13 @@ class Connection:
             if not hmac.compare_digest(got, hmac.digest(self._recv_key, seq + b"h" + prefix + header, "sha256")):
                 raise FrameError("a frame's header failed its MAC (tampered, replayed or reordered)")
         body = self.buffers.take(body_len)
-        if body_len:
-            self._recv_into(body.numpy().data)
-        if self.mac:
+        mac = _body_mac(self._recv_body_key, seq) if self.mac else None
+        if body_len:   # MAC'd piece by piece as it arrives, while the piece is in cache
+            self._recv_into(body.numpy().data, None if mac is None else mac.authenticate_additional_data)
+        if mac is not None:
             got = _recv_exact(self.sock, BODY_TAG)
-            want = _body_tag(self._recv_body_key, seq, [body.numpy().data] if body_len else [])
-            if not hmac.compare_digest(got, want):
+            mac.finalize()
+            if not hmac.compare_digest(got, mac.tag):
                 raise FrameError("a frame's body failed its MAC (tampered)")
         self._recv_seq += 1
         return _decoded(header, body, body_len)
@@ -488,7 +495,7 @@ class Connection:
         self._recv_seq += 1
         return header, whole[:body_len]
 
-    def _recv_into(self, view: memoryview) -> None:
+    def _recv_into(self, view: memoryview, each: Callable[[memoryview], Any] | None = None) -> None:
         """Fill ``view`` (part of a frame whose length the prefix announced) from the socket.
 
         The reader is woken once per :data:`RECV_LOWAT` bytes queued rather than for every packet that arrives:
@@ -498,7 +505,8 @@ class Connection:
         due in ``view``: bytes the sender has committed to, so every wait ends (a closed or reset connection
         wakes it whatever the mark).  A blocking ``recv`` would not do: it counts the bytes it already copied
         against the mark's wake-up, and waits for more than the frame still holds.  The mark is 1 again when
-        the frame's bytes are in, where nothing more is due."""
+        the frame's bytes are in, where nothing more is due.  ``each``: called with every piece as it is received
+        (what was queued at a wake-up, about a low-water mark's worth: it is still in cache)."""
         got, n = 0, len(view)
         try:
             while got < n:
@@ -511,6 +519,8 @@ class Connection:
                     continue
                 if k == 0:
                     raise ConnectionError(f"connection to {self.where} closed in the middle of a frame")
+                if each is not None:
+                    each(view[got:got + k])
                 got += k
         finally:
             self._set_lowat(1)
