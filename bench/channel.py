@@ -74,8 +74,8 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _serve(key: bytes, cert: str | None, keyfile: str | None, pipe) -> None:
-    """The child: answer ``blob(n)``; report the CPU seconds between the parent's "mark" messages."""
+def _blob_server(host: str, key: bytes, cert: str | None, keyfile: str | None):
+    """A started secure-path server on ``host`` answering ``blob(n)``: ``n`` random bytes (made once per size)."""
     from graphfeed.transport.secure import Function, SecureServer, TlsServer
 
     torch.set_num_threads(1)
@@ -87,7 +87,12 @@ def _serve(key: bytes, cert: str | None, keyfile: str | None, pipe) -> None:
         return blobs[n]
 
     tls = TlsServer(cert, keyfile) if cert and keyfile else None
-    server = SecureServer("127.0.0.1", key, {"blob": Function(blob)}, name="bench", tls=tls, threads=4).start()
+    return SecureServer(host, key, {"blob": Function(blob)}, name="bench", tls=tls, threads=4).start()
+
+
+def _serve(key: bytes, cert: str | None, keyfile: str | None, pipe) -> None:
+    """The child: answer ``blob(n)``; report the CPU seconds between the parent's "mark" messages."""
+    server = _blob_server("127.0.0.1", key, cert, keyfile)
     pipe.send(server.address)
     try:
         while (msg := pipe.recv()) != "stop":
@@ -330,19 +335,7 @@ def _side_line(proc: subprocess.Popen, prefix: str) -> str:
 
 def _host_serve(spec: dict) -> None:
     """host1: answer ``blob(n)`` on the host's address until stdin closes."""
-    from graphfeed.transport.secure import Function, SecureServer, TlsServer
-
-    torch.set_num_threads(1)
-    blobs: dict[int, torch.Tensor] = {}
-
-    def blob(n: int) -> torch.Tensor:
-        if n not in blobs:
-            blobs[n] = torch.randint(0, 256, (int(n),), dtype=torch.uint8)
-        return blobs[n]
-
-    tls = TlsServer(spec["cert"], spec["keyfile"]) if spec["cert"] else None
-    server = SecureServer(spec["host"], bytes.fromhex(spec["key"]), {"blob": Function(blob)}, name="bench", tls=tls,
-                          threads=4).start()
+    server = _blob_server(spec["host"], bytes.fromhex(spec["key"]), spec["cert"], spec["keyfile"])
     print(f"address {server.address}", flush=True)
     try:
         sys.stdin.read()
