@@ -96,7 +96,7 @@ MAX_HEADER = 16 << 20
 MAX_BODY = 16 << 30
 SWEEP_INTERVAL = 0.25         # seconds between checks for calls past their timeout
 CHUNK = 16 << 20              # bytes per recv_into
-RECV_LOWAT = 1 << 20          # bytes a frame's reader waits for per wake-up (SO_RCVLOWAT), not one packet's
+RECV_LOWAT = 4 << 20          # bytes a frame's reader waits for per wake-up (SO_RCVLOWAT; capped at tcp_rmem[2] / 2)
 BODY_TAG = 16                 # bytes of a body's GMAC
 POOLED_BODY = 1 << 20         # bodies of at least this many bytes are received into reused buffers
 POOL_BUFFERS = 6              # reused receive buffers per connection (about the batches in flight and in use)
@@ -506,7 +506,7 @@ class Connection:
         wakes it whatever the mark).  A blocking ``recv`` would not do: it counts the bytes it already copied
         against the mark's wake-up, and waits for more than the frame still holds.  The mark is 1 again when
         the frame's bytes are in, where nothing more is due.  ``each``: called with every piece as it is received
-        (what was queued at a wake-up, about a low-water mark's worth: it is still in cache)."""
+        (what was queued at a wake-up, up to a low-water mark's worth or so: still in the last-level cache)."""
         got, n = 0, len(view)
         try:
             while got < n:
