@@ -287,7 +287,7 @@ def _measure_hosts(cfg: ChannelBenchConfig, folder: str) -> dict:
             _side_line(receiver, "ready")
             send0, recv0, t0 = tree_cpu_s([server.pid]), tree_cpu_s([receiver.pid]), time.perf_counter()
             _send_line(receiver, str(frames))
-            _side_line(receiver, "done")
+            _side_line(receiver, "done", CALL_TIMEOUT * frames)   # CALL_TIMEOUT per frame, as the calls
             wall = time.perf_counter() - t0
             send1, recv1 = tree_cpu_s([server.pid]), tree_cpu_s([receiver.pid])
             gb = frames * frame / 1e9
@@ -324,12 +324,12 @@ def _send_line(proc: subprocess.Popen, line: str) -> None:
     proc.stdin.flush()
 
 
-def _side_line(proc: subprocess.Popen, prefix: str) -> str:
-    """The side's next line, which must start with ``prefix`` (within CALL_TIMEOUT s: else RuntimeError)."""
-    line = proc.reader.readline(CALL_TIMEOUT)   # type: ignore[attr-defined]
+def _side_line(proc: subprocess.Popen, prefix: str, timeout: float = CALL_TIMEOUT) -> str:
+    """The side's next line, which must start with ``prefix`` (within ``timeout`` s: else RuntimeError)."""
+    line = proc.reader.readline(timeout)   # type: ignore[attr-defined]
     if not line or not line.startswith(prefix):
         raise RuntimeError(f"bench channel: a host's process said {line!r} where {prefix!r} was due within "
-                           f"{CALL_TIMEOUT:g} s (exit code {proc.poll()}; its error is above)")
+                           f"{timeout:g} s (exit code {proc.poll()}; its error is above)")
     return line.strip()
 
 

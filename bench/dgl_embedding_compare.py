@@ -68,10 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="OMP/torch threads of the trainer and of each server")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole run, partitioning included")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--role", choices=("main", "partition", "server", "trainer"), default="main",
-                   help=argparse.SUPPRESS)
-    p.add_argument("--server-pids", default="", help=argparse.SUPPRESS)
-    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    dc.add_role_args(p)
     args = p.parse_args(argv)
     args.samplers = 0   # what distdgl_compare's env and commands read
     args.num_neighbors, args.batch_size, args.epochs = "1", 1, 1
@@ -250,15 +247,7 @@ def main_run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.role == "partition":
-        run_partition(args)
-    elif args.role == "server":
-        dc.run_server()
-    elif args.role == "trainer":
-        run_trainer(args)
-    else:
-        print(json.dumps(main_run(args)))
+    dc.run_role(parse_args(argv), run_partition, run_trainer, main_run)
 
 
 if __name__ == "__main__":

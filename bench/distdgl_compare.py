@@ -69,10 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DGL_NUM_SAMPLER: sampler processes of the trainer (0: it samples itself)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run, partitioning included")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--role", choices=("main", "partition", "server", "trainer"), default="main",
-                   help=argparse.SUPPRESS)
-    p.add_argument("--server-pids", default="", help=argparse.SUPPRESS)
-    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    add_role_args(p)
     args = p.parse_args(argv)
     _check_args(p, args)
     return args
@@ -503,16 +500,29 @@ def _dgl_version() -> str:
         return "distdgl-unknown"
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def add_role_args(p: argparse.ArgumentParser) -> None:
+    """The hidden arguments by which a comparison starts its own processes (:func:`run_role`)."""
+    p.add_argument("--role", choices=("main", "partition", "server", "trainer"), default="main",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--server-pids", default="", help=argparse.SUPPRESS)
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+
+
+def run_role(args: argparse.Namespace, partition, trainer, run) -> None:
+    """What one process of a comparison does, by ``args.role``: partition, serve (DistDGL's server), train, or
+    (``main``) ``run`` the whole comparison and print its JSON line."""
     if args.role == "partition":
-        run_partition(args)
+        partition(args)
     elif args.role == "server":
         run_server()
     elif args.role == "trainer":
-        run_trainer(args)
+        trainer(args)
     else:
-        print(json.dumps(main_run(args)))
+        print(json.dumps(run(args)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_role(parse_args(argv), run_partition, run_trainer, main_run)
 
 
 if __name__ == "__main__":

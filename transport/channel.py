@@ -92,4 +92,3 @@ class CallsChannel(BatchChannel):
     def hot_rows(self, part: int, ntype: str, start: int, count: int, dtype: str | None) -> Pending:
         self._check_open()
         return self.calls.call(part, "hot_rows", (ntype, int(start), int(count), dtype), self.rpc_timeout)
-

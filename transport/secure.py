@@ -232,7 +232,7 @@ def _body_key(direction_key: bytes) -> bytes:
 def _body_mac(key: bytes, seq: bytes):
     """An AES-128-GMAC context under ``key`` with nonce ``seq`` (8 bytes) | ``"body"``: feed it the body's bytes in
     order (``authenticate_additional_data``), ``finalize``, read ``tag``."""
-    return Cipher(algorithms.AES(key), modes.GCM(seq + b"body")).encryptor()
+    return _gcm(key, seq + b"body").encryptor()
 
 
 def _body_tag(key: bytes, seq: bytes, pieces) -> bytes:
@@ -346,6 +346,7 @@ class ReceiveBuffers:
         fresh = np.empty(_with_headroom(n), dtype=np.uint8)
         self._owned.append(fresh)
         return torch.from_numpy(fresh)[:n]
+
 
 def _with_headroom(n: int) -> int:
     """Bytes of a fresh pooled buffer for an ``n``-byte body: :data:`POOL_HEADROOM` more, in whole MiB."""
