@@ -6,8 +6,9 @@
   tells every worker where its peers are; the trainer then connects to each worker and both
   sides prove the key (:mod:`graphfeed.transport.secure`; TLS when the client uses TLS).  The
   trainer listens on nothing.
-* ``torch-rpc`` (servers without security, trusted networks): pick a rendezvous port on the
-  advertised host, ``OpenGroup`` on every server (in parallel: each starts a worker process),
+* ``torch-rpc`` (servers without security, trusted networks): reserve a rendezvous port on the
+  advertised host (a listening socket the store takes over, so no other process can take the port),
+  ``OpenGroup`` on every server (in parallel: each starts a worker process),
   then join as rank 0 ``"trainer"`` -- the join returns when every worker is in, or fails after
   ``timeout`` seconds.  Every call names the group's key.
 
@@ -60,12 +61,6 @@ def local_address_towards(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class DataGroup:
     def __init__(self, servers: Sequence[ServerConn], *, advertise_host: str | None, timeout: float,
                  rpc_timeout: float, lease_seconds: float | None, channel: str = "auto", shm_slots: int = 8,
@@ -99,6 +94,7 @@ class DataGroup:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
+        self.rendezvous = ""   # torch-rpc: the store's address, reserved (listening) from OpenGroup until the join
         self.joined = False
         self._channel: BatchChannel | None = None   # opened once the group formed
         self.group_key = new_group_key()
@@ -152,7 +148,8 @@ class DataGroup:
 
     def _open_all(self) -> None:
         secure = self.data_path == "secure"
-        self.rendezvous = "" if secure else f"{self.host}:{free_port(self.host)}"
+        if not secure:
+            self.rendezvous = rpc_group.reserve_rendezvous(self.host, backlog=max(64, len(self.servers)))
         world = len(self.servers) + 1
 
         def open_one(s: ServerConn):
@@ -311,6 +308,8 @@ class DataGroup:
         if self.joined:
             rpc_group.leave_group()   # not graceful (a dead worker would hang it), without TensorPipe's
             self.joined = False       # warnings about the pipes it closes
+        if self.rendezvous:
+            rpc_group.release_rendezvous(self.rendezvous)   # a group that failed before its store took the port
 
         def close_one(s: ServerConn):
             try:

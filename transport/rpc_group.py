@@ -2,7 +2,10 @@
 
 * Names and ranks: the trainer is rank 0 ``"trainer"``; part ``K``'s worker is rank
   ``1 + K`` named :func:`worker_name` ``(K)``.
-* Rendezvous: the trainer hosts a TCPStore at ``host:port``, listening on that address only.  torch's ``tcp://`` method
+* Rendezvous: the trainer hosts a TCPStore at ``host:port``, listening on that address only.  It reserves
+  the port with a listening socket (:func:`reserve_rendezvous`) before it tells the servers the address,
+  and the store takes over that very socket: no other process can take the port in between (the servers'
+  workers start in between, seconds).  torch's ``tcp://`` method
   waits for the others for 30 minutes; graphfeed registers its own ``graphfeed-tcp://``
   scheme whose store waits only ``join_timeout`` seconds, so a trainer or worker whose
   peers never come fails within that bound.
@@ -42,6 +45,7 @@ SIOCGIFADDR = 0x8915
 
 
 _join_deadline = [0.0]   # time.monotonic() by which the group of the join in progress must have formed
+_reserved: dict[tuple[str, int], socket.socket] = {}   # (host, port) -> the listening socket a rank-0 store takes
 MIN_GLOO_TIMEOUT_S = 1.0
 GLOO_WAIT_FACTOR = 5.0   # Gloo's mesh waits up to this many times its timeout (see the module doc)
 
@@ -66,13 +70,31 @@ def _rendezvous_handler(url: str, **kwargs):
     timeout = timedelta(seconds=float(q.get("join_timeout", "60")))
     listen_fd = None
     if rank == 0:   # the store listens on the rendezvous address only (torch's own server listens on every one)
-        listener = socket.create_server((u.hostname, u.port), backlog=max(64, world_size))
+        listener = _reserved.pop((u.hostname, u.port), None) or \
+            socket.create_server((u.hostname, u.port), backlog=max(64, world_size))
         listen_fd = listener.detach()   # the store owns the socket from here on
     store = dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout, wait_for_workers=True,
                           multi_tenant=True, master_listen_fd=listen_fd)
     _bound_gloo(_join_deadline[0] or time.monotonic() + timeout.total_seconds())
     yield store, rank, world_size
     raise RuntimeError(f"{SCHEME}:// cannot re-rendezvous: open a new group")
+
+
+def reserve_rendezvous(host: str, backlog: int = 64) -> str:
+    """A rendezvous address ``host:port`` on a free port, held by a listening socket until the rank-0 store of
+    this process takes it (:func:`join_group`) or :func:`release_rendezvous` closes it."""
+    listener = socket.create_server((host, 0), backlog=backlog)
+    port = listener.getsockname()[1]
+    _reserved[(host.lower(), port)] = listener   # as urlparse gives the host back: lower case
+    return f"{host}:{port}"
+
+
+def release_rendezvous(address: str) -> None:
+    """Close the reservation of ``address`` if no store took it (a group that failed before its join)."""
+    host, _, port = address.rpartition(":")
+    listener = _reserved.pop((host.lower(), int(port)), None)
+    if listener is not None:
+        listener.close()
 
 
 def register_rendezvous() -> None:
