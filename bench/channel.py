@@ -364,6 +364,22 @@ def _host_pull(spec: dict) -> None:
         calls.close()
 
 
+def _host_main(role: str) -> None:
+    """One side on an emulated host; it leaves with ``os._exit`` once its work is done and its output flushed: an
+    interpreter shutdown with the connection's daemon threads still in native code can abort ("terminate called
+    without an active exception", exit -6), which would fail a run whose figures are already in."""
+    code = 0
+    try:
+        {"serve": _host_serve, "pull": _host_pull}[role](json.loads(sys.stdin.readline()))
+    except BaseException:  # noqa: BLE001 -- printed, and the exit code says it failed
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    _spec = json.loads(sys.stdin.readline())
-    {"serve": _host_serve, "pull": _host_pull}[sys.argv[1]](_spec)
+    _host_main(sys.argv[1])
