@@ -5,6 +5,7 @@
 #   bash scripts/dev.sh demo [ARGS]   # the main job: local 2-server cluster + 2-rank DDP training
 #   bash scripts/dev.sh test [ARGS]   # the test suite (what CI runs)
 #   bash scripts/dev.sh lint          # ruff and mypy (CI runs them before the tests)
+#   bash scripts/dev.sh docs          # the documentation site, built with --strict into site/ (CI runs it)
 #   bash scripts/dev.sh setup         # only the set-up
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,20 +31,34 @@ setup() {
   echo "$want" > "$STAMP"
 }
 
+# The graphfeed.* namespace as a folder of links in $1 (core/ -> $1/graphfeed/core, ...: every top-level
+# folder with an __init__.py, as setup.py maps them), for tools that resolve modules by path.
+namespace_view() {
+  local root=$PWD view=$1
+  mkdir -p "$view/graphfeed"
+  for init in */__init__.py; do
+    ln -sfn "$root/${init%/__init__.py}" "$view/graphfeed/${init%/__init__.py}"
+  done
+}
+
 lint() {
   "$VENV/bin/ruff" check .
-  # mypy resolves modules by path: give it the graphfeed.* namespace as a folder of links
-  # (core/ -> graphfeed/core, ...: every top-level folder with an __init__.py, as setup.py maps them).
   local root=$PWD view
   view=$(mktemp -d)
-  mkdir "$view/graphfeed"
-  for init in */__init__.py; do
-    ln -s "$root/${init%/__init__.py}" "$view/graphfeed/${init%/__init__.py}"
-  done
+  namespace_view "$view"
   local rc=0
   (cd "$view" && "$root/$VENV/bin/mypy" --config-file "$root/pyproject.toml" -p graphfeed) || rc=$?
   rm -rf "$view"
   return $rc
+}
+
+# The documentation site (mkdocs.yml): --strict makes a broken link or anchor, a page left out of the nav
+# and a docstring mkdocstrings cannot read fail the build.  mkdocstrings reads graphfeed.* from the view
+# .docs-view/ (git-ignored; mkdocs.yml names it), remade each time so a renamed folder leaves no link.
+docs() {
+  rm -rf .docs-view
+  namespace_view .docs-view
+  NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --site-dir site "$@"
 }
 
 # Test processes: GRAPHFEED_TEST_WORKERS (default: the CPU count, at most 4) pytest-xdist workers, each taking
@@ -65,5 +80,6 @@ case $cmd in
   # shellcheck disable=SC2046 # the worker flags are words
   test) setup; exec "$VENV/bin/python" -m pytest -q -ra $(test_workers) "$@" ;;
   lint) setup; lint ;;
-  *) echo "usage: bash scripts/dev.sh demo|test|lint|setup [ARGS]" >&2; exit 2 ;;
+  docs) setup; docs "$@" ;;
+  *) echo "usage: bash scripts/dev.sh demo|test|lint|docs|setup [ARGS]" >&2; exit 2 ;;
 esac

@@ -249,8 +249,8 @@ def test_k8s_network_policy_admits_trainers_by_namespace_and_label():
     assert trainers, "the policy admits no trainer pods"
     for peer in trainers:   # a label anyone can put on a pod is not enough: the namespace must match too
         assert peer.get("namespaceSelector", {}).get("matchLabels"), peer
-    readme = (DEPLOY.parent / "README.md").read_text()
-    assert "label alone" in readme
+    security = (DEPLOY.parent / "docs" / "how-to" / "security.md").read_text()
+    assert "label alone" in security
 
 
 def test_wildcard_host_needs_a_data_address_in_every_example(example):

@@ -1,18 +1,24 @@
-"""The README's "Command line" block, pasted as a newcomer would: in a fresh clone, after the quick start.
+"""Every command block of the README and of the getting-started page, pasted as a newcomer would: in a fresh clone.
 
+The pages' ```bash blocks, in order (README.md, then docs/getting-started.md: its quick start, then its
+"Command line" tour), are one list of lines; a line that an earlier block already gave is given once.
 Opt-in (``GRAPHFEED_README_TEST=1``; about 15 minutes on 2 cores plus the set-up): the test clones the
 repository and checks out the commit at its HEAD (committed state only: uncommitted edits are not run,
-and the block is read from the clone's README), runs ``bash scripts/dev.sh setup`` there (the quick
+and the blocks are read from the clone's pages), runs ``bash scripts/dev.sh setup`` there (the quick
 start's venv; ``GRAPHFEED_README_VENV=/path/to/venv`` reuses an existing one instead, linked as the
 clone's ``.venv`` -- its editable graphfeed then imports the checkout it was installed from, not the
-clone) and then each line of the block in one bash shell, in order, as written.
+clone) and then each line in one bash shell, in order, as written.
 ``GRAPHFEED_README_HOSTS_LOCK=FILE`` runs the emulated-hosts line under ``flock FILE`` (two emulated-host
 runs on one machine must not overlap).  What
 a user does in other shells is done here in the background: a ``graphfeed serve`` line is started
 and waited on (gRPC health) before the next line, and stopped (SIGTERM, exit 0 expected) at the end.
+A quick-start line ``bash scripts/dev.sh JOB`` is the set-up (done above) and then JOB: ``demo`` runs as
+``graphfeed demo`` (the tour's own ``graphfeed demo`` line is then the same job, run once); ``test`` is
+the suite this test belongs to, which CI runs itself (``.ci/run``), so it is not run again in here.
 The GPU line is skipped without a CUDA device.  Every other line must exit 0.
-The block's parsing and the checks below it always run (fast): every line is a ``graphfeed`` command
-or the venv's activation, and the inputs each line reads are made by an earlier line.
+The blocks' parsing and the checks below it always run (fast): every line is a ``graphfeed`` command,
+a ``bash scripts/dev.sh`` job or the venv's activation (before the first ``graphfeed`` line), and the
+inputs each line reads are made by an earlier line.
 """
 from __future__ import annotations
 
@@ -32,17 +38,37 @@ LINE_BOUND_S = 1800.0     # one line (the demo: about 5 minutes on 2 idle cores,
 SERVE_BOUND_S = 120.0     # a daemon to SERVING
 
 
-def readme_commands(readme: Path = ROOT / "README.md") -> list[str]:
-    """The lines of the first ```bash block after "## Command line", comments stripped."""
-    text = readme.read_text()
-    section = text[text.index("## Command line"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "README.md has no ```bash block under '## Command line'"
+# The pages whose command blocks a newcomer pastes, in the order they read them.
+PAGES = ("README.md", "docs/getting-started.md")
+DEV_JOBS = ("demo", "test")   # the scripts/dev.sh jobs a page may ask a newcomer to run (see the docstring)
+
+
+def block_lines(page: Path) -> list[str]:
+    """The lines of every ```bash block of ``page``, in order, comments stripped."""
     lines = []
-    for raw in block.group(1).splitlines():
-        words = shlex.split(raw, comments=True)
-        if words:
-            lines.append(shlex.join(words))
+    for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.S | re.M):
+        for raw in block.splitlines():
+            words = shlex.split(raw, comments=True)
+            if words:
+                lines.append(shlex.join(words))
+    return lines
+
+
+def _job(line: str) -> str:
+    """The job a line runs: ``bash scripts/dev.sh demo ARGS`` is ``graphfeed demo ARGS`` after the set-up."""
+    words = shlex.split(line)
+    if words[:3] == ["bash", "scripts/dev.sh", "demo"]:
+        return shlex.join(["graphfeed", "demo", *words[3:]])
+    return line
+
+
+def readme_commands(root: Path = ROOT) -> list[str]:
+    """The command lines of every page in PAGES, in order; a line whose job an earlier line runs, once."""
+    lines: list[str] = []
+    for name in PAGES:
+        page_lines = block_lines(root / name)
+        assert page_lines, f"{name} has no ```bash block"
+        lines += [line for line in page_lines if _job(line) not in {_job(seen) for seen in lines}]
     return lines
 
 
@@ -52,21 +78,33 @@ def _option(words: list[str], name: str) -> str | None:
 
 def test_every_readme_line_reads_only_what_an_earlier_line_made():
     lines = readme_commands()
-    assert lines[0] == "source .venv/bin/activate", "the block starts by saying how the venv is used"
     made: set[str] = set()
-    for line in lines[1:]:
+    activated = False
+    for line in lines:
         words = shlex.split(line)
+        if line == "source .venv/bin/activate":
+            activated = True
+            continue
+        if words[:2] == ["bash", "scripts/dev.sh"]:
+            assert words[2] in DEV_JOBS, f"`{line}`: scripts/dev.sh has no job {words[2]!r}"
+            continue
         assert words[0] == "graphfeed", line
+        assert activated, f"`{line}` comes before the block that says how the venv is used"
         reads = [w for w in (_option(words, "--graph"), _option(words, "--partition")) if w]
         if words[1] in ("partition", "info"):
             reads.append(words[2])
         for path in reads:
-            assert path in made, f"`{line}` reads {path}, which no earlier README line creates"
+            assert path in made, f"`{line}` reads {path}, which no earlier command line creates"
         for flag in ("--out", "--output"):
             if _option(words, flag):
                 made.add(_option(words, flag))
         if "--link" in words:
             assert any("--link-split" in w for w in lines), "the link bench needs a --link-split partition"
+
+
+def test_readme_quick_start_is_the_two_commands():
+    """The README's first block: the demo and the suite, each making the venv on first use."""
+    assert block_lines(ROOT / "README.md")[:2] == ["bash scripts/dev.sh demo", "bash scripts/dev.sh test"]
 
 
 def _cuda() -> bool:
@@ -112,12 +150,16 @@ def test_readme_command_lines_run_in_a_fresh_clone(tmp_path):
     servers: list[subprocess.Popen] = []
     logs = []
     try:
-        for line in readme_commands(clone / "README.md")[1:]:
-            words = shlex.split(line)
+        for line in readme_commands(clone):
+            words = shlex.split(_job(line))
+            if line == "source .venv/bin/activate" or words[:3] == ["bash", "scripts/dev.sh", "test"]:
+                continue   # every line runs in the venv (below); the suite is CI's own step
+            if words[:2] == ["bash", "scripts/dev.sh"]:
+                raise AssertionError(f"`{line}`: this test runs no scripts/dev.sh job but demo and test")
             if "--device" in words and _option(words, "--device") == "cuda" and not _cuda():
                 continue
             lock = os.environ.get("GRAPHFEED_README_HOSTS_LOCK")
-            run = f"flock {shlex.quote(lock)} {line}" if lock and "--hosts" in words else line
+            run = f"flock {shlex.quote(lock)} {_job(line)}" if lock and "--hosts" in words else _job(line)
             shell = f"set -euo pipefail; source .venv/bin/activate; {run}"
             if words[1] == "serve":
                 logs.append(log := open(tmp_path / f"serve-{_option(words, '--port')}.log", "w"))
