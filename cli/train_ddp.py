@@ -7,7 +7,7 @@ Launch one process per rank with torchrun (servers may run on other hosts)::
 
 ``--servers`` is a cluster YAML file (``servers: [host:port, ...]``) or a comma-separated
 ``host:port`` list.  Each rank connects to every server (its own torch RPC group), and
-gets exactly ``len(loader)`` batches per epoch (see the README's epoch contract), so the
+gets exactly ``len(loader)`` batches per epoch (see docs/concepts.md, "Epoch contract"), so the
 DDP loop needs no ``Join``.  Only rank 0 prints.
 """
 from __future__ import annotations

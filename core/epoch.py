@@ -5,7 +5,7 @@ to pull each batch from) and every server (to produce the batches of the seeds i
 The plan depends only on the number of input nodes each partition owns, so the
 client never needs the node ids.
 
-Rules (see README "Epoch contract"):
+Rules (see docs/concepts.md, "Epoch contract"):
 
 * A batch's seeds all belong to one partition (its server produces it: locality).
 * Partition ``p``'s input nodes are shuffled with a generator seeded by

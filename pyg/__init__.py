@@ -10,7 +10,7 @@
     loader = NodeLoader((fs, gs), node_sampler=sampler, input_nodes=train_ids, batch_size=512)
 
 The topology stays on the servers (PyG's own ``NeighborSampler`` would pull it into the trainer), and
-each batch's features come back with its sample.  README, "PyG remote backend", lists which PyG
+each batch's features come back with its sample.  docs/how-to/pyg-backend.md lists which PyG
 arguments carry over.  Imports graphfeed.client and below (never graphfeed.server).
 """
 from graphfeed.pyg.convert import BatchRows

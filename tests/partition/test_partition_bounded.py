@@ -394,7 +394,7 @@ def test_memory_bound_holds_under_an_address_space_limit(tmp_path):
     """~85 MB of graph (48 MB of edges, 41 MB of features), ~19 MB of address space beyond the interpreter's
     (8 MB of chunk work, the permutation and 10 MB of slack for Python's own allocations): the bounded path
     finishes, the in-memory path runs out.  Small in absolute terms so it takes ~20 s on two loaded cores;
-    the products run in the README is the same bound at scale (2 GB for a 2.8 GB graph)."""
+    the products run in docs/how-to/partition.md is the same bound at scale (2 GB for a 2.8 GB graph)."""
     rng = np.random.default_rng(0)
     n, e, work, slack = 80_000, 3_000_000, 8 << 20, 10 << 20
     folder = tmp_path / "g"

@@ -1,4 +1,5 @@
-"""The README's layer-wise inference recipe (PyG's ``examples/reddit.py`` pattern) over the service
+"""The layer-wise inference recipe of docs/how-to/node-loaders.md (PyG's ``examples/reddit.py`` pattern) over
+the service
 gives the predictions of full-batch inference, although seeds arrive partition by partition; with
 ``ordered=True`` the unchanged (appending) recipe does too."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from graphfeed.testing.cluster import running_cluster
 
 @torch.no_grad()
 def layerwise_inference(model: SAGE, loader, num_nodes: int) -> torch.Tensor:
-    """The README recipe: one full-neighborhood hop per layer, each batch's seed rows written to
+    """The docs' recipe: one full-neighborhood hop per layer, each batch's seed rows written to
     the seeds' own rows (``n_id[:batch_size]``), never appended in arrival order."""
     h_all = None                                   # the previous layer's output for every node
     for i, conv in enumerate(model.convs):
