@@ -1,6 +1,5 @@
-"""The layer-wise inference recipe of docs/how-to/node-loaders.md (PyG's ``examples/reddit.py`` pattern) over
-the service
-gives the predictions of full-batch inference, although seeds arrive partition by partition; with
+"""The layer-wise inference recipe of docs/how-to/node-loaders.md (PyG's ``examples/reddit.py`` pattern) over the
+service gives the predictions of full-batch inference, although seeds arrive partition by partition; with
 ``ordered=True`` the unchanged (appending) recipe does too."""
 from __future__ import annotations
 
