@@ -238,11 +238,11 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise _invalid(f"lease_seconds = {request.lease_seconds:g} is out of range: give 0 (server default "
                            f"{self.config.lease_seconds:g} s) or a value in (0, {MAX_LEASE_SECONDS:g}]")
         c = self.config
+        settings = {**GroupSpec.settings_of(c), "gpu_topology": self.gpu_topology}   # "auto" resolved at start-up
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
-                         data_address=c.effective_data_address, gpu_topology=self.gpu_topology,
-                         budget=c.work_budget, data_path=data_path, group_key=bytes(request.group_key),
-                         **GroupSpec.settings_of(c))
+                         data_address=c.effective_data_address, budget=c.work_budget, data_path=data_path,
+                         group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key, **settings)
         return spec, float(lease)
 
     @rpc

@@ -30,13 +30,15 @@ from typing import Any, ClassVar
 
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.budget import WorkBudget
+from graphfeed.server.worker.settings import WorkerSettings
 
 START_ID = "start"   # the message id of the worker's first answer: Started, to its GroupSpec
 
 
 @dataclass(frozen=True)
-class GroupSpec:
-    """What a session worker is started with (the first message on its pipe)."""
+class GroupSpec(WorkerSettings):
+    """What a session worker is started with (the first message on its pipe): the daemon's
+    :class:`~.settings.WorkerSettings` (``settings_of`` its config) and what it sets per trainer group."""
 
     group_id: str
     rendezvous: str          # "host:port" of the trainer's store
@@ -45,17 +47,6 @@ class GroupSpec:
     part_id: int
     partition_root: str      # the partition folder (META.json inside)
     data_address: str = "127.0.0.1"   # interface TensorPipe binds to
-    rpc_timeout: float = 60.0
-    peer_timeout: float = 0.0        # bound of one call to a peer worker (0 = rpc_timeout / 2); see peer_bound
-    num_producers: int = 2           # batches produced concurrently per worker
-    buffer_batches: int = 8          # per session, produced-but-not-pulled
-    buffer_bytes: int = 256 << 20    # per session
-    join_timeout: float = 60.0       # give up joining the RPC group after this
-    colocated_reads: bool = True     # read peers' parts from their files when this host shares them
-    peer_cache_bytes: int = 0        # other parts' hottest rows replicated here (worker/peer_cache.py); 0 = none
-    device: str = "cpu"              # where the worker samples: "cpu" or "cuda[:N]" (server/sampling/gpu.py)
-    gpu_cache_bytes: int = 0         # device: cuda -- GPU memory for the hottest feature rows
-    gpu_topology: str = "auto"       # device: cuda -- "gpu" (device memory), "uva" (pinned host) or "auto"
     budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
     # the data path: "torch-rpc" (join the trainer's torch RPC group at ``rendezvous``) or "secure"
     # (listen on ``data_address`` for holders of ``group_key``; TLS with ``tls_cert``/``tls_key``)
@@ -63,28 +54,6 @@ class GroupSpec:
     group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
     tls_cert: str | None = None
     tls_key: str | None = None
-    embedding_dir: str = ""          # where the group's embedding tables are saved by name ("" = not saved)
-    embedding_bytes: int = 0         # what the group's embedding tables may hold on this server (0 = no cap)
-
-    # the fields the daemon sets itself, per group or derived (the rest are daemon settings: settings_of copies
-    # each from the config attribute of the same name, so a new worker setting is one field here and one on
-    # ServerConfig)
-    PER_GROUP: ClassVar[frozenset[str]] = frozenset({"group_id", "rendezvous", "world_size", "rank", "part_id",
-                                                     "partition_root", "data_address", "gpu_topology", "budget",
-                                                     "data_path", "group_key"})
-
-    @property
-    def peer_bound(self) -> float:
-        """Seconds one call to a peer worker may take: shorter than a pull's bound (the trainer's rpc_timeout,
-        60 s by default, as the daemon's), so a batch whose peer does not answer fails with the error naming
-        that peer before the trainer's pull gives up on the batch."""
-        return self.peer_timeout or self.rpc_timeout / 2
-
-    @classmethod
-    def settings_of(cls, config) -> dict[str, Any]:
-        """The daemon settings a worker is started with: every field not in :attr:`PER_GROUP`, read from the
-        daemon's config (``ServeConfig``) attribute of the same name."""
-        return {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in cls.PER_GROUP}
 
 
 # ---- errors ---------------------------------------------------------------------------------------

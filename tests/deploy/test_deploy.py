@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,10 @@ from helpers.graphs import synthetic_parts
 
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics
-from graphfeed.server.daemon.config import ConfigError, ServerConfig, load_config
+from graphfeed.server.daemon.config import KEYS, ConfigError, ServerConfig, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
+from graphfeed.server.worker.settings import DOC
 
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "graphfeed-server@.service"
@@ -72,6 +74,14 @@ def test_example_config_names_every_key():
         if key == "token":   # documented as token_file / GRAPHFEED_TOKEN: a token does not belong in a file
             continue
         assert re.search(rf"^#? ?{key}:", text, re.M), f"deploy/config/server.yaml does not mention {key}"
+
+
+def test_example_config_names_only_real_keys_each_documented():
+    """The other direction: every key the example sets or shows commented out is a setting of the schema, and
+    every setting carries its one-line doc (``setting(default, doc)``), as the example's comments do."""
+    named = re.findall(r"^#? ?([a-z_]+):", EXAMPLE_CONFIG.read_text(), re.M)
+    assert named and not set(named) - set(KEYS), f"not settings: {sorted(set(named) - set(KEYS))}"
+    assert [f.name for f in fields(ServerConfig) if not f.metadata.get(DOC)] == []
 
 
 # ---- systemd ----------------------------------------------------------------------------------------
