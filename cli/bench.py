@@ -7,6 +7,7 @@ daemons and the client (:mod:`graphfeed.bench.remote`); ``online`` the latency o
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 
@@ -25,9 +26,20 @@ def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5")
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK")
-    p = sub.add_parser("sample", help="in-process sampler throughput over the training nodes",
-                       description="One warm-up epoch, then the median (and min/max) over --epochs shuffled "
-                                   "epochs of the input nodes; prints one JSON line.")
+    for name, help_, add in (
+            ("sample", "in-process sampler throughput over the training nodes", _add_sample),
+            ("remote", "the same figures through graphfeed servers and the client", _add_remote),
+            ("online", "latency of online sampling (client.sample) through graphfeed servers", _add_online),
+            ("embedding", "typed training with server-held embeddings vs without (accuracy, batch time, push "
+                          "throughput)", _add_embedding),
+            ("channel", "CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)", _add_channel)):
+        # a benchmark's own --help: its function's docstring (argparse refills the lines)
+        add(sub.add_parser(name, help=help_, description=inspect.cleandoc(add.__doc__ or "")))
+
+
+def _add_sample(p) -> None:
+    """One warm-up epoch, then the median (and min/max) over --epochs shuffled epochs of the input nodes; prints
+    one JSON line."""
     p.add_argument("--graph", required=True, help="partition folder (from `graphfeed partition`)")
     p.add_argument("--features", action="store_true",
                    help="also gather x/y of every sampled node and encode the batch (full produce_batch path)")
@@ -37,10 +49,6 @@ def add_arguments(parser) -> None:
     p.add_argument("--gpu-cache-mb", type=int, default=1024,
                    help="with --device cuda: feature rows kept in GPU memory, highest degree first (default 1024)")
     _add_workload(p)
-    _add_remote(sub)
-    _add_online(sub)
-    _add_embedding(sub)
-    _add_channel(sub)
 
 
 def _add_workload(p) -> None:
@@ -60,16 +68,19 @@ def _add_workload(p) -> None:
                    help="--link: binary negatives per seed edge, strict (default 1; 0 = none)")
 
 
-def _add_remote(sub) -> None:
-    p = sub.add_parser("remote", help="the same figures through graphfeed servers and the client",
-                       description="Start N servers on loopback (or use running ones), pull one warm-up epoch "
-                                   "and --epochs measured epochs of the input nodes through the remote loader; "
-                                   "prints one JSON line with the fields of `bench sample` plus servers, "
-                                   "prefetch and, with --compare, ratio_vs_inprocess.")
-    p.add_argument("--servers", default=None,
+def _add_servers(p, graph_help: str, *, required: bool = False) -> None:
+    """The servers a benchmark runs against (the same flags in each): N started over --graph, or running ones."""
+    p.add_argument("--servers", required=required, default=None,
                    help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
                         "or a comma-separated host:port list of running servers")
-    p.add_argument("--graph", default=None, help="partition folder (needed with --servers N and --compare)")
+    p.add_argument("--graph", default=None, help=graph_help)
+
+
+def _add_remote(p) -> None:
+    """Start N servers on loopback (or use running ones), pull one warm-up epoch and --epochs measured epochs of
+    the input nodes through the remote loader; prints one JSON line with the fields of `bench sample` plus
+    servers, prefetch and, with --compare, ratio_vs_inprocess."""
+    _add_servers(p, "partition folder (needed with --servers N and --compare)")
     p.add_argument("--hosts", type=int, default=None,
                    help="instead of --servers: N emulated hosts (namespaces; needs root), the trainer on one and a "
                         "server per part of --graph on each other one (N = parts + 1); adds CPU per process and "
@@ -117,15 +128,10 @@ def _add_remote(sub) -> None:
                         "and report ratio_vs_inprocess = remote seeds/s / in-process seeds/s")
 
 
-def _add_online(sub) -> None:
-    p = sub.add_parser("online", help="latency of online sampling (client.sample) through graphfeed servers",
-                       description="Start N servers on loopback (or use running ones) and time client.sample calls "
-                                   "of random nodes, one after another, per request size; prints one JSON line "
-                                   "with p50/p99/mean/max latency (ms) per size.")
-    p.add_argument("--servers", required=True,
-                   help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
-                        "or a comma-separated host:port list of running servers")
-    p.add_argument("--graph", default=None, help="partition folder (needed with --servers N)")
+def _add_online(p) -> None:
+    """Start N servers on loopback (or use running ones) and time client.sample calls of random nodes, one after
+    another, per request size; prints one JSON line with p50/p99/mean/max latency (ms) per size."""
+    _add_servers(p, "partition folder (needed with --servers N)", required=True)
     p.add_argument("--num-neighbors", default="15,10,5", help="per-hop fanouts, -1 = all (default 15,10,5)")
     p.add_argument("--sizes", default="1,64,1024", help="seeds per request, comma-separated (default 1,64,1024)")
     p.add_argument("--requests", type=int, default=200, help="measured requests per size (default 200)")
@@ -133,17 +139,11 @@ def _add_online(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random node ids (default 0)")
 
 
-def _add_embedding(sub) -> None:
-    p = sub.add_parser("embedding", help="typed training with server-held embeddings vs without (accuracy, "
-                                         "batch time, push throughput)",
-                       description="Train the same to_hetero GraphSAGE on a typed graph twice through the servers: "
-                                   "featureless node types as zeros, then as learnable server tables (SparseAdam); "
-                                   "prints one JSON line (graphfeed.bench.embedding).")
-    p.add_argument("--servers", required=True,
-                   help="N: start N `graphfeed serve` daemons on 127.0.0.1 over --graph (which has N parts); "
-                        "or a comma-separated host:port list of running servers")
-    p.add_argument("--graph", default=None, help="typed partition folder, e.g. of `graphfeed generate --preset "
-                                                 "mag-small` (needed with --servers N)")
+def _add_embedding(p) -> None:
+    """Train the same to_hetero GraphSAGE on a typed graph twice through the servers: featureless node types as
+    zeros, then as learnable server tables (SparseAdam); prints one JSON line (graphfeed.bench.embedding)."""
+    _add_servers(p, "typed partition folder, e.g. of `graphfeed generate --preset mag-small` (needed with "
+                    "--servers N)", required=True)
     p.add_argument("--dim", type=int, default=128, help="embedding width (default 128)")
     p.add_argument("--num-neighbors", default="10,5", help="per-hop fanouts for every edge type (default 10,5)")
     p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
@@ -156,12 +156,10 @@ def _add_embedding(sub) -> None:
                    help="the loaders' feature_dtype (default: as stored); bfloat16 also narrows the rows on the wire")
 
 
-def _add_channel(sub) -> None:
-    p = sub.add_parser("channel", help="CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)",
-                       description="A secure-path server in a child process answers calls with --frame-mb MiB "
-                                   "tensors until --mb MiB arrived; prints one JSON line with GB/s, send and "
-                                   "receive CPU-s per GB and AES-GCM's own CPU-s per GB on this core "
-                                   "(graphfeed.bench.channel).")
+def _add_channel(p) -> None:
+    """A secure-path server in a child process answers calls with --frame-mb MiB tensors until --mb MiB arrived;
+    prints one JSON line with GB/s, send and receive CPU-s per GB and AES-GCM's own CPU-s per GB on this core
+    (graphfeed.bench.channel)."""
     p.add_argument("--mb", type=float, default=1024.0, help="MiB received per repeat (default 1024)")
     p.add_argument("--frame-mb", type=float, default=8.0, help="MiB per answer (default 8)")
     p.add_argument("--inflight", type=int, default=4, help="calls in flight (default 4)")

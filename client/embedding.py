@@ -116,18 +116,9 @@ class RemoteEmbedding:
                 log.warning("embedding table %r started again from its initial rows after the servers' group was "
                             "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
 
-    def _checked(self, gids) -> torch.Tensor:
-        """``gids`` as a flat int64 tensor; ValueError naming the first id outside the type."""
-        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
-        bad = (gids < 0) | (gids >= self.num_rows)
-        if bool(bad.any()):
-            raise ValueError(f"embedding table {self.spec.name!r}: id {int(gids[bad][0])} is outside the "
-                             f"{self.spec.ntype!r} nodes 0..{self.num_rows - 1}")
-        return gids
-
     def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
         """Positions of ``gids`` per owning part; ValueError for ids outside the type."""
-        gids = self._checked(gids)
+        gids = self.spec.checked_ids(gids, self.num_rows)
         owner = torch.searchsorted(self.bounds, gids, right=True) - 1
         return {p: pos for p in range(len(self.bounds) - 1) if (pos := torch.nonzero(owner == p).view(-1)).numel()}
 
@@ -137,7 +128,7 @@ class RemoteEmbedding:
         """The current rows of global ids ``gids`` (a batch's ``emb_gid``), read from their owners: [n, dim]."""
         self.ensure()
         self.flush()
-        gids = self._checked(gids)
+        gids = self.spec.checked_ids(gids, self.num_rows)
         where = self._split(gids)
         got = self._on_parts("emb_rows", {p: (self.spec.name, gids[pos]) for p, pos in where.items()})
         out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
@@ -165,7 +156,7 @@ class RemoteEmbedding:
 
     def _by_owner(self, gids: torch.Tensor, grads: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per owning part: its ids ascending and their gradient rows; ValueError for ids outside the type."""
-        ordered, order = torch.sort(self._checked(gids))
+        ordered, order = torch.sort(self.spec.checked_ids(gids, self.num_rows))
         cuts = torch.searchsorted(ordered, self.bounds).tolist()   # where each part's ids begin
         return {p: (ordered[a:b].clone(), grads.index_select(0, order[a:b]))
                 for p, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a}
@@ -182,19 +173,20 @@ class RemoteEmbedding:
     def save(self, tag: str = "latest") -> None:
         """Every owner writes its rows and optimizer state as checkpoint ``tag`` under its ``embedding_dir``, in
         parallel (no trainer gathers the table).  Also what a re-formed group restores."""
-        check_name(tag, "checkpoint tag")
-        self.ensure()
-        self.flush()
-        self._on_parts("emb_save", {p: (self.spec.name, tag) for p in self._all()})
-        self.checkpoint = tag
+        self._checkpoint("emb_save", tag)
 
     def load(self, tag: str = "latest") -> None:
         """Every owner replaces its rows and state with checkpoint ``tag`` (this job's, or an earlier job's
         table of the same name): FileNotFoundError naming the file a server lacks."""
+        self._checkpoint("emb_load", tag)
+
+    def _checkpoint(self, call: str, tag: str) -> None:
+        """Every owner saves (``emb_save``) or loads (``emb_load``) checkpoint ``tag`` once the step in flight is
+        applied; the tag is then what a re-formed group restores."""
         check_name(tag, "checkpoint tag")
         self.ensure()
         self.flush()
-        self._on_parts("emb_load", {p: (self.spec.name, tag) for p in self._all()})
+        self._on_parts(call, {p: (self.spec.name, tag) for p in self._all()})
         self.checkpoint = tag
 
     def state_dict(self, tag: str = "latest") -> dict:

@@ -97,6 +97,16 @@ class EmbeddingSpec:
         state = STATE_ROWS.get(rule or "sgd", 0) * self.dim * 4 + (8 if rule == "adam" else 0)
         return rows * (self.row_bytes + state)
 
+    def checked_ids(self, gids, num_nodes: int) -> torch.Tensor:
+        """``gids`` as a flat int64 tensor; ValueError naming the first id outside the table's ``num_nodes``
+        rows (the trainer's check before it splits ids by owner, and each owner's)."""
+        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+        bad = (gids < 0) | (gids >= num_nodes)
+        if bool(bad.any()):
+            raise ValueError(f"embedding table {self.name!r}: id {int(gids[bad][0])} is outside the "
+                             f"{self.ntype!r} nodes 0..{num_nodes - 1}")
+        return gids
+
     def initial_rows(self, start: int, count: int) -> torch.Tensor:
         """The first rows of global ids ``start .. start + count - 1`` ([count, dim], this spec's dtype): a pure
         function of (spec, start, count), so every replica of a part begins equal."""

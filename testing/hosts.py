@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from graphfeed.core.process import pid_alive
 from graphfeed.testing.cluster import (
     META_FILE,
     SERVE_COMMAND,
@@ -114,16 +115,6 @@ def _probe() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Remove namespaces and links named for a process that no longer runs (a crashed run's); their names."""
     gone = []
@@ -132,7 +123,7 @@ def sweep_stale() -> list[str]:
              for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines() if line.count(":") >= 2]
     for name in netns + links:
         m = NAME_RE.match(name)
-        if m is None or _alive(int(m.group(1))):
+        if m is None or pid_alive(int(m.group(1))):
             continue
         cmd = ("ip", "netns", "del", name) if name in netns else ("ip", "link", "del", name)
         if _run(*cmd, check=False).returncode == 0:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from graphfeed.server.sampling.budget import WorkBudget
-from graphfeed.server.worker.settings import DOC, WorkerSettings, setting
+from graphfeed.server.worker.settings import WorkerSettings
 
 ENV_PREFIX = "GRAPHFEED_"
 CONFIG_ENV = "GRAPHFEED_CONFIG"
@@ -66,39 +66,37 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class ServerConfig(WorkerSettings):
     """Validated daemon settings (units in the names: seconds, bytes): the :class:`WorkerSettings` its session
-    workers read and the daemon's own, each with its default and its one-line doc (:func:`setting`)."""
+    workers read (declared there, inherited as flat keys) and the daemon's own."""
 
-    partition: str = field(metadata={DOC: "partition folder (META.json inside)"})
-    part: int = field(metadata={DOC: "the part this daemon serves"})
-    host: str = setting("127.0.0.1", "control-plane (gRPC) bind address")
-    port: int = setting(50051, "control-plane port; 0 = any free port")
-    data_address: str = setting("", 'interface the data path binds to and advertises ("" = host)')
-    peer_networks: tuple[str, ...] = setting((), "CIDRs a worker may dial as its peers (JoinGroup's endpoints); "
-                                                 "() = the data address's own network")
-    metrics_port: int | None = setting(None, "Prometheus HTTP port (None = off)")
-    lease_seconds: float = setting(15.0, "a group without Heartbeat for this long is reaped")
-    drain_grace_seconds: float = setting(20.0, "on SIGTERM, wait this long for open groups to close")
-    max_groups: int = setting(16, "trainer groups (session worker processes) at once")
-    max_sessions_per_group: int = setting(16, "loaders per trainer group")
-    call_timeout: float = setting(60.0, "bound on every daemon -> worker command (open_session, stats, ...)")
-    max_hops: int = setting(DEFAULT_MAX_HOPS, "a loader's hops at most")
-    max_batch_nodes: int = setting(0, "sampled nodes of one batch at most (0 = max_batch_bytes / 64)")
-    max_batch_edges: int = setting(0, "sampled edges of one batch at most (0 = max_batch_bytes / 32)")
-    max_batch_bytes: int = setting(0, "bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)")
-    max_message_bytes: int = setting(DEFAULT_MAX_MESSAGE_BYTES, "largest control request accepted (refused "
-                                                                "unread)")
-    session_idle_seconds: float = setting(600.0, "a session without StartEpoch/pull/sample this long is closed "
-                                                 "(0 = never)")
-    log_format: str = setting("logfmt", '"logfmt" | "json"')
-    log_level: str = setting("info", '"debug" | "info" | "warning" | "error"')
-    tls_cert: str | None = setting(None, "PEM server certificate (chain): TLS on the control port")
-    tls_key: str | None = setting(None, "PEM private key of tls_cert (both or neither)")
-    tls_client_ca: str | None = setting(None, "PEM CA bundle: clients must present a certificate it signed (mTLS)")
-    token: str | None = setting(None, "bearer token on every control call (never logged)", secret=True)
-    token_file: str | None = setting(None, "file holding the token (read once at load; exclusive with token)")
-    data_path: str = setting("auto", 'the data path: "auto" = "secure" when a token or TLS is configured, else '
-                                     'torch RPC (trusted networks); "secure" = always the authenticated transport; '
-                                     '"torch-rpc" = never it (refused with a token or TLS)')
+    partition: str                     # partition folder (META.json inside)
+    part: int                          # the part this daemon serves
+    host: str = "127.0.0.1"            # control-plane (gRPC) bind address
+    port: int = 50051                  # control-plane port; 0 = any free port
+    data_address: str = ""             # interface the torch RPC data path binds to ("" = host)
+    # CIDRs a worker may dial as its peers (JoinGroup's endpoints); () = the data address's own network
+    peer_networks: tuple[str, ...] = ()
+    metrics_port: int | None = None    # Prometheus HTTP port (None = off)
+    lease_seconds: float = 15.0        # a group without Heartbeat for this long is reaped
+    drain_grace_seconds: float = 20.0  # on SIGTERM, wait this long for open groups to close
+    max_groups: int = 16               # trainer groups (session worker processes) at once
+    max_sessions_per_group: int = 16   # loaders per trainer group
+    call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
+    max_hops: int = DEFAULT_MAX_HOPS   # a loader's hops at most
+    max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
+    max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
+    max_batch_bytes: int = 0           # bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES   # largest control request accepted (refused unread)
+    session_idle_seconds: float = 600.0  # a session without StartEpoch/pull/sample this long is closed (0 = never)
+    log_format: str = "logfmt"         # "logfmt" | "json"
+    log_level: str = "info"            # "debug" | "info" | "warning" | "error"
+    tls_cert: str | None = None        # PEM server certificate (chain): TLS on the control port
+    tls_key: str | None = None         # PEM private key of tls_cert (both or neither)
+    tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
+    token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
+    token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
+    # the data path: "auto" = "secure" when a token or TLS is configured, else torch RPC (trusted networks);
+    # "secure" = always the authenticated transport; "torch-rpc" = never it (refused with a token or TLS)
+    data_path: str = "auto"
 
     @property
     def tls(self) -> bool:

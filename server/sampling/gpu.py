@@ -22,6 +22,7 @@ import torch
 from graphfeed.core.spec import EdgeType, LoaderSpec, SamplingSpec
 from graphfeed.server.partition.store import Partition, Topology
 from graphfeed.server.sampling import dispatch
+from graphfeed.server.sampling.hot import hottest
 from graphfeed.server.sampling.neighbor import sample_subgraph
 from graphfeed.server.sampling.source import LocalSource, Ready, Rows, center_type, check_owned
 from graphfeed.server.sampling.types import NodeRows, OneHop, SampledSubgraph
@@ -277,18 +278,6 @@ class GpuSource(LocalSource):
         free, total = torch.cuda.mem_get_info(self.device)
         return (f"{self.device} ({torch.cuda.get_device_name(self.device)}) topology={self.placement} "
                 f"cached_rows={self.cached_rows} gpu_free={free >> 20}MiB/{total >> 20}MiB")
-
-
-def hottest(part: Partition, ntype: str) -> torch.Tensor:
-    """Local positions of ``part``'s ``ntype`` nodes by in-degree, highest first (ties by id; out-degree
-    without CSC), the order the trainers' feature cache ranks rows in (``worker.hot_rows``)."""
-    degree = torch.zeros(part.nodes(ntype).num_nodes, dtype=torch.int64)
-    kind, end = ("csc", 2) if "csc" in part.meta.topologies else ("csr", 0)
-    for etype in part.edge_types:
-        if etype[end] == ntype:
-            indptr = part.edges(etype).topology(kind).indptr.to(torch.int64)
-            degree += indptr[1:] - indptr[:-1]
-    return torch.sort(-degree, stable=True).indices
 
 
 def _on_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -1,14 +1,16 @@
 """The feature rows a trainer's hot-feature cache asks this part for (:func:`graphfeed.server.worker.rpc_api.hot_rows`).
 
-A part ranks its nodes of one type by in-degree (summed over the edge types that end at the type, from
-the CSC topology; out-degree from CSR when the part stores no CSC), highest first, ties by global id:
-the nodes that neighbourhood sampling reaches most often.  The ranking is computed once per type.
+A part ranks its nodes of one type by in-degree, highest first (:func:`graphfeed.server.sampling.hot.hottest`,
+the GPU feature cache's ranking too): the nodes that neighbourhood sampling reaches most often.  The ranking
+is computed once per type.
 """
 from __future__ import annotations
 
 import threading
 
 import torch
+
+from graphfeed.server.sampling.hot import hottest
 
 
 class HotRows:
@@ -20,23 +22,11 @@ class HotRows:
         self._lock = threading.Lock()
 
     def order(self, ntype: str) -> torch.Tensor:
-        """Local positions of the part's ``ntype`` nodes, hottest first."""
+        """Local positions of the part's ``ntype`` nodes, hottest first (the GPU cache's ranking too)."""
         with self._lock:
             if ntype not in self._order:
-                degree = self._degree(ntype)
-                # stable sort of -degree: ties keep id order, so every call gives the same ranking
-                self._order[ntype] = torch.sort(-degree, stable=True).indices
+                self._order[ntype] = hottest(self.part, ntype)
             return self._order[ntype]
-
-    def _degree(self, ntype: str) -> torch.Tensor:
-        part = self.part
-        degree = torch.zeros(part.nodes(ntype).num_nodes, dtype=torch.int64)
-        kind, end = ("csc", 2) if "csc" in part.meta.topologies else ("csr", 0)
-        for etype in part.edge_types:
-            if etype[end] == ntype:
-                indptr = part.edges(etype).topology(kind).indptr.to(torch.int64)
-                degree += indptr[1:] - indptr[:-1]
-        return degree
 
     def rows(self, ntype: str, start: int, count: int, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(original ids, x rows)`` of the nodes ranked ``start .. start + count - 1`` (fewer at the end),

@@ -23,7 +23,7 @@ from graphfeed.server.daemon import metrics
 from graphfeed.server.daemon.config import KEYS, ConfigError, ServerConfig, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE
-from graphfeed.server.worker.settings import DOC
+from graphfeed.server.worker.settings import DOC, WorkerSettings
 
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "graphfeed-server@.service"
@@ -77,11 +77,11 @@ def test_example_config_names_every_key():
 
 
 def test_example_config_names_only_real_keys_each_documented():
-    """The other direction: every key the example sets or shows commented out is a setting of the schema, and
-    every setting carries its one-line doc (``setting(default, doc)``), as the example's comments do."""
+    """The other direction: every key the example sets or shows commented out is a setting of the schema; and
+    every worker setting carries its one-line doc (``setting(default, doc)``), as the example's comments do."""
     named = re.findall(r"^#? ?([a-z_]+):", EXAMPLE_CONFIG.read_text(), re.M)
     assert named and not set(named) - set(KEYS), f"not settings: {sorted(set(named) - set(KEYS))}"
-    assert [f.name for f in fields(ServerConfig) if not f.metadata.get(DOC)] == []
+    assert [f.name for f in fields(WorkerSettings) if not f.metadata.get(DOC)] == []
 
 
 # ---- systemd ----------------------------------------------------------------------------------------
