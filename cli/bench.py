@@ -1,9 +1,10 @@
-"""``graphfeed bench sample|remote|online``: sampling throughput and latency, one JSON line.
+"""``graphfeed bench sample|remote|online|pyg``: sampling throughput and latency, one JSON line.
 
 ``sample`` measures the in-process sampler (:mod:`graphfeed.bench.sample`, where every
 field is defined); ``remote`` measures the same figures through ``graphfeed serve``
 daemons and the client (:mod:`graphfeed.bench.remote`); ``online`` the latency of
-``Client.sample`` (:mod:`graphfeed.bench.online`).
+``Client.sample`` (:mod:`graphfeed.bench.online`); ``pyg`` PyG's own loader over graphfeed's stores against
+graphfeed's loader (:mod:`graphfeed.bench.pyg`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 from graphfeed.cli.main import UsageError
 
 HELP = ("benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency), "
-        "`bench embedding` (server-held embeddings), `bench channel` (the secure data path's channel alone)")
+        "`bench embedding` (server-held embeddings), `bench channel` (the secure data path's channel alone), "
+        "`bench pyg` (PyG's loader over graphfeed's stores)")
 
 
 def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5") -> tuple[int, ...]:
@@ -32,7 +34,8 @@ def add_arguments(parser) -> None:
             ("online", "latency of online sampling (client.sample) through graphfeed servers", _add_online),
             ("embedding", "typed training with server-held embeddings vs without (accuracy, batch time, push "
                           "throughput)", _add_embedding),
-            ("channel", "CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)", _add_channel)):
+            ("channel", "CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)", _add_channel),
+            ("pyg", "PyG's NeighborLoader over graphfeed's stores vs client.neighbor_loader (seeds/s)", _add_pyg)):
         # a benchmark's own --help: its function's docstring (argparse refills the lines)
         add(sub.add_parser(name, help=help_, description=inspect.cleandoc(add.__doc__ or "")))
 
@@ -137,6 +140,32 @@ def _add_online(p) -> None:
     p.add_argument("--requests", type=int, default=200, help="measured requests per size (default 200)")
     p.add_argument("--warmup", type=int, default=10, help="unreported requests per size first (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random node ids (default 0)")
+
+
+def _add_pyg(p) -> None:
+    """Start N servers on loopback (or use running ones); after a warm-up epoch of each, time --rounds epochs of
+    client.neighbor_loader and of PyG's NeighborLoader over graphfeed's stores (GraphfeedSampler picked) on the
+    same input nodes, alternating; prints one JSON line with both seeds/s and their ratio (graphfeed.bench.pyg)."""
+    _add_servers(p, "partition folder (needed with --servers N)", required=True)
+    p.add_argument("--num-neighbors", default="10,5", help="per-hop fanouts, -1 = all (default 10,5)")
+    p.add_argument("--batch-size", type=int, default=512, help="seeds per batch (default 512)")
+    p.add_argument("--input-count", type=int, default=20_480,
+                   help="input nodes of the label type, a seeded random choice (default 20480)")
+    p.add_argument("--rounds", type=int, default=3, help="measured epochs of each loader (default 3)")
+    p.add_argument("--pyg-prefetch", type=int, default=4,
+                   help="the PyG loader's batches ahead per server (default 4; 0 = one synchronous call per batch)")
+    p.add_argument("--step-ms", type=float, default=0.0, help="a simulated training step per batch (a sleep)")
+    p.add_argument("--seed", type=int, default=0, help="input choice and graphfeed loader seed (default 0)")
+
+
+def _run_pyg(args) -> int:
+    from graphfeed.bench.pyg import PygBenchConfig, bench_pyg
+
+    cfg = PygBenchConfig(servers=_servers(args.servers), graph=args.graph,
+                         num_neighbors=_fanouts(args.num_neighbors, example="10,5"), batch_size=args.batch_size,
+                         input_count=args.input_count, rounds=args.rounds, pyg_prefetch=args.pyg_prefetch,
+                         step_ms=args.step_ms, seed=args.seed)
+    return _print_result("pyg", bench_pyg, cfg)
 
 
 def _add_embedding(p) -> None:
@@ -276,6 +305,8 @@ def run(args) -> int:
         return _run_embedding(args)
     if command == "channel":
         return _run_channel(args)
+    if command == "pyg":
+        return _run_pyg(args)
     if command != "sample":
         raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
                          "`graphfeed bench remote --servers N --graph DIR ...` or "

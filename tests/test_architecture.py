@@ -9,7 +9,7 @@ point down only), the "may import" column of ``docs/ARCHITECTURE.md``:
          |            |
          +-> client   +-> proto, transport -> core
              testing
-    pyg -> client
+    cli, bench -> pyg -> client
 
 and inside ``server/`` (``SERVER_ALLOWED``):
 
@@ -37,8 +37,8 @@ ALLOWED = {
     "testing": {"testing", "core", "proto", "client"},
     "cuda_ext": {"cuda_ext"},
     "server": {"server", "core", "proto", "transport", "cuda_ext"},
-    "bench": {"bench", "core", "proto", "transport", "client", "server", "testing", "cuda_ext"},
-    "cli": {"cli", "core", "proto", "transport", "client", "server", "bench", "testing", "cuda_ext"},
+    "bench": {"bench", "core", "proto", "transport", "client", "pyg", "server", "testing", "cuda_ext"},
+    "cli": {"cli", "core", "proto", "transport", "client", "pyg", "server", "bench", "testing", "cuda_ext"},
 }
 
 # server sub-layer -> what it may import: server sub-layers (itself included) and top-level packages
