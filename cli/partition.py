@@ -291,6 +291,17 @@ def run_bounded(args) -> int:
     return 0
 
 
+def _edge_time_hint(dropped: list[str]) -> str:
+    """The fix for edge times stored under PyG's ``time`` (``data[(src, rel, dst)].time``), a line of its own
+    after the warning: graphfeed reads an edge type's times as ``edge_time``; empty when no edge type drops one."""
+    edge_times = [name for name in dropped if name.startswith("data[(") and name.endswith(")].time")]
+    if not edge_times:
+        return ""
+    return (f"edge times are read as edge_time: rename {', '.join(edge_times)} to "
+            f"{', '.join(n[:-len('time')] + 'edge_time' for n in edge_times)}, partition again and sample with "
+            f"time_attr='edge_time'")
+
+
 def _check_link_types(graph, args) -> None:
     """UsageError unless --link-edge-type/--link-rev-edge-type fit the graph (and come with --link-split)."""
     from graphfeed.server.partition.builder import link_split_type
@@ -324,6 +335,9 @@ def run_in_memory(args) -> int:
     if graph.dropped:   # shown even with --quiet: data the user may expect in the batches is not kept
         print(f"graphfeed partition: warning: not stored (graphfeed keeps x, y, edge_index, edge_attr and the "
               f"splits): {', '.join(graph.dropped)}", file=sys.stderr, flush=True)
+        hint = _edge_time_hint(graph.dropped)
+        if hint:
+            print(f"graphfeed partition: {hint}", file=sys.stderr, flush=True)
     types = "" if graph.is_homogeneous else \
         f" of {len(graph.node_types)} node and {len(graph.edge_types)} edge types (label type {graph.label_type})"
     report.log(f"read {graph.num_nodes:,} nodes, {graph.num_edges:,} edges{types} "

@@ -391,7 +391,8 @@ def to_pyg(batch: Mapping[str, torch.Tensor], dequantize: bool = True):
 
     The one-type graph gives a ``Data``: ``x, y, edge_index, n_id, e_id, batch_size, input_id,
     num_sampled_nodes, num_sampled_edges`` (lists), ``epoch, seq, batch_index``.  Any other
-    gives a ``HeteroData``: per node type ``x``, ``y`` (where present), ``n_id``,
+    gives a ``HeteroData`` (:class:`graphfeed.core.hetero.TypedBatch`: ``x_dict`` of a batch whose types
+    are all id-only names ``n_id``): per node type ``x``, ``y`` (where present), ``n_id``,
     ``num_sampled_nodes`` (list) and ``num_nodes`` for types without features; per edge type
     ``edge_index``, ``e_id``, ``num_sampled_edges`` (list); ``batch_size`` and ``input_id`` on
     the input type;
@@ -456,9 +457,9 @@ def _link_store(lay: BatchLayout, name: str, link_type: torch.Tensor | None):
 
 
 def _hetero_data(batch: Mapping[str, torch.Tensor], lay: BatchLayout, size: int, position: dict):
-    from torch_geometric.data import HeteroData
+    from graphfeed.core.hetero import TypedBatch
 
-    data = HeteroData()
+    data = TypedBatch()
     for ntype in lay.node_types:
         tensors, counts = _store_values(batch, NODE, ntype)
         store = data[ntype]

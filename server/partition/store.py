@@ -226,8 +226,11 @@ class EdgeStore:
             src, dst, name = self.etype[0], self.etype[2], edge_type_dirname(self.etype)
             fix = (f"{name}/edge_time.npy (data[{self.etype}].edge_time)" if time_attr == "edge_time" else
                    f"node_time.npy in {src}/ and {dst}/ (data[{src!r}].time, data[{dst!r}].time)")
+            edges = "" if time_attr == "edge_time" else \
+                f"; times the edges carry are edge times: store them as data[{self.etype}].edge_time and pass " \
+                f"time_attr='edge_time'"
             raise ValueError(f"time_attr={time_attr!r} names no stored time column{self.typed_label} ({have}): "
-                             f"partition the graph with {fix}, or give this edge type fanout 0")
+                             f"partition the graph with {fix}, or give this edge type fanout 0{edges}")
         self.topology(kind)  # the same checks
         name = "edge_time" if time_attr == "edge_time" else "nbr_time"
         cache = self.__dict__.setdefault("_times", {})
