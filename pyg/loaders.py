@@ -128,7 +128,7 @@ def _reading_ahead(get_iterator: Callable, sampler_attr: str) -> Callable:
         if (isinstance(sampler, GraphfeedSampler) and sampler.prefetch > 0
                 and isinstance(base, _SingleProcessDataLoaderIter) and base._auto_collation):
             base._sampler_iter = LookAhead(base._sampler_iter, _starter(loader, sampler, sampler_attr),
-                                           sampler.prefetch * len(sampler.client.servers))
+                                           sampler.prefetch * len(sampler.client.servers), lambda: sampler.drops)
         return iterator
 
     return _get_iterator
@@ -143,12 +143,15 @@ def _starter(loader, sampler: GraphfeedSampler, sampler_attr: str) -> Callable[[
 
 class LookAhead:
     """A loader's batch indices, read up to ``depth`` batches beyond the one handed out; each is handed to
-    ``start`` once, in order (a refused one is offered again before any later one)."""
+    ``start`` once, in order (a refused one is offered again before any later one), and every index not yet
+    handed out again when ``drops()`` changes (the sampler dropped what was started: another call came
+    between the loader's, or ``set_epoch``)."""
 
-    def __init__(self, indices: Iterable, start: Callable[[Any], bool], depth: int):
-        self._indices, self._start, self._depth = iter(indices), start, depth
+    def __init__(self, indices: Iterable, start: Callable[[Any], bool], depth: int, drops: Callable[[], int]):
+        self._indices, self._start, self._depth, self._drops = iter(indices), start, depth, drops
         self._read: deque = deque()   # indices read, in order
         self._started = 0             # how many of them (from the front) were started
+        self._seen_drops = drops()
 
     def __iter__(self) -> LookAhead:
         return self
@@ -159,6 +162,8 @@ class LookAhead:
                 self._read.append(next(self._indices))
             except StopIteration:
                 break
+        if self._drops() != self._seen_drops:
+            self._seen_drops, self._started = self._drops(), 0
         while self._started < len(self._read) and self._start(self._read[self._started]):
             self._started += 1
         if not self._read:

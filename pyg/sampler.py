@@ -108,6 +108,8 @@ class GraphfeedSampler(BaseSampler):
         self.epoch, self._index = 0, 0
         self._lock = threading.Lock()        # the batch counter and the batches ahead
         self._ahead: deque[_Ahead] = deque()
+        #: how many times batches ahead were dropped (a reader ahead starts its unread batches again when it changes)
+        self.drops = 0
         self._open_lock = threading.Lock()   # the sessions, opened at the first sample
         self._next_part = itertools.count()
         self._sessions: SessionSet | None = None
@@ -121,7 +123,7 @@ class GraphfeedSampler(BaseSampler):
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         with self._lock:
             self.epoch, self._index = epoch, 0
-            self._ahead.clear()
+            self._drop_ahead()
 
     def _take_index(self) -> int:
         with self._lock:
@@ -221,8 +223,13 @@ class GraphfeedSampler(BaseSampler):
                 self._index = head.index + 1
                 return head
             self._index = head.index
-            self._ahead.clear()
+            self._drop_ahead()
             return None
+
+    def _drop_ahead(self) -> None:
+        """Forget the batches ahead (under ``_lock``); their answers are never read."""
+        self._ahead.clear()
+        self.drops += 1
 
     def _start(self, part: int, seeds: Seeds, positions: torch.Tensor, seed: int) -> Pending:
         """The ``sample_seeds`` call of one batch on server ``part``."""
@@ -272,6 +279,8 @@ class GraphfeedSampler(BaseSampler):
 
     def close(self) -> None:
         """Close the sampler's sessions on the servers (the client's close does it too)."""
+        with self._lock:
+            self._drop_ahead()
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None

@@ -61,9 +61,9 @@ def test_neighbor_loader_picks_graphfeeds_sampler_and_its_batches_ahead_are_the_
         sampler.close()
 
 
-def test_batches_ahead_keep_the_seeding_when_other_calls_interleave(pyg_cluster, connect):
+def test_batches_ahead_keep_the_seeding_when_other_calls_interleave(pyg_cluster, connect, monkeypatch):
     """A sampler call for other seeds between the loader's batches takes the next batch number with or without
-    batches ahead: the loader's batches after it are the same either way."""
+    batches ahead: the loader's batches after it are the same either way, and still started ahead."""
     ids = torch.arange(0, 3000, 7)
     other = NodeSamplerInput(input_id=None, node=torch.tensor([5, 6, 8]))
     with connect([s.address for s in pyg_cluster], timeout=60) as client:
@@ -73,12 +73,14 @@ def test_batches_ahead_keep_the_seeding_when_other_calls_interleave(pyg_cluster,
             sampler = GraphfeedSampler(client, FANOUTS, feature_store=fs, seed=2, prefetch=prefetch)
             loader = NeighborLoader((fs, gs), num_neighbors=FANOUTS, input_nodes=ids, batch_size=50,
                                     neighbor_sampler=sampler)
+            calls = _count_calls(sampler, monkeypatch)
             got = []
             for i, batch in enumerate(loader):
                 got.append(batch)
                 if i in (1, 4):
                     got.append(sampler.sample_from_nodes(other).node)
             runs.append(got)
+            assert len(calls) == (11 if prefetch == 0 else 2)   # ahead: only the two calls between the loader's
             sampler.close()
         assert len(runs[0]) == len(runs[1]) == 9 + 2
         for a, b in zip(*runs):
@@ -88,7 +90,7 @@ def test_batches_ahead_keep_the_seeding_when_other_calls_interleave(pyg_cluster,
                 assert_same_batch(_comparable(a), _comparable(b))
 
 
-def test_link_neighbor_loader_takes_a_plain_edge_label_index(pyg_cluster, pyg_graph, connect):
+def test_link_neighbor_loader_takes_a_plain_edge_label_index(pyg_cluster, pyg_graph, connect, monkeypatch):
     ei = torch.from_numpy(np.asarray(pyg_graph[0]))
     seed_edges = ei[:, ::11].contiguous()
     with connect([s.address for s in pyg_cluster], timeout=60) as client:
@@ -97,7 +99,9 @@ def test_link_neighbor_loader_takes_a_plain_edge_label_index(pyg_cluster, pyg_gr
                                    neg_sampling="binary")
         typed = LinkNeighborLoader((fs, gs), num_neighbors=FANOUTS, edge_label_index=(DEFAULT_EDGE_TYPE, seed_edges),
                                    batch_size=100, neg_sampling="binary")
+        calls = _count_calls(plain.link_sampler, monkeypatch)
         got, want = list(plain), list(typed)
+        assert calls == [], "a link loader's batches are started ahead too"
         assert len(got) == len(want) == -(-seed_edges.size(1) // 100)
         for a, b in zip(got, want):
             assert_same_batch(a, b)
