@@ -53,9 +53,11 @@ import torch
 
 from graphfeed.core.process import pid_alive
 from graphfeed.transport import wire
-from graphfeed.transport.calls import DataCalls, TorchRpcCalls
+from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.channel import BatchChannel, CallsChannel
+from graphfeed.transport.path import PullChannel
 from graphfeed.transport.pending import Pending
+from graphfeed.transport.registry import SHM
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +256,7 @@ class RingWriter:
             needed = place(batch, 1 << 62)
             return "inline", batch, (needed[-1].offset + needed[-1].nbytes) if needed else 0
         write_batch(mm, batch, layout)
-        return "shm", layout
+        return SHM, layout
 
 
 # ---- the trainer's half ----------------------------------------------------------------------------
@@ -391,17 +393,21 @@ class ShmChannel(BatchChannel):
     ``slot_wait``, ``grown`` (rings that moved to larger slots), ``grow_failed``.
     """
 
-    kind = "shm"
+    kind = SHM
 
     def __init__(self, rpc_timeout: float, slot_wait: float, max_slot_bytes: int | None = None, tag: str = "",
                  calls: DataCalls | None = None):
         super().__init__()
-        self.calls = calls if calls is not None else TorchRpcCalls()
+        if calls is None:
+            from graphfeed.transport.torch_rpc import TorchRpcCalls
+
+            calls = TorchRpcCalls()
+        self.calls = calls
         self.rpc = CallsChannel(self.calls, rpc_timeout)   # parts without a ring, batches too big for a slot
         self.rpc_timeout, self.slot_wait = float(rpc_timeout), float(slot_wait)
         self.max_slot_bytes, self.tag = max_slot_bytes, tag
         self.rings: dict[int, _Ring] = {}
-        self.counts = {"shm": 0, "rpc": 0, "too_big": 0, "slot_wait": 0, "grown": 0, "grow_failed": 0}
+        self.counts = {SHM: 0, "rpc": 0, "too_big": 0, "slot_wait": 0, "grown": 0, "grow_failed": 0}
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
         self._told: set[str] = set()
@@ -477,8 +483,8 @@ class ShmChannel(BatchChannel):
             ring.release(slot)
             pending.set_exception(exc)
             return
-        if answer[0] == "shm":
-            self.counts["shm"] += 1
+        if answer[0] == SHM:
+            self.counts[SHM] += 1
             pending.set_result(read_batch(ring.maps[slot], answer[1], lambda: ring.release(slot)))
             return
         size = len(ring.maps[slot])
@@ -618,3 +624,41 @@ def _ignore_error(answer: Pending, part: int) -> None:
         answer.result()
     except Exception as exc:  # noqa: BLE001 -- the worker (and its maps) may be gone
         log.debug("detach on part %d failed: %s", part, exc)
+
+
+# seconds a pull waits for a free shared-memory slot before it goes over the data path.  A loop that drops
+# each batch never waits (slots > prefetch + 1); one that keeps every batch (``list(loader)``) can
+# never free a slot, so each of its pulls would wait this long: keep it short.
+SHM_SLOT_WAIT = 2.0
+# MiB of a shared-memory slot before it grows to the batches (``shm_slot_mb=None``, the default)
+SHM_START_MB = 64.0
+
+
+class ShmPulls(PullChannel):
+    """Pulls through shared-memory rings with the servers on this host, over the data path for the others."""
+
+    def open(self, parts: Sequence[int], calls: DataCalls, *, group: str, rpc_timeout: float,
+             **options) -> BatchChannel:
+        """``options``: ``shm_slots`` slots per server of ``shm_slot_mb`` MiB (None: from :data:`SHM_START_MB`,
+        grown to the batches up to ``shm_max_slot_mb``).  Pulls through ``calls`` for all when no ring can be set up
+        (one log line)."""
+        slot_mb, max_slot_mb = options["shm_slot_mb"], options["shm_max_slot_mb"]
+        max_bytes: int | None = None
+        if slot_mb is None:   # slots grow to the batches, from SHM_START_MB up to max_slot_mb
+            max_bytes = int(max_slot_mb * 2**20)
+            slot_bytes = min(int(SHM_START_MB * 2**20), max_bytes)
+        else:
+            slot_bytes = int(slot_mb * 2**20)
+        try:
+            return ShmChannel.open(parts, rpc_timeout=rpc_timeout, slots=options["shm_slots"], slot_bytes=slot_bytes,
+                                   max_slot_bytes=max_bytes, slot_wait=min(SHM_SLOT_WAIT, rpc_timeout / 2),
+                                   group=group, calls=calls)
+        except ShmUnavailable as exc:
+            log.log(logging.WARNING if exc.no_room else logging.INFO,
+                    "batch channel: %s (no shared-memory ring: %s)", calls.label, exc)
+        except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
+            log.warning("batch channel: %s (shared-memory ring could not be allocated: %s)", calls.label, exc)
+        return CallsChannel(calls, rpc_timeout)
+
+
+CHANNEL = ShmPulls()

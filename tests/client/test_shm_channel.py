@@ -21,7 +21,6 @@ import torch
 from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
-from graphfeed.client import group as group_mod
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.testing.cluster import running_cluster
 from graphfeed.transport import shm
@@ -291,7 +290,7 @@ def _slot_ids(names: list[str]) -> list[int]:
 
 def test_slots_grow_to_the_batches_and_the_old_slots_are_unmapped_on_both_sides(cluster, parts_dir, monkeypatch,
                                                                                caplog):
-    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)   # 4 KiB slots: every batch is too big at first
+    monkeypatch.setattr(shm, "SHM_START_MB", 4 / 1024)   # 4 KiB slots: every batch is too big at first
     local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
     with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:
@@ -334,7 +333,7 @@ def test_no_room_for_the_ring_is_torch_rpc_with_one_log_line(cluster, parts_dir,
 
 
 def test_no_room_to_grow_keeps_the_old_slots_and_the_batches_come_over_rpc(cluster, parts_dir, monkeypatch, caplog):
-    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)
+    monkeypatch.setattr(shm, "SHM_START_MB", 4 / 1024)
     local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
     with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:

@@ -54,12 +54,13 @@ Large bodies reuse the buffers of earlier frames once nothing of those frames is
 """
 from __future__ import annotations
 
+from graphfeed.transport.calls import Function
 from graphfeed.transport.secure.buffers import ReceiveBuffers
 from graphfeed.transport.secure.client import SecureCalls, SecureClient
 from graphfeed.transport.secure.connection import Connection
 from graphfeed.transport.secure.frames import FrameError
 from graphfeed.transport.secure.handshake import Refused, TlsServer, check_key, client_tls, new_group_key
-from graphfeed.transport.secure.server import Function, RefusalLog, SecureServer
+from graphfeed.transport.secure.server import RefusalLog, SecureServer
 
 __all__ = ["Connection", "FrameError", "Function", "ReceiveBuffers", "RefusalLog", "Refused", "SecureCalls",
            "SecureClient", "SecureServer", "TlsServer", "check_key", "client_tls", "new_group_key"]

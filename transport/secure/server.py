@@ -7,10 +7,10 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from graphfeed.transport import wire
+from graphfeed.transport.calls import Function, Handler
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
 from graphfeed.transport.secure.frames import FrameError
@@ -25,17 +25,6 @@ from graphfeed.transport.secure.handshake import (
 )
 
 REFUSAL_LOG_INTERVAL = 60.0   # seconds between two log lines about refused connections
-
-Handler = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Function:
-    """A function the server answers: ``fn(*args)``; ``is_async``: it returns a :class:`Pending` at once."""
-
-    fn: Handler
-    is_async: bool = False
-
 
 class RefusalLog:
     """Counts refused connections and logs at most one line per ``interval`` seconds (with the count since)."""
