@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from graphfeed.transport import wire
+from graphfeed.transport import registry, wire
 from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
@@ -148,7 +148,7 @@ class SecureClient:
 class SecureCalls(DataCalls):
     """Calls to the group's workers over :class:`SecureClient` connections (one per part, made on first use)."""
 
-    kind = "secure"
+    kind = registry.SECURE
     label = "the secure data path"
 
     def __init__(self, key: bytes, endpoints: Mapping[int, str] | None = None, *,
