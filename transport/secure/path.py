@@ -13,15 +13,7 @@ from typing import Callable, Mapping, Sequence
 
 from graphfeed.transport import registry, rpc_group
 from graphfeed.transport.calls import DataCalls
-from graphfeed.transport.path import (
-    DataPath,
-    GroupError,
-    TlsFiles,
-    TrainerEnd,
-    WorkerEnd,
-    WorkerHooks,
-    WorkerPlace,
-)
+from graphfeed.transport.path import DataPath, GroupError, TlsFiles, TrainerEnd, WorkerEnd, WorkerHooks, WorkerPlace
 from graphfeed.transport.secure.client import SecureCalls
 from graphfeed.transport.secure.handshake import TlsServer, client_tls
 from graphfeed.transport.secure.server import RefusalLog, SecureServer
