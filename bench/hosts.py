@@ -28,6 +28,7 @@ import time
 
 from graphfeed.bench.remote import RemoteBenchConfig, measure, server_logs, tree_cpu_s
 from graphfeed.testing.hosts import EmulatedHosts, Host, LineReader, LinkCounters, unavailable
+from graphfeed.transport import registry
 
 PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
@@ -52,7 +53,7 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
             import grpc
 
             cert, key = hosts_certificate(log_dir, [h.address for h in em.hosts])
-            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport="secure")
+            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport=registry.SECURED_DEFAULT)
             with open(cert, "rb") as f:   # the health probe trusts the servers' certificate
                 probe = grpc.ssl_channel_credentials(root_certificates=f.read())
         for k, host in enumerate(em.hosts[1:]):

@@ -58,6 +58,7 @@ import torch
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_fields, workload_spec
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.testing.cluster import LocalCluster
+from graphfeed.transport import registry
 
 
 def check_servers(servers, graph) -> int | tuple[str, ...]:
@@ -329,10 +330,11 @@ def transport_fields(channel, before: dict[str, int]) -> dict:
     counts = channel_counts(channel)
     if not counts:
         return {"channel": channel.kind, "shm_batches": None, "rpc_batches": None, "shm_grown": None}
-    shm = counts["shm"] - before.get("shm", 0)
+    shm = counts[registry.SHM] - before.get(registry.SHM, 0)
     rpc = sum(counts[k] - before.get(k, 0) for k in ("rpc", "too_big", "slot_wait"))
-    over = getattr(getattr(channel, "calls", None), "kind", "torch-rpc")   # what carries what shared memory cannot
-    kind = f"shm+{over}" if shm and rpc else ("shm" if shm else over)
+    # what carries what shared memory cannot
+    over = getattr(getattr(channel, "calls", None), "kind", registry.TRUSTED_DEFAULT)
+    kind = f"{registry.SHM}+{over}" if shm and rpc else (registry.SHM if shm else over)
     return {"channel": kind, "shm_batches": shm, "rpc_batches": rpc, "shm_grown": counts.get("grown", 0)}
 
 

@@ -44,7 +44,7 @@ def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry
     part on its peer worker (reached through ``calls``; default torch RPC)."""
     telemetry = telemetry if telemetry is not None else WorkerTelemetry()
     if calls is None:
-        from graphfeed.transport.calls import TorchRpcCalls
+        from graphfeed.transport.torch_rpc import TorchRpcCalls
 
         calls = TorchRpcCalls()
     mine = own if own is not None else LocalSource(part)
