@@ -279,8 +279,9 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
     mark = mark or (lambda _phase: None)
-    with gf.connect(list(addresses), channel=cfg.channel, transport=cfg.transport,
-                    tls_ca=cfg.tls_cert) as client, _loader(client, cfg) as loader:
+    no_shm = {"shm_slots": 0} if cfg.channel == "rpc" else {}   # --channel rpc: every pull over the data path
+    with gf.connect(list(addresses), transport=cfg.transport, tls_ca=cfg.tls_cert, **no_shm) as client, \
+            _loader(client, cfg) as loader:
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []

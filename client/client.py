@@ -69,22 +69,23 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     ``transport`` (:func:`graphfeed.transport.registry.connect_choices`): how batches and calls travel.
 
     * ``"auto"`` (the default): the data path the servers ask for -- ``"secure"`` when a server has a
-      token or TLS (or ``data_path: secure``), else ``"torch-rpc"`` -- and batches from servers on this
-      host through shared memory (``"shm"``).
-    * ``"shm"``: the same, said explicitly: a ring of ``shm_slots`` slots per same-host server (see
-      :mod:`graphfeed.transport.shm`; a batch's tensors are views of its slot, reused once they are
-      freed), the data path for the other servers, for calls, and for a batch too big for its slot.
-      Slots start at 64 MiB and grow to the batches (the first batch too big for a slot comes over the
-      data path, then the part's ring moves to slots of 1.25x its size, at most ``shm_max_slot_mb``
-      MiB); ``shm_slot_mb=N`` fixes them at N MiB instead (larger batches always come over the data path).
-    * ``"secure"``: the authenticated data path for everything -- every connection proves the group's
-      key, nothing is unpickled, TLS when this client uses TLS.
-    * ``"torch-rpc"``: torch RPC for everything (trusted networks only); refused by a server that asks
-      for ``"secure"``.
+      token or TLS (or ``data_path: secure``), else ``"torch-rpc"``.
+    * ``"secure"``: the authenticated data path -- every connection proves the group's key, nothing is
+      unpickled, TLS when this client uses TLS.
+    * ``"torch-rpc"``: torch RPC (trusted networks only); refused by a server that asks for ``"secure"``.
+    * ``"shm"``: the same as ``"auto"``, said explicitly.
 
-    ``channel=`` (deprecated, one release): ``channel="rpc"`` is every pull over the data path (name it:
-    ``transport="secure"`` or ``"torch-rpc"``), ``channel="auto"`` is shared memory with same-host servers
-    (``transport="auto"``); both warn (DeprecationWarning).
+    Whatever the data path, batches from servers on this host come through shared memory (``"shm"``): a
+    ring of ``shm_slots`` slots per same-host server (see :mod:`graphfeed.transport.shm`; a batch's
+    tensors are views of its slot, reused once they are freed); the data path carries the calls, the
+    other servers' batches and a batch too big for its slot.  Slots start at 64 MiB and grow to the
+    batches (the first batch too big for a slot comes over the data path, then the part's ring moves to
+    slots of 1.25x its size, at most ``shm_max_slot_mb`` MiB); ``shm_slot_mb=N`` fixes them at N MiB
+    instead (larger batches always come over the data path); ``shm_slots=0`` sends every pull over the
+    data path.
+
+    ``channel=`` (deprecated, one release): ``channel="rpc"`` is ``shm_slots=0``, ``channel="auto"`` the
+    default; both warn (DeprecationWarning).
 
     ``settings`` (:class:`~graphfeed.client.settings.ConnectSettings`) holds everything else; keywords named
     as its fields replace its values (or the defaults'): ``timeout`` bounds each control call and the
@@ -119,6 +120,8 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     """
     route = _route(transport, options.pop("channel", None))
     settings = ConnectSettings.of(settings, options, "connect")
+    if settings.shm_slots == 0:
+        route = route.network_only()
     addresses = parse_cluster(cluster)
     reused = _open_client(addresses)
     if reused is not None:
@@ -145,12 +148,11 @@ def _route(transport: str, channel: str | None) -> registry.Route:
         return route
     if channel not in CHANNELS:
         raise ValueError(f"channel must be {registry.listed(CHANNELS)} (deprecated: use transport=), got {channel!r}")
-    pulls = registry.PULLS_DEFAULT if channel == registry.AUTO else None
-    new = registry.AUTO if pulls is not None else f"one of {registry.listed(registry.names())}"
-    warnings.warn(f"connect(channel={channel!r}) is deprecated and goes in the next release: pass transport={new} "
-                  f"(shared memory with same-host servers is {registry.listed((registry.AUTO, registry.SHM))}; "
-                  f"a data path's name sends every pull over it)", DeprecationWarning, stacklevel=3)
-    return registry.Route(route.data_path, pulls)
+    new = "nothing (shared memory with same-host servers is the default)" if channel == registry.AUTO else \
+        "shm_slots=0 (every pull over the data path)"
+    warnings.warn(f"connect(channel={channel!r}) is deprecated and goes in the next release: pass {new}",
+                  DeprecationWarning, stacklevel=3)
+    return route if channel == registry.AUTO else route.network_only()
 
 
 class Client:

@@ -26,7 +26,7 @@ class ConnectSettings:
     tls_ca: Any = None                     # CA bundle: TLS on (PEM path or bytes)
     tls_cert: Any = None                   # client certificate (mTLS) ...
     tls_key: Any = None                    # ... and its key
-    shm_slots: int = 8                     # shared-memory slots per same-host server
+    shm_slots: int = 8                     # shared-memory slots per same-host server (0: no shared memory)
     shm_slot_mb: float | None = None       # MiB per slot (None: from 64 MiB, grown to the batches)
     shm_max_slot_mb: float = 1024.0        # the largest a growing slot gets (MiB)
 
@@ -34,8 +34,9 @@ class ConnectSettings:
         if not self.reconnect_timeout >= 0:
             raise ValueError(f"reconnect_timeout must be >= 0 seconds (0 = fail at once), "
                              f"got {self.reconnect_timeout!r}")
-        if self.shm_slots < 1 or (self.shm_slot_mb is not None and not self.shm_slot_mb > 0):
-            raise ValueError(f"shm_slots must be >= 1 and shm_slot_mb > 0 (or None: slots grow to the batches), "
+        if self.shm_slots < 0 or (self.shm_slot_mb is not None and not self.shm_slot_mb > 0):
+            raise ValueError(f"shm_slots must be >= 0 (0: every pull over the data path) and shm_slot_mb > 0 "
+                             f"(or None: slots grow to the batches), "
                              f"got {self.shm_slots} and {self.shm_slot_mb}")
         if not self.shm_max_slot_mb > 0:
             raise ValueError(f"shm_max_slot_mb must be > 0 (MiB: the largest a growing slot gets), "

@@ -114,14 +114,20 @@ class Route:
     data_path: str = AUTO
     pulls: str | None = PULLS_DEFAULT
 
+    def network_only(self) -> Route:
+        """The same data path with every pull over it (no pull channel)."""
+        return Route(self.data_path, None)
+
 
 def route(transport: str) -> Route:
-    """A trainer's ``transport=``: ``auto`` (the servers' data path; pulls from servers on this host through
-    :data:`PULLS_DEFAULT`), a pull channel (the same, through it) or a data path (everything over it)."""
+    """A trainer's ``transport=``: ``auto`` (the servers' data path), a data path (that one), or a pull channel
+    (the servers' data path, pulls from servers on this host through that channel).  Pulls from servers on
+    this host go through :data:`PULLS_DEFAULT` unless a pull channel is named (``connect(shm_slots=0)`` turns
+    shared memory off: :meth:`Route.network_only`)."""
     if transport == AUTO:
         return Route()
     if transport in _CHANNELS:
         return Route(AUTO, transport)
     if transport in _PATHS:
-        return Route(transport, None)
+        return Route(transport, PULLS_DEFAULT)
     raise ValueError(f"transport must be {listed(connect_choices())}, got {transport!r}")

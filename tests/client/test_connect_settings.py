@@ -34,7 +34,8 @@ def test_connect_settings_take_the_keywords_by_name_and_check_them_once():
         ConnectSettings.of(None, {"timout": 1.0}, "connect")
     with pytest.raises(ValueError, match="reconnect_timeout must be >= 0"):
         ConnectSettings(reconnect_timeout=-1)
-    with pytest.raises(ValueError, match="shm_slots must be >= 1"):
-        ConnectSettings(shm_slots=0)
+    with pytest.raises(ValueError, match="shm_slots must be >= 0"):
+        ConnectSettings(shm_slots=-1)
+    assert ConnectSettings(shm_slots=0).shm_slots == 0   # no shared memory: every pull over the data path
     with pytest.raises(ValueError, match="shm_max_slot_mb must be > 0"):
         ConnectSettings(shm_max_slot_mb=0)

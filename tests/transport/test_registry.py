@@ -36,6 +36,7 @@ def test_connect_transport_names_a_route():
     assert registry.route(registry.AUTO) == registry.Route(registry.AUTO, registry.SHM)
     assert registry.route(registry.SHM) == registry.Route(registry.AUTO, registry.SHM)
     for name in registry.names():
-        assert registry.route(name) == registry.Route(name, None)
+        assert registry.route(name) == registry.Route(name, registry.SHM)   # same-host pulls: shared memory
     with pytest.raises(ValueError, match="transport must be 'auto', "):
         registry.route("rpc")
+    assert registry.route(registry.SECURE).network_only() == registry.Route(registry.SECURE, None)
