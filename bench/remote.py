@@ -414,7 +414,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
 
 
 def _check_parts(graph: str, n: int) -> None:
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     parts = read_meta(graph).num_parts
     if parts != n:

@@ -16,7 +16,7 @@ import torch
 
 from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_rows_dtype
 from graphfeed.server.embedding.table import PartTable
-from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.server.partition.format.book import RangePartitionBook
 
 #: ``call(part, function name, args)`` -> a pending answer with ``result(timeout)`` (the worker's DataCalls)
 PeerCall = Callable[[int, str, tuple], Any]

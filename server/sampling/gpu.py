@@ -20,7 +20,7 @@ import logging
 import torch
 
 from graphfeed.core.spec import EdgeType, LoaderSpec, SamplingSpec
-from graphfeed.server.partition.store import Partition, Topology
+from graphfeed.server.partition.format.store import Partition, Topology
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_subgraph
 from graphfeed.server.sampling.source import LocalSource, Ready, Rows, center_type, check_owned

@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.store import NodeStore, Partition
+from graphfeed.server.partition.format.store import NodeStore, Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.types import NodeRows, OneHop
 

@@ -35,7 +35,7 @@ class NodeRows:
     y: torch.Tensor | None
     n_id: torch.Tensor
 
-    # field -> the part's node store column (graphfeed.server.partition.store.NodeStore) it is read from
+    # field -> the part's node store column (graphfeed.server.partition.format.store.NodeStore) it is read from
     COLUMNS: ClassVar[dict[str, str]] = {"x": "x", "y": "y", "n_id": "orig_id"}
 
     @classmethod

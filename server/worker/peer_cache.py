@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.types import NodeRows
 

@@ -21,7 +21,8 @@ stored: :attr:`GraphInput.dropped` names it, and ``graphfeed partition`` prints 
 line with those names.
 
 Typed inputs (a PyG ``HeteroData`` file, a typed ``.npy`` folder) are read by
-:mod:`graphfeed.server.partition.typed_inputs`; :func:`read_graph` tells them apart.
+:mod:`graphfeed.server.partition.inputs.typed`; :func:`graphfeed.server.partition.inputs.reader.read_graph`
+tells them apart.
 
 Every problem raises :class:`InputError` naming the file or attribute and the fix.
 """
@@ -35,14 +36,13 @@ from typing import Callable
 import numpy as np
 
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, SPLITS
-from graphfeed.server.partition.graph_input import GraphInput, fingerprint
-from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
-from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
-from graphfeed.server.partition.input_arrays import (
+from graphfeed.server.partition.inputs.arrays import (
+    HARD_NEG_FILE,
     InputError,
     check_edge_attr,
     check_edge_index_shape,
     check_edge_weight,
+    check_hard_neg_dst,
     check_split,
     check_time,
     check_x,
@@ -54,10 +54,8 @@ from graphfeed.server.partition.input_arrays import (
     to_numpy,
     torch_load,
 )
-from graphfeed.server.partition.typed_inputs import is_hetero_data, is_typed_folder, read_hetero_data, read_typed_folder
-
-__all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fingerprint", "read_graph",
-           "read_npy_folder", "read_torch_file"]
+from graphfeed.server.partition.inputs.graph import GraphInput, fingerprint
+from graphfeed.server.partition.inputs.typed import is_hetero_data, read_hetero_data
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
 NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight", "node_time",
@@ -68,25 +66,6 @@ DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
-# ----------------------------------------------------------------------------- entry point
-
-def read_graph(path: str | os.PathLike, *, allow_pickle: bool = False) -> GraphInput:
-    """Read and validate a graph from a ``.npy`` folder (homogeneous or typed) or a ``torch.save`` file
-    (a PyG ``Data``, a dict of tensors, or a ``HeteroData``).
-
-    ``allow_pickle`` lets a torch file that holds more than PyG data and tensors be
-    unpickled (arbitrary code runs: only for files you trust).
-    """
-    path = Path(path)
-    if path.is_dir():
-        return read_typed_folder(path, _graph_name(path)) if is_typed_folder(path) else read_npy_folder(path)
-    if path.is_file():
-        return read_torch_file(path, allow_pickle=allow_pickle)
-    raise InputError(f"input {path} does not exist: give a folder in the .npy layout "
-                     f"(edge_index.npy, x.npy, y.npy, train_idx.npy, ...; or one sub-folder per node and edge "
-                     f"type) or a file saved with torch.save")
-
-
 # ----------------------------------------------------------------------------- .npy folder
 
 def _load_npy(folder: Path, name: str, required: bool) -> np.ndarray | None:
@@ -95,7 +74,8 @@ def _load_npy(folder: Path, name: str, required: bool) -> np.ndarray | None:
                     f"(see `graphfeed generate`)")
 
 
-def _graph_name(folder: Path) -> str:
+def graph_name(folder: Path) -> str:
+    """A graph folder's name: its ``meta.json``'s ``name`` (or ``preset``), else the folder's."""
     meta = folder / "meta.json"
     if meta.is_file():
         try:
@@ -114,7 +94,7 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
-                              name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
+                              name=graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
                               node_time=arrays["node_time"], edge_time=arrays["edge_time"])
     _add_hard_negatives(graph, arrays[HARD_NEG_FILE], where(HARD_NEG_FILE))
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)

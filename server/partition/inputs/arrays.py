@@ -192,6 +192,27 @@ def check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
     return time.astype(np.int64)
 
 
+HARD_NEG_FILE = "hard_neg_dst"    # the hard negatives' input array (.npy file, Data / HeteroData attribute)
+
+
+def check_hard_neg_dst(array: np.ndarray, num_edges: int, num_dst: int, where: str) -> np.ndarray:
+    """``array`` as int64 [E, k] original destination ids with -1 padding; InputError naming the fix."""
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    if array.ndim != 2 or array.shape[0] != num_edges:
+        raise InputError(f"{where} has shape {list(array.shape)}, edge_index has {num_edges} edges: give one row "
+                         f"of hard-negative destination ids per edge, [E, k] with -1 padding")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"{where} must hold integer node ids (-1 = none), got dtype {array.dtype}")
+    array = array.astype(np.int64, copy=False)
+    bad = (array < -1) | (array >= num_dst)
+    if bad.any():
+        row, col = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(f"{where}[{row}, {col}] = {int(array[row, col])} is not a destination node id: ids are "
+                         f"0..{num_dst - 1}, -1 for padding")
+    return array
+
+
 class _PyGDataUnpickler(pickle.Unpickler):
     """Unpickles only tensors, plain containers and PyG's data classes (the pickle documentation's
     "restricting globals"): any other global is an UnpicklingError naming it."""

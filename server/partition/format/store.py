@@ -26,8 +26,9 @@ from graphfeed.core.spec import (
     check_link_ids,
     weight_column,
 )
-from graphfeed.server.partition.book import RangePartitionBook
-from graphfeed.server.partition.format import (
+from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.hard_negatives import HardNegatives
+from graphfeed.server.partition.format.layout import (
     DEFAULT_EDGE_TYPE,
     PartitionFormatError,
     PartitionMeta,
@@ -36,7 +37,6 @@ from graphfeed.server.partition.format import (
     load_array,
     read_meta,
 )
-from graphfeed.server.partition.hard_negatives import HardNegatives
 
 EdgeType = tuple[str, str, str]
 

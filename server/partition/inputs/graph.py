@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
-from graphfeed.server.partition.input_arrays import label_classes
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.server.partition.inputs.arrays import label_classes
 
 EdgeType = tuple[str, str, str]
 

@@ -35,15 +35,14 @@ from typing import Callable
 import numpy as np
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.server.partition.format import edge_type_dirname
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
-from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
-from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
-from graphfeed.server.partition.input_arrays import (
+from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.inputs.arrays import (
+    HARD_NEG_FILE,
     InputError,
     check_edge_attr,
     check_edge_index_shape,
     check_edge_weight,
+    check_hard_neg_dst,
     check_split,
     check_time,
     check_x,
@@ -54,6 +53,7 @@ from graphfeed.server.partition.input_arrays import (
     mask_to_ids,
     to_numpy,
 )
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
 
 NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS), "node_time")
 EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE)

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from graphfeed.core.process import pid_alive
-from graphfeed.server.partition.format import (
+from graphfeed.server.partition.format.layout import (
     LINK_SPLITS,
     META_FILE,
     TOPOLOGIES,
@@ -27,10 +27,10 @@ from graphfeed.server.partition.format import (
     save_array,
     write_meta,
 )
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
-from graphfeed.server.partition.hard_negatives import write_hard_negatives
-from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
-from graphfeed.server.partition.quantize import column_range, is_quantizable, scales_of_range, write_scales
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.format.hard_negatives import write_hard_negatives
+from graphfeed.server.partition.build.metis import metis_parts, symmetric_adjacency
+from graphfeed.server.partition.format.quantize import column_range, is_quantizable, scales_of_range, write_scales
 
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from graphfeed.server.partition.format import PartitionMeta, PartitionPaths, read_meta, save_array
+from graphfeed.server.partition.format.layout import PartitionMeta, PartitionPaths, read_meta, save_array
 
 CHUNK_BYTES = 1 << 19         # float64 bytes of rows folded at a time: a few of these is the memory it takes
 LEVELS = 255                  # int8 steps between a column's minimum and maximum
