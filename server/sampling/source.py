@@ -139,7 +139,7 @@ class LocalSource:
         store = self.part.nodes(ntype)
         local = (gids - store.start).cpu()     # a GPU graph's batch arrays (out) are filled from here too
         for name, dst in out.items():
-            src = getattr(store, NodeRows.COLUMNS[name])
+            src = store.column(NodeRows.COLUMNS[name])
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, local, dst, pos)
 

@@ -26,9 +26,7 @@ until META.json is written last and it is renamed to NAME: nothing half-written 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,29 +34,25 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from graphfeed.server.partition.build.plan import BOUNDED_METHODS, METIS_BYTES_PER_EDGE, BASELINE_BYTES, default_memory_limit, format_bytes, make_plan
-from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes
-from graphfeed.server.partition.inputs.chunked import ChunkedGraph
-from graphfeed.server.partition.format.layout import (
-    META_FILE,
-    PartitionMeta,
-    PartitionPaths,
-    edge_type_dirname,
-    save_array,
-    write_meta,
+from graphfeed.core.columns import INPUT_COLUMNS, NODE_COLUMNS, TIME, NodeColumn
+from graphfeed.server.partition.build.plan import (
+    BASELINE_BYTES,
+    BOUNDED_METHODS,
+    METIS_BYTES_PER_EDGE,
+    default_memory_limit,
+    format_bytes,
+    make_plan,
 )
-from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
-from graphfeed.server.partition.format.quantize import add_scales
 from graphfeed.server.partition.build.runner import InProcess
 from graphfeed.server.partition.build.scratch import (
     Job,
     Plan,
     count_ids,
-    open_scratch,
     edge_chunks,
     id_dtype,
     load_bucket,
     mark_done,
+    open_scratch,
     parts_dtype,
     plan_buckets,
     save_atomic,
@@ -66,6 +60,17 @@ from graphfeed.server.partition.build.scratch import (
     stable_order,
     write_json_atomic,
 )
+from graphfeed.server.partition.format.layout import (
+    PartitionMeta,
+    PartitionPaths,
+    edge_type_dirname,
+    save_array,
+    write_meta,
+)
+from graphfeed.server.partition.format.quantize import add_scales
+from graphfeed.server.partition.inputs.chunked import ChunkedGraph
+from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
 
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
@@ -172,9 +177,6 @@ def _parts_of_type(parts: np.ndarray, graph: ChunkedGraph, ntype: str) -> np.nda
 
 # ----------------------------------------------------------------------------- 3. nodes
 
-NODE_OUTPUTS = (("x", "x"), ("y", "y"), ("node_time", "time"))
-
-
 def node_tasks(job: Job, ranges: dict[str, list[int]]) -> list[tuple[str, int, int, list[int]]]:
     """``(ntype, start, stop, rows_before)`` per row chunk; preallocates every part's node files."""
     graph, plan, paths = job.graph, job.plan, PartitionPaths(job.out)
@@ -190,16 +192,17 @@ def node_tasks(job: Job, ranges: dict[str, list[int]]) -> list[tuple[str, int, i
             before += np.bincount(mine[a:b], minlength=plan.num_parts)
         for k in range(plan.num_parts):
             size = ranges[ntype][k + 1] - ranges[ntype][k]
-            for name, out_name in NODE_OUTPUTS:
-                f = t.fields.get(name)
+            for column in INPUT_COLUMNS:
+                f = t.fields.get(column.file)
                 if f is not None:
-                    preallocate(paths.node_file(k, out_name, ntype), _node_dtype(name, f), (size, *f.row_shape))
+                    preallocate(paths.node_file(k, column.name, ntype), _node_dtype(column, f), (size, *f.row_shape))
             preallocate(paths.node_file(k, "orig_id", ntype), np.int64, (size,))
     return tasks
 
 
-def _node_dtype(name: str, f: ArrayChunks) -> np.dtype:
-    return np.dtype(np.int64) if name == "node_time" else np.dtype(f.dtype)
+def _node_dtype(column: NodeColumn, f: ArrayChunks) -> np.dtype:
+    """The stored dtype of ``column`` read from the chunks ``f`` (the column's own, else the input's)."""
+    return np.dtype(column.dtype or f.dtype)
 
 
 def run_node_task(job: Job, task: tuple[str, int, int, list[int]]) -> int:
@@ -212,13 +215,13 @@ def run_node_task(job: Job, task: tuple[str, int, int, list[int]]) -> int:
     t = graph.nodes[ntype]
     parts = np.asarray(_parts_of_type(job.parts(), graph, ntype)[a:b])
     masks = [parts == k for k in range(job.plan.num_parts)]
-    for name, out_name in NODE_OUTPUTS:
-        f = t.fields.get(name)
+    for column in INPUT_COLUMNS:
+        f = t.fields.get(column.file)
         if f is None:
             continue
-        rows = f.read(a, b).astype(_node_dtype(name, f), copy=False)
+        rows = f.read(a, b).astype(_node_dtype(column, f), copy=False)
         for k, mask in enumerate(masks):
-            write_rows(paths.node_file(k, out_name, ntype), before[k], rows[mask])
+            write_rows(paths.node_file(k, column.name, ntype), before[k], rows[mask])
     ids = np.arange(a, b, dtype=np.int64)
     for k, mask in enumerate(masks):
         write_rows(paths.node_file(k, "orig_id", ntype), before[k], ids[mask])
@@ -295,7 +298,7 @@ def _edge_extras(job: Job, etype: EdgeType, other_type: str, a: int, b: int,
         out["edge_weight"] = w if np.issubdtype(w.dtype, np.floating) else w.astype(np.float32)
     if "edge_time" in fields:
         out["edge_time"] = fields["edge_time"].read(a, b).astype(np.int64)
-    node_time = job.graph.nodes[other_type].fields.get("node_time")
+    node_time = job.graph.nodes[other_type].fields.get(NODE_COLUMNS[TIME].file)
     if node_time is not None:
         by_new = _time_by_new(job, other_type, node_time)
         out["nbr_time"] = by_new[other_new]
@@ -495,7 +498,7 @@ def _extra_columns(graph: ChunkedGraph, etype: EdgeType, other_type: str) -> dic
     if "edge_time" in fields:
         out["edge_time"] = (np.dtype(np.int64), ())
     out["eid"] = (np.dtype(np.int64), ())
-    if "node_time" in graph.nodes[other_type].fields:
+    if NODE_COLUMNS[TIME].file in graph.nodes[other_type].fields:
         out["nbr_time"] = (np.dtype(np.int64), ())
     return out
 
@@ -507,8 +510,7 @@ def _spec(f: ArrayChunks, dtype=None) -> dict:
 def _meta(graph: ChunkedGraph, plan: Plan, ranges: dict[str, list[int]], cut: int) -> PartitionMeta:
     features = {}
     for ntype, t in graph.nodes.items():
-        features[ntype] = {out: _spec(t.fields[name], np.int64 if name == "node_time" else None)
-                           for name, out in NODE_OUTPUTS if name in t.fields}
+        features[ntype] = {c.name: _spec(t.fields[c.file], c.dtype) for c in INPUT_COLUMNS if c.file in t.fields}
     edges = {edge_type_dirname(e): c.fields for e, c in graph.edges.items()}
     return PartitionMeta(
         num_parts=plan.num_parts, node_types=graph.node_types, edge_types=[list(e) for e in graph.edge_types],

@@ -16,7 +16,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from graphfeed.core.columns import INPUT_COLUMNS
 from graphfeed.core.process import pid_alive
+from graphfeed.server.partition.build.metis import metis_parts, symmetric_adjacency
+from graphfeed.server.partition.format.hard_negatives import write_hard_negatives
 from graphfeed.server.partition.format.layout import (
     LINK_SPLITS,
     META_FILE,
@@ -27,10 +30,8 @@ from graphfeed.server.partition.format.layout import (
     save_array,
     write_meta,
 )
-from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
-from graphfeed.server.partition.format.hard_negatives import write_hard_negatives
-from graphfeed.server.partition.build.metis import metis_parts, symmetric_adjacency
 from graphfeed.server.partition.format.quantize import column_range, is_quantizable, scales_of_range, write_scales
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
 
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]
@@ -209,9 +210,10 @@ def _write_nodes(graph: GraphInput, ntype: str, paths: PartitionPaths, numbering
     desc = "writing nodes" if graph.is_homogeneous else f"writing {ntype} nodes"
     for k in progress(range(ranges.size - 1), desc):
         owned = numbering.order[ranges[k]:ranges[k + 1]]
-        for name, values in (("x", t.x), ("y", t.y), ("time", t.time)):
+        for column in INPUT_COLUMNS:
+            values = t.column(column.name)
             if values is not None:
-                save_array(paths.node_file(k, name, ntype), values[owned])
+                save_array(paths.node_file(k, column.name, ntype), values[owned])
         save_array(paths.node_file(k, "orig_id", ntype), owned)
         for split, gids in new_splits.items():
             lo, hi = np.searchsorted(gids, [ranges[k], ranges[k + 1]])
@@ -434,8 +436,7 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
         node_ranges={ntype: numbering[ntype].ranges.tolist() for ntype in graph.node_types},
         num_edges={edge_type_dirname(etype): e.num_edges for etype, e in graph.edges.items()},
         topologies=list(topologies),
-        features={ntype: {name: _array_spec(a) for name, a in (("x", t.x), ("y", t.y), ("time", t.time))
-                          if a is not None}
+        features={ntype: {c.name: _array_spec(t.columns[c.name]) for c in INPUT_COLUMNS if c.name in t.columns}
                   for ntype, t in graph.nodes.items()},
         edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
                        for etype, e in graph.edges.items() if e.edge_attr is not None},

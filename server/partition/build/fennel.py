@@ -25,6 +25,7 @@ import shutil
 
 import numpy as np
 
+from graphfeed.server.partition.build import scratch
 from graphfeed.server.partition.build.coarsen import (
     CLUSTER_FRACTION,
     Weighted,
@@ -37,7 +38,6 @@ from graphfeed.server.partition.build.coarsen import (
     relabel_batch,
 )
 from graphfeed.server.partition.build.metis import BALANCE_SLACK
-from graphfeed.server.partition.build import scratch
 
 REFINE_ROUNDS = 4      # balanced refinement rounds over the streamed lists (each one pass, two with the cut)
 

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from graphfeed.server.partition.build.scratch import Plan, parts_dtype
-from graphfeed.server.partition.inputs.chunks import ArrayChunks
 from graphfeed.server.partition.inputs.chunked import ChunkedGraph
+from graphfeed.server.partition.inputs.chunks import ArrayChunks
 
 BOUNDED_METHODS = ("random", "fennel", "metis")
 BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (~40 MB resident), with room

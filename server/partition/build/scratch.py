@@ -15,8 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from graphfeed.server.partition.inputs.chunked import ChunkedGraph
 from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.inputs.chunked import ChunkedGraph
 from graphfeed.server.partition.inputs.graph import EdgeType
 
 PLAN_VERSION = 2   # 2: fennel buckets hold global ids (a version-1 scratch folder is started over)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfeed.core.columns import NodeColumn
+
 
 class InputError(ValueError):
     """The input graph is missing, malformed or inconsistent (message names the file and the fix)."""
@@ -191,6 +193,25 @@ def check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
                          f"and shape {list(time.shape)}")
     return time.astype(np.int64)
 
+
+
+def check_node_column(column: NodeColumn, array, count: int, w: str, of: str) -> np.ndarray | None:
+    """``array`` (None: absent) as stored column ``column`` of a node type with ``count`` nodes, checked by its
+    rule (``of`` says where ``count`` comes from, e.g. ``"x has"``); InputError naming the array otherwise."""
+    if array is None:
+        return None
+    if column.check == "times":
+        return check_time(array, count, w, of)
+    if column.check == "features":
+        check_x(array, w)
+    elif column.check == "labels":
+        check_y_dtype(array, w)
+    elif array.ndim == 0 or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, one row per node, got dtype {array.dtype} and shape "
+                         f"{list(array.shape)}")
+    if array.shape[0] != count:
+        raise InputError(f"{w} has {array.shape[0]} rows but {of} {count}: give one row per node (same order)")
+    return array if column.dtype is None else array.astype(column.dtype, copy=False)
 
 HARD_NEG_FILE = "hard_neg_dst"    # the hard negatives' input array (.npy file, Data / HeteroData attribute)
 

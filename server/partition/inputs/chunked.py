@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfeed.core.columns import INPUT_COLUMNS, OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, edge_type_dirname
 from graphfeed.server.partition.inputs.arrays import InputError, check_split
@@ -42,7 +43,7 @@ from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes,
 from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, TypedView
 
 MANIFEST = "chunks.json"
-NODE_FIELDS = ("x", "y", "node_time")
+NODE_FIELDS = tuple(c.file for c in INPUT_COLUMNS)   # x, y, node_time: the stored node columns' input names
 EDGE_FIELDS = ("edge_index", "edge_attr", "edge_weight", "edge_time")
 _CHUNK_RE = re.compile(r"^(?P<field>[a-z_]+?)_(?P<index>\d+)\.npy$")
 
@@ -52,7 +53,7 @@ _CHUNK_RE = re.compile(r"^(?P<field>[a-z_]+?)_(?P<index>\d+)\.npy$")
 @dataclass
 class ChunkedNodeType:
     num_nodes: int
-    fields: dict[str, ArrayChunks] = field(default_factory=dict)   # x, y, node_time
+    fields: dict[str, ArrayChunks] = field(default_factory=dict)   # by input name: x, y, node_time
 
     @property
     def x(self) -> ArrayChunks | None:
@@ -101,7 +102,7 @@ class ChunkedGraph(TypedView):
 
     def to_graph_input(self) -> GraphInput:
         """The whole graph in memory (the in-memory path; tests compare the two)."""
-        nodes = {ntype: NodeTypeInput(t.num_nodes, *(_whole(t.fields.get(f)) for f in NODE_FIELDS))
+        nodes = {ntype: NodeTypeInput(t.num_nodes, **{c.name: _whole(t.fields.get(c.file)) for c in INPUT_COLUMNS})
                  for ntype, t in self.nodes.items()}
         edges = {etype: EdgeTypeInput(e.fields["edge_index"].read(0, e.num_edges).astype(np.int64, copy=False),
                                       *(_whole(e.fields.get(f)) for f in EDGE_FIELDS[1:]))
@@ -110,7 +111,8 @@ class ChunkedGraph(TypedView):
             n, e = nodes[DEFAULT_NODE_TYPE], edges[DEFAULT_EDGE_TYPE]
             graph = GraphInput(e.edge_index, n.x if n.x is not None else np.zeros((n.num_nodes, 0), np.float32),
                                n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
-                               edge_weight=e.edge_weight, node_time=n.time, edge_time=e.edge_time)
+                               edge_weight=e.edge_weight, edge_time=e.edge_time,
+                               node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS})
         else:
             graph = GraphInput.typed(nodes, edges, self.splits, self.label_type, name=self.name,
                                      num_classes=self.num_classes)
@@ -363,7 +365,8 @@ def chunked_fingerprint(graph: ChunkedGraph) -> str:
         for name in ("edge_attr", "edge_weight"):
             if name in e:
                 hash_chunks(h, name, e[name])
-        for name, chunks in (("node_time", node.fields.get("node_time")), ("edge_time", e.get("edge_time"))):
+        optional = [(c.file, node.fields.get(c.file)) for c in OTHER_INPUT_COLUMNS]
+        for name, chunks in (*optional, ("edge_time", e.get("edge_time"))):
             if chunks is not None:
                 hash_chunks(h, name, chunks)
         return h.hexdigest()
@@ -371,7 +374,7 @@ def chunked_fingerprint(graph: ChunkedGraph) -> str:
     for ntype in sorted(graph.nodes):
         t = graph.nodes[ntype]
         h.update(f"node:{ntype}:{t.num_nodes};".encode())
-        for name, key in (("x", "x"), ("y", "y"), ("time", "node_time")):
+        for name, key in ((c.name, c.file) for c in INPUT_COLUMNS):
             if key in t.fields:
                 hash_chunks(h, f"{ntype}.{name}", t.fields[key])
     for etype in sorted(graph.edges):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphfeed.core.columns import INPUT_COLUMNS
 from graphfeed.server.partition.inputs.arrays import InputError
 
 HASH_ROWS_BYTES = 1 << 26   # bytes of rows read at a time by the passes over a whole field (hash, classes)
@@ -182,7 +183,7 @@ def parquet_fields(folder: Path) -> dict[str, ArrayChunks]:
         out.update(_parquet_group(edges, {"edge_index": "src,dst", "edge_weight": "edge_weight",
                                           "edge_time": "edge_time"}))
     if nodes:
-        out.update(_parquet_group(nodes, {"x": "x", "y": "y", "node_time": "node_time"}))
+        out.update(_parquet_group(nodes, {c.file: c.file for c in INPUT_COLUMNS}))
     return out
 
 

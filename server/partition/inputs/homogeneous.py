@@ -35,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from graphfeed.core.columns import OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, SPLITS
 from graphfeed.server.partition.inputs.arrays import (
     HARD_NEG_FILE,
@@ -43,6 +44,7 @@ from graphfeed.server.partition.inputs.arrays import (
     check_edge_index_shape,
     check_edge_weight,
     check_hard_neg_dst,
+    check_node_column,
     check_split,
     check_time,
     check_x,
@@ -58,11 +60,11 @@ from graphfeed.server.partition.inputs.graph import GraphInput, fingerprint
 from graphfeed.server.partition.inputs.typed import is_hetero_data, read_hetero_data
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
-NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight", "node_time",
-             "edge_time", HARD_NEG_FILE)
+NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight",
+             *(c.file for c in OTHER_INPUT_COLUMNS), "edge_time", HARD_NEG_FILE)
 # Data attributes read (or, for num_nodes/name, understood) by read_torch_file
-DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "time", "edge_time",
-                       HARD_NEG_FILE,
+DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "edge_time",
+                       HARD_NEG_FILE, *(c.input_attr for c in OTHER_INPUT_COLUMNS),
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
 
 
@@ -95,7 +97,8 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
                               name=graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
-                              node_time=arrays["node_time"], edge_time=arrays["edge_time"])
+                              node_columns={c.name: arrays[c.file] for c in OTHER_INPUT_COLUMNS},
+                              edge_time=arrays["edge_time"])
     _add_hard_negatives(graph, arrays[HARD_NEG_FILE], where(HARD_NEG_FILE))
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
     return graph
@@ -147,11 +150,16 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     name = field_of(obj, "name")
     name = name if isinstance(name, str) and name else file.stem
     graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where,
-                              edge_weight=edge_weight, node_time=to_numpy(field_of(obj, "time"), where("time")),
+                              edge_weight=edge_weight, node_columns=_node_columns(obj, where),
                               edge_time=to_numpy(field_of(obj, "edge_time"), where("edge_time")))
     _add_hard_negatives(graph, to_numpy(field_of(obj, HARD_NEG_FILE), where(HARD_NEG_FILE)), where(HARD_NEG_FILE))
     graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
     return graph
+
+
+def _node_columns(obj, where: Callable[[str], str]) -> dict[str, np.ndarray | None]:
+    """The stored node columns other than x and y a ``Data`` (or dict of tensors) holds, by column name."""
+    return {c.name: to_numpy(field_of(obj, c.input_attr), where(c.input_attr)) for c in OTHER_INPUT_COLUMNS}
 
 
 def _attribute_names(obj) -> list[str]:
@@ -188,14 +196,15 @@ def _check_y(y: np.ndarray | None, num_nodes: int, where) -> None:
 
 
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
-                      where: Callable[[str], str] = lambda n: n, edge_weight=None, node_time=None,
-                      edge_time=None) -> GraphInput:
+                      where: Callable[[str], str] = lambda n: n, edge_weight=None,
+                      node_columns: dict[str, np.ndarray | None] | None = None, edge_time=None) -> GraphInput:
     """Validate a homogeneous graph's arrays and assemble a :class:`GraphInput` with its fingerprint.
 
     ``splits`` maps split name to ids or None (absent: stored as empty); ``where(name)``
-    says where an array came from, for error messages.  ``node_time`` [N] / ``edge_time`` [E]:
-    integer timestamps for temporal sampling (``node_time.npy`` / ``Data.time``, ``edge_time.npy`` /
-    ``Data.edge_time``).
+    says where an array came from, for error messages.  ``node_columns``: the stored node columns other than
+    ``x`` and ``y`` by name (:data:`graphfeed.core.columns.NODE_COLUMNS`; ``time``: integer timestamps [N] for
+    temporal sampling, ``node_time.npy`` / ``Data.time``); ``edge_time`` [E]: integer edge timestamps
+    (``edge_time.npy`` / ``Data.edge_time``).
     """
     check_x(x, where("x"))
     num_nodes = int(x.shape[0])
@@ -212,10 +221,11 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
         check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
     if edge_weight is not None:
         edge_weight = check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
-    node_time = check_time(node_time, num_nodes, where("node_time"), "x has")
+    columns = {c.name: check_node_column(c, (node_columns or {}).get(c.name), num_nodes, where(c.file), "x has")
+               for c in OTHER_INPUT_COLUMNS}
     edge_time = check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
     graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=label_classes(y), edge_weight=edge_weight, node_time=node_time,
+                       num_classes=label_classes(y), edge_weight=edge_weight, node_columns=columns,
                        edge_time=edge_time)
     graph.fingerprint = fingerprint(graph)
     return graph

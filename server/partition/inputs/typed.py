@@ -34,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from graphfeed.core.columns import OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format.layout import edge_type_dirname
 from graphfeed.server.partition.inputs.arrays import (
@@ -43,6 +44,7 @@ from graphfeed.server.partition.inputs.arrays import (
     check_edge_index_shape,
     check_edge_weight,
     check_hard_neg_dst,
+    check_node_column,
     check_split,
     check_time,
     check_x,
@@ -55,7 +57,8 @@ from graphfeed.server.partition.inputs.arrays import (
 )
 from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
 
-NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS), "node_time")
+NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS),
+              *(c.file for c in OTHER_INPUT_COLUMNS))
 EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE)
 Where = Callable[[str], str]   # array name -> where it came from, prefixed with its type
 
@@ -71,8 +74,8 @@ class RawNodeType:
     num_nodes: np.ndarray | int | None = None
     idx: dict[str, np.ndarray] = field(default_factory=dict)     # split -> node ids
     masks: dict[str, np.ndarray] = field(default_factory=dict)   # split -> bool [N]
-    time: np.ndarray | None = None        # node timestamps [N] (temporal sampling)
-    time_name: str = "node_time"          # what the input format calls them
+    columns: dict[str, np.ndarray] = field(default_factory=dict)   # other stored columns (time, ...) by name
+    by_attr: bool = False                 # the input names them by PyG attribute (HeteroData), not by file
 
 
 @dataclass
@@ -121,7 +124,7 @@ def _read_node_folder(sub: Path) -> RawNodeType:
                        x=arrays.get("x"), y=arrays.get("y"), num_nodes=arrays.get("num_nodes"),
                        idx={s: arrays[f"{s}_idx"] for s in SPLITS if f"{s}_idx" in arrays},
                        masks={s: arrays[f"{s}_mask"] for s in SPLITS if f"{s}_mask" in arrays},
-                       time=arrays.get("node_time"))
+                       columns={c.name: arrays[c.file] for c in OTHER_INPUT_COLUMNS if c.file in arrays})
 
 
 def _read_edge_folder(sub: Path, etype: EdgeType) -> RawEdgeType:
@@ -156,7 +159,7 @@ def is_hetero_data(obj) -> bool:
 def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
     where = lambda name: f"node type {ntype!r}: {file}: data[{ntype!r}].{name}"  # noqa: E731 -- a formatter
     arrays = {name: to_numpy(field_of(store, name), where(name))
-              for name in NODE_FILES if name not in ("num_nodes", "node_time")}
+              for name in NODE_FILES if name not in ("num_nodes", *(c.file for c in OTHER_INPUT_COLUMNS))}
     num_nodes = field_of(store, "num_nodes")
     if num_nodes is not None and not isinstance(num_nodes, int):
         num_nodes = to_numpy(num_nodes, where("num_nodes"))
@@ -169,7 +172,8 @@ def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
                        x=x, y=arrays["y"], num_nodes=num_nodes,
                        idx=_present({s: arrays[f"{s}_idx"] for s in SPLITS}),
                        masks=_present({s: arrays[f"{s}_mask"] for s in SPLITS}),
-                       time=to_numpy(field_of(store, "time"), where("time")), time_name="time")
+                       columns=_present({c.name: to_numpy(field_of(store, c.input_attr), where(c.input_attr))
+                                         for c in OTHER_INPUT_COLUMNS}), by_attr=True)
 
 
 def _id_only_count(ids: np.ndarray, w: str) -> int:
@@ -210,7 +214,7 @@ def read_hetero_data(data, file: Path) -> GraphInput:
     return graph
 
 
-HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", "time",
+HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", *(c.input_attr for c in OTHER_INPUT_COLUMNS),
                               *(f"{s}_{k}" for s in SPLITS for k in ("idx", "mask"))})
 HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE})
 
@@ -263,8 +267,10 @@ def _check_node_type(ntype: str, raw: RawNodeType) -> tuple[NodeTypeInput, dict[
         splits[s] = idx
     splits = {s: check_split(idx, raw.where(f"{s}_idx" if s in raw.idx else f"{s}_mask"), n, rows)
               for s, idx in splits.items()}
-    time = check_time(raw.time, n, raw.where(raw.time_name), f"node type {ntype!r} has")
-    return NodeTypeInput(n, raw.x, raw.y, time), splits
+    columns = {c.name: check_node_column(c, raw.columns.get(c.name), n,
+                                         raw.where(c.input_attr if raw.by_attr else c.file), f"node type {ntype!r} has")
+               for c in OTHER_INPUT_COLUMNS}
+    return NodeTypeInput(n, raw.x, raw.y, **columns), splits
 
 
 def _node_count(ntype: str, raw: RawNodeType) -> int:
@@ -351,8 +357,9 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
                 np.save(sub / f"{name}.npy", np.ascontiguousarray(array))
         if t.x is None and t.y is None:
             np.save(sub / "num_nodes.npy", np.int64(t.num_nodes))
-        if t.time is not None:
-            np.save(sub / "node_time.npy", np.ascontiguousarray(t.time))
+        for c in OTHER_INPUT_COLUMNS:
+            if t.column(c.name) is not None:
+                np.save(sub / f"{c.file}.npy", np.ascontiguousarray(t.column(c.name)))
         if ntype == graph.label_type:
             for split, idx in graph.splits.items():
                 np.save(sub / f"{split}_idx.npy", np.asarray(idx, dtype=np.int64))
