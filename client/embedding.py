@@ -117,13 +117,7 @@ class RemoteEmbedding:
                             "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
 
     def _checked(self, gids) -> torch.Tensor:
-        """``gids`` as a flat int64 tensor; ValueError naming the first id outside the type."""
-        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
-        bad = (gids < 0) | (gids >= self.num_rows)
-        if bool(bad.any()):
-            raise ValueError(f"embedding table {self.spec.name!r}: id {int(gids[bad][0])} is outside the "
-                             f"{self.spec.ntype!r} nodes 0..{self.num_rows - 1}")
-        return gids
+        return self.spec.checked_ids(gids, self.num_rows)
 
     def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
         """Positions of ``gids`` per owning part; ValueError for ids outside the type."""

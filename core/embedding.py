@@ -112,6 +112,16 @@ class EmbeddingSpec:
                 out.uniform_(-float(self.scale), float(self.scale), generator=gen)
         return out.to(self.torch_dtype)
 
+    def checked_ids(self, gids, num_rows: int) -> torch.Tensor:
+        """``gids`` (ids of this table's ``num_rows`` rows: its node type's) as a flat int64 tensor; ValueError naming
+        the first id outside ``0..num_rows - 1``.  The trainer's table and the servers' stores check alike."""
+        gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
+        bad = (gids < 0) | (gids >= num_rows)
+        if bool(bad.any()):
+            raise ValueError(f"embedding table {self.name!r}: id {int(gids[bad][0])} is outside the {self.ntype!r} "
+                             f"nodes 0..{num_rows - 1}")
+        return gids
+
 
 #: float feature dtypes a loader may ask for (``feature_dtype``) that also narrow its tables' rows on the wire
 NARROW_DTYPES = (torch.bfloat16, torch.float16)

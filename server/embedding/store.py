@@ -17,6 +17,7 @@ import torch
 from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_rows_dtype
 from graphfeed.server.embedding.table import PartTable
 from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.layout import of_node_type
 
 #: ``call(part, function name, args)`` -> a pending answer with ``result(timeout)`` (the worker's DataCalls)
 PeerCall = Callable[[int, str, tuple], Any]
@@ -54,11 +55,7 @@ class EmbeddingStore:
         return start, stop
 
     def _book(self, ntype: str) -> RangePartitionBook:
-        book = self.books.get(ntype)
-        if book is None:
-            raise ValueError(f"node type {ntype!r} is not in the graph; its node types are "
-                             f"{', '.join(map(repr, sorted(self.books)))}")
-        return book
+        return of_node_type(self.books, ntype)
 
     def _check_budget(self, spec: EmbeddingSpec, rows: int) -> None:
         need = spec.nbytes(rows)
@@ -87,7 +84,7 @@ class EmbeddingStore:
         part's read here, the others' asked of their workers (all at once, in ``dtype``: narrow rows travel
         narrow).  LookupError for an unknown table; ValueError for ids outside the graph or a bad dtype."""
         table = self.table(name)
-        gids = checked_ids(self._book(table.spec.ntype), gids, table.spec)
+        gids = table.spec.checked_ids(gids, self._book(table.spec.ntype).num_nodes)
         want = check_rows_dtype(dtype) or table.spec.torch_dtype
         out = torch.empty(gids.numel(), table.spec.dim, dtype=want)
         asked = []
@@ -129,16 +126,6 @@ class EmbeddingStore:
                        "push_seconds": t.push_seconds} for name, t in list(self.tables.items())}
 
 
-def checked_ids(book: RangePartitionBook, gids, spec: EmbeddingSpec) -> torch.Tensor:
-    """``gids`` as a 1-D int64 tensor; ValueError naming the first id outside ``0..num_nodes - 1``."""
-    gids = torch.as_tensor(gids, dtype=torch.int64).reshape(-1)
-    bad = (gids < 0) | (gids >= book.num_nodes)
-    if bool(bad.any()):
-        raise ValueError(f"embedding table {spec.name!r}: id {int(gids[bad][0])} is outside the {spec.ntype!r} "
-                         f"nodes 0..{book.num_nodes - 1}")
-    return gids
-
-
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
@@ -158,7 +145,7 @@ class LocalEmbedding:
     def rows(self, gids: torch.Tensor, dtype: str | None = None) -> torch.Tensor:
         """Copies of the rows of global ids ``gids`` ([n, dim]) in ``dtype`` (None: the table's); ValueError for
         ids outside the type."""
-        gids = checked_ids(self.book, gids, self.spec)
+        gids = self.spec.checked_ids(gids, self.book.num_nodes)
         out = torch.empty(gids.numel(), self.spec.dim, dtype=check_rows_dtype(dtype) or self.spec.torch_dtype)
         for part, pos in self.book.split(gids):
             out[pos] = self.parts[part].read(gids[pos]).to(out.dtype)

@@ -45,9 +45,11 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 FORMAT_VERSION = 1
 META_FILE = "META.json"
 DEFAULT_NODE_TYPE = "_N"
@@ -67,6 +69,15 @@ class PartitionFormatError(ValueError):
 
 def edge_type_dirname(etype: tuple[str, str, str]) -> str:
     return "__".join(etype)
+
+
+def of_node_type(table: Mapping[str, T], ntype: str) -> T:
+    """``table[ntype]`` of a table with an entry per node type of the graph; ValueError naming the types else."""
+    entry = table.get(ntype)
+    if entry is None:
+        raise ValueError(f"unknown node type {ntype!r} is not in the graph; its node types are "
+                         f"{', '.join(map(repr, sorted(table)))}: use one of them")
+    return entry
 
 
 @dataclass(frozen=True)

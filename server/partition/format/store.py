@@ -34,6 +34,7 @@ from graphfeed.server.partition.format.layout import (
     PartitionPaths,
     edge_type_dirname,
     load_array,
+    of_node_type,
     read_meta,
 )
 from graphfeed.server.partition.format.weights import EdgeWeights
@@ -298,11 +299,7 @@ class Partition:
         return self.meta.label_type
 
     def nodes(self, ntype: str) -> NodeStore:
-        store = self._nodes.get(ntype)
-        if store is None:
-            raise ValueError(f"unknown node type {ntype!r}: the graph has node types "
-                             f"{', '.join(map(repr, self._nodes))}; use one of them")
-        return store
+        return of_node_type(self._nodes, ntype)
 
     def edges(self, etype: EdgeType) -> EdgeStore:
         store = self._edges.get((etype[0], etype[1], etype[2])) if len(etype) == 3 else None

@@ -9,6 +9,7 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -233,6 +234,20 @@ def check_hard_neg_dst(array: np.ndarray, num_edges: int, num_dst: int, where: s
                          f"0..{num_dst - 1}, -1 for padding")
     return array
 
+
+def check_edge_columns(num_edges: int, num_dst: int, where: Callable[[str], str], edges_w: str, *, edge_attr=None,
+                       edge_weight=None, edge_time=None, hard_neg_dst=None) -> dict[str, np.ndarray | None]:
+    """An edge type's optional columns (None: absent) checked against its ``num_edges`` edges, by name: ``edge_attr``
+    as given, ``edge_weight`` float, ``edge_time`` int64, ``hard_neg_dst`` int64 [E, k] ids of the ``num_dst``
+    destination nodes.  ``where(name)`` says where an array came from, ``edges_w`` names the edge index."""
+    if edge_attr is not None:
+        check_edge_attr(edge_attr, num_edges, where("edge_attr"), edges_w)
+    if edge_weight is not None:
+        edge_weight = check_edge_weight(edge_weight, num_edges, where("edge_weight"))
+    edge_time = check_time(edge_time, num_edges, where("edge_time"), f"{edges_w} has")
+    if hard_neg_dst is not None:
+        hard_neg_dst = check_hard_neg_dst(hard_neg_dst, num_edges, num_dst, where(HARD_NEG_FILE))
+    return {"edge_attr": edge_attr, "edge_weight": edge_weight, "edge_time": edge_time, "hard_neg_dst": hard_neg_dst}
 
 class _PyGDataUnpickler(pickle.Unpickler):
     """Unpickles only tensors, plain containers and PyG's data classes (the pickle documentation's

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_
 from graphfeed.server.partition.inputs.arrays import label_classes
 
 EdgeType = tuple[str, str, str]
+T = TypeVar("T")
 
 
 class NodeTypeInput:
@@ -110,6 +111,20 @@ class TypedView:
         return out
 
 
+class _OnlyType(Generic[T]):
+    """``graph.NAME`` of a graph with one node type (``of="node"``) or one edge type (``of="edge"``): that type's
+    ``NAME`` (ValueError naming the types when there are several)."""
+
+    def __init__(self, of: str) -> None:
+        self.of = of
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, graph: GraphInput, owner: type | None = None) -> T:
+        return getattr(graph._only(getattr(graph, f"{self.of}s"), self.of), self.name)
+
+
 class GraphInput(TypedView):
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
@@ -158,25 +173,11 @@ class GraphInput(TypedView):
                              f"({', '.join(map(str, table))}); read graph.{what}s[type] instead")
         return next(iter(table.values()))
 
-    @property
-    def x(self) -> np.ndarray | None:
-        return self._only(self.nodes, "node").x
-
-    @property
-    def y(self) -> np.ndarray | None:
-        return self._only(self.nodes, "node").y
-
-    @property
-    def edge_index(self) -> np.ndarray:
-        return self._only(self.edges, "edge").edge_index
-
-    @property
-    def edge_attr(self) -> np.ndarray | None:
-        return self._only(self.edges, "edge").edge_attr
-
-    @property
-    def edge_weight(self) -> np.ndarray | None:
-        return self._only(self.edges, "edge").edge_weight
+    x: _OnlyType[np.ndarray | None] = _OnlyType("node")
+    y: _OnlyType[np.ndarray | None] = _OnlyType("node")
+    edge_index: _OnlyType[np.ndarray] = _OnlyType("edge")
+    edge_attr: _OnlyType[np.ndarray | None] = _OnlyType("edge")
+    edge_weight: _OnlyType[np.ndarray | None] = _OnlyType("edge")
 
 
 # ----------------------------------------------------------------------------- fingerprint

@@ -40,13 +40,11 @@ from graphfeed.core.constants import DEFAULT_EDGE_TYPE, SPLITS
 from graphfeed.server.partition.inputs.arrays import (
     HARD_NEG_FILE,
     InputError,
-    check_edge_attr,
+    check_edge_columns,
     check_edge_index_shape,
-    check_edge_weight,
     check_hard_neg_dst,
     check_node_column,
     check_split,
-    check_time,
     check_x,
     check_y_dtype,
     field_of,
@@ -217,15 +215,12 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
                    else np.empty(0, dtype=np.int64)) for s, idx in splits.items()}
     if not checked.get("train", np.empty(0)).size:
         raise InputError(f"{where('train_idx')} is empty: give at least one training node")
-    if edge_attr is not None:
-        check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
-    if edge_weight is not None:
-        edge_weight = check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
+    edges = check_edge_columns(edge_index.shape[1], num_nodes, where, "edge_index", edge_attr=edge_attr,
+                               edge_weight=edge_weight, edge_time=edge_time)
     columns = {c.name: check_node_column(c, (node_columns or {}).get(c.name), num_nodes, where(c.file), "x has")
                for c in OTHER_INPUT_COLUMNS}
-    edge_time = check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
-    graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=label_classes(y), edge_weight=edge_weight, node_columns=columns,
-                       edge_time=edge_time)
+    graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edges["edge_attr"], name=name,
+                       num_classes=label_classes(y), edge_weight=edges["edge_weight"], node_columns=columns,
+                       edge_time=edges["edge_time"])
     graph.fingerprint = fingerprint(graph)
     return graph
