@@ -54,6 +54,8 @@ NODE_COLUMNS: dict[str, NodeColumn] = {c.name: c for c in (
 INPUT_COLUMNS = tuple(c for c in NODE_COLUMNS.values() if c.file)
 #: the columns read from an input other than ``x`` and ``y`` (whose roles the readers spell out)
 OTHER_INPUT_COLUMNS = tuple(c for c in INPUT_COLUMNS if c.name not in ("x", "y"))
+#: the columns whose int8 scales are stored (a loader's feature_dtype="int8" sends them quantized)
+QUANTIZABLE = tuple(c.name for c in NODE_COLUMNS.values() if c.quantizable)
 #: batch node field -> the stored column its rows come from (``n_id``: ``orig_id``)
 BATCH_COLUMNS = {c.batch_field: c.name for c in NODE_COLUMNS.values() if c.batch_field}
 #: the input columns whose rows go into batches as stored (``x``, ``y``; not ``orig_id``, which becomes ``n_id``)

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from graphfeed.core.columns import INPUT_COLUMNS
+from graphfeed.core.columns import INPUT_COLUMNS, QUANTIZABLE
 from graphfeed.core.process import pid_alive
 from graphfeed.server.partition.build.metis import metis_parts, symmetric_adjacency
 from graphfeed.server.partition.format.hard_negatives import write_hard_negatives
@@ -412,9 +412,10 @@ def _write_extras(graph: GraphInput, paths: PartitionPaths, numbering: dict[str,
     """What the loaders' options read besides the graph: every node type's int8 feature scales
     (:mod:`.quantize`) and every edge type's hard negatives (:mod:`.hard_negatives`)."""
     for ntype, t in graph.nodes.items():
-        if is_quantizable(t.x):
-            assert t.x is not None
-            write_scales(paths, ntype, num_parts, *scales_of_range(*column_range(t.x)))
+        for column in QUANTIZABLE:
+            values = t.column(column)
+            if values is not None and is_quantizable(values):
+                write_scales(paths, ntype, num_parts, *scales_of_range(*column_range(values)), column)
     for etype, e in graph.edges.items():
         if e.hard_neg_dst is not None:
             src, _, dst = etype

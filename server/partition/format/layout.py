@@ -219,11 +219,12 @@ class PartitionPaths:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         return self.edge_dir(k, etype) / f"{topology}_{name}.npy"
 
-    def quant_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE) -> Path:
-        """``name`` (``scale`` or ``offset``) of node type ``ntype``'s int8 quantization of ``x`` in part ``k``."""
+    def quant_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE, column: str = "x") -> Path:
+        """``name`` (``scale`` or ``offset``) of node type ``ntype``'s int8 quantization of ``column`` (a quantizable
+        stored column: ``x``) in part ``k``."""
         if name not in ("scale", "offset"):
             raise ValueError(f"a quantization file is 'scale' or 'offset', got {name!r}")
-        return self.node_file(k, f"x_q{name}", ntype)
+        return self.node_file(k, f"{column}_q{name}", ntype)
 
     def hard_neg_file(self, k: int, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
         """``name`` (``src``, ``dst`` or ``list``) of part ``k``'s stored hard negatives of edge type ``etype``."""
