@@ -1,14 +1,15 @@
 """Partitioning in bounded memory: chunked input in, the same partition folder out, through disk.
 
 Stages (each a list of chunk tasks a :mod:`runner <graphfeed.server.partition.build.runner>` runs here or on
-a Dask cluster; every task's memory is bounded by the plan's chunk sizes):
+a Dask cluster; every task's memory is bounded by the chunk sizes of the memory plan, :mod:`.plan`):
 
 1. **assign** (here): each node's part: ``random`` (the in-memory path's permutation, dealt in
    slices), ``fennel`` (streaming, :mod:`graphfeed.server.partition.build.fennel`) or ``metis`` (the edges
    loaded whole, for graphs that fit).  Held as int16/int32 [N] (``parts.npy`` in the scratch folder).
 2. **number** (here): new ids ordered by (part, original id), computed a slice at a time
    (``new_{ntype}.npy``: int32 [N_t] while ids fit).
-3. **nodes** (a task per row chunk): each chunk's rows of x / y / time / orig_id written straight
+3. **nodes** (a task per row chunk): each chunk's rows of every stored node column
+   (:data:`graphfeed.core.columns.NODE_COLUMNS`: x, y, time, orig_id) written straight
    into every part's preallocated ``.npy`` file at the rows that part's earlier nodes leave free.
 4. **degrees** (a task per edge chunk): each key node's edge count and the edge cut; from them
    every part's ``indptr`` and the sort buckets (runs of key nodes whose edges fit one sort).
@@ -20,8 +21,9 @@ a Dask cluster; every task's memory is bounded by the plan's chunk sizes):
 The files are byte-identical to the in-memory writer's (:mod:`builder`) for the same assignment.
 Everything is written under ``.NAME.work/`` next to the output: finished tasks leave a marker
 there, so a killed run re-run with the same input and parameters continues from them (a changed
-input or parameter is named and the run starts over).  The partition folder is ``.NAME.work/out``
-until META.json is written last and it is renamed to NAME: nothing half-written looks complete.
+input or parameter is named and the run starts over: :func:`.scratch.open_scratch`).  The partition
+folder is ``.NAME.work/out`` until META.json is written last and it is renamed to NAME: nothing
+half-written looks complete.
 """
 from __future__ import annotations
 

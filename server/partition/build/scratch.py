@@ -2,6 +2,8 @@
 
 :class:`Job` is what every chunk task receives (picklable: Dask ships it to the workers once); files
 are written under temporary names and renamed, and a finished task leaves a marker under ``done/``.
+:func:`open_scratch` prepares the folder for a :class:`Plan`: a re-run under the same plan keeps the finished
+tasks, under another one it starts over.
 """
 from __future__ import annotations
 
