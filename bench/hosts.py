@@ -37,7 +37,7 @@ TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
 def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None, tls: bool = False) -> dict:
     """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result.
     ``tls``: TLS on the servers with a self-signed certificate made for the hosts' addresses (the client's CA)."""
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     parts = read_meta(cfg.graph_folder).num_parts
     if hosts != parts + 1:

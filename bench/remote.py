@@ -51,7 +51,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -279,7 +279,7 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
     mark = mark or (lambda _phase: None)
-    no_shm = {"shm_slots": 0} if cfg.channel == "rpc" else {}   # --channel rpc: every pull over the data path
+    no_shm: dict[str, Any] = {"shm_slots": 0} if cfg.channel == "rpc" else {}   # every pull over the data path
     with gf.connect(list(addresses), transport=cfg.transport, tls_ca=cfg.tls_cert, **no_shm) as client, \
             _loader(client, cfg) as loader:
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
@@ -417,7 +417,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
 
 
 def _check_parts(graph: str, n: int) -> None:
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     parts = read_meta(graph).num_parts
     if parts != n:

@@ -290,7 +290,7 @@ class Daemon:
             return "auto", ""
         import torch
 
-        from graphfeed.server.partition.store import Partition
+        from graphfeed.server.partition.format.store import Partition
         from graphfeed.server.sampling import gpu
 
         part = Partition(served.root, served.part_id, served.meta)

@@ -31,7 +31,7 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.partition.store import check_every_edge, check_link_split_type, check_link_types
+from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (

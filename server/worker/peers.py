@@ -14,8 +14,8 @@ from typing import Any, Callable, Generic, TypeVar
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.format import part_files_identity
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.layout import part_files_identity
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
 from graphfeed.server.sampling.types import NodeRows, OneHop

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from graphfeed.server.embedding import EmbeddingStore
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
 from graphfeed.server.worker.commands import (

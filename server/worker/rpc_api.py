@@ -65,7 +65,7 @@ import torch.distributed.rpc.internal as rpc_internal
 from graphfeed.core.compact import pack
 from graphfeed.core.embedding import EmbeddingSpec, SparseUpdate
 from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingSpec, feature_dtype
-from graphfeed.server.partition.format import part_files_identity
+from graphfeed.server.partition.format.layout import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
 from graphfeed.server.worker.session import part_input_seeds
