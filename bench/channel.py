@@ -104,7 +104,7 @@ def _serve(key: bytes, cert: str | None, keyfile: str | None, pipe) -> None:
 
 def _gmac_cpu_s_per_gb(megabytes: int = 256) -> float:
     """CPU seconds per GB of AES-128-GMAC (the plain channel's body MAC, through ``cryptography``) in 1 MiB calls."""
-    from graphfeed.transport.secure import _body_tag
+    from graphfeed.transport.secure.frames import _body_tag
 
     block, key = os.urandom(1 << 20), os.urandom(16)
     t0 = time.process_time()
@@ -138,9 +138,10 @@ def openssl_speed(cipher: str, seconds: int = 1) -> dict | None:
 
 
 def aead_cpu_s_per_gb(megabytes: int = 256) -> tuple[float, float]:
-    """CPU seconds per GB of AES-256-GCM through ``cryptography`` in :data:`~graphfeed.transport.secure.SEAL_CHUNK`
-    pieces, encrypt and decrypt (into a buffer, as sealed frames do): the cipher alone that TLS frames pay."""
-    from graphfeed.transport.secure import SEAL_CHUNK, SEAL_SLACK, _gcm
+    """CPU seconds per GB of AES-256-GCM through ``cryptography`` in
+    :data:`~graphfeed.transport.secure.frames.SEAL_CHUNK` pieces, encrypt and decrypt (into a buffer, as sealed frames
+    do): the cipher alone that TLS frames pay."""
+    from graphfeed.transport.secure.frames import SEAL_CHUNK, SEAL_SLACK, _gcm
 
     key, piece = os.urandom(32), memoryview(os.urandom(SEAL_CHUNK))
     out = memoryview(bytearray(SEAL_CHUNK + SEAL_SLACK))

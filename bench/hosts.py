@@ -28,6 +28,7 @@ import time
 
 from graphfeed.bench.remote import RemoteBenchConfig, measure, server_logs, tree_cpu_s
 from graphfeed.testing.hosts import EmulatedHosts, Host, LineReader, LinkCounters, unavailable
+from graphfeed.transport import registry
 
 PHASE_TIMEOUT_S = 3600.0   # a warm-up or the measured epochs
 TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
@@ -36,7 +37,7 @@ TRAINER_COMMAND = (sys.executable, "-m", "graphfeed.bench.hosts")
 def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None = None, tls: bool = False) -> dict:
     """Measure ``cfg`` with the trainer on host0 and one server per part on the other hosts; the JSON result.
     ``tls``: TLS on the servers with a self-signed certificate made for the hosts' addresses (the client's CA)."""
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     parts = read_meta(cfg.graph_folder).num_parts
     if hosts != parts + 1:
@@ -52,7 +53,7 @@ def bench_remote_hosts(cfg: RemoteBenchConfig, hosts: int, link_rate: str | None
             import grpc
 
             cert, key = hosts_certificate(log_dir, [h.address for h in em.hosts])
-            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport="secure")
+            cfg = dataclasses.replace(cfg, tls_cert=cert, tls_key=key, transport=registry.SECURED_DEFAULT)
             with open(cert, "rb") as f:   # the health probe trusts the servers' certificate
                 probe = grpc.ssl_channel_credentials(root_certificates=f.read())
         for k, host in enumerate(em.hosts[1:]):

@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
-from graphfeed.server.partition.bounded import metis_parts_bounded, parse_bytes, partition_chunked
-from graphfeed.server.partition.chunked import ChunkedGraph, open_chunked
+from graphfeed.server.partition.build.bounded import metis_parts_bounded, partition_chunked
+from graphfeed.server.partition.build.plan import parse_bytes
+from graphfeed.server.partition.inputs.chunked import ChunkedGraph, open_chunked
 
 
 def edge_cut(graph: ChunkedGraph, parts: np.ndarray) -> int:

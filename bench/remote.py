@@ -51,13 +51,14 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from graphfeed.bench.sample import EpochStats, peak_rss_mb, summarize, workload_fields, workload_spec
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.testing.cluster import LocalCluster
+from graphfeed.transport import registry
 
 
 def check_servers(servers, graph) -> int | tuple[str, ...]:
@@ -278,8 +279,9 @@ def measure(addresses: Sequence[str], cfg: RemoteBenchConfig, servers: LocalClus
 
     pids = [s.pid for s in servers.servers] if servers is not None else []
     mark = mark or (lambda _phase: None)
-    with gf.connect(list(addresses), channel=cfg.channel, transport=cfg.transport,
-                    tls_ca=cfg.tls_cert) as client, _loader(client, cfg) as loader:
+    no_shm: dict[str, Any] = {"shm_slots": 0} if cfg.channel == "rpc" else {}   # every pull over the data path
+    with gf.connect(list(addresses), transport=cfg.transport, tls_ca=cfg.tls_cert, **no_shm) as client, \
+            _loader(client, cfg) as loader:
         run_epoch(loader, pids, link=cfg.link)                     # warm-up, not reported
         before = channel_counts(client.group.channel)
         feature_bytes: list[int] = []
@@ -329,10 +331,11 @@ def transport_fields(channel, before: dict[str, int]) -> dict:
     counts = channel_counts(channel)
     if not counts:
         return {"channel": channel.kind, "shm_batches": None, "rpc_batches": None, "shm_grown": None}
-    shm = counts["shm"] - before.get("shm", 0)
+    shm = counts[registry.SHM] - before.get(registry.SHM, 0)
     rpc = sum(counts[k] - before.get(k, 0) for k in ("rpc", "too_big", "slot_wait"))
-    over = getattr(getattr(channel, "calls", None), "kind", "torch-rpc")   # what carries what shared memory cannot
-    kind = f"shm+{over}" if shm and rpc else ("shm" if shm else over)
+    # what carries what shared memory cannot
+    over = getattr(getattr(channel, "calls", None), "kind", registry.TRUSTED_DEFAULT)
+    kind = f"{registry.SHM}+{over}" if shm and rpc else (registry.SHM if shm else over)
     return {"channel": kind, "shm_batches": shm, "rpc_batches": rpc, "shm_grown": counts.get("grown", 0)}
 
 
@@ -414,7 +417,7 @@ def bench_remote(cfg: RemoteBenchConfig) -> dict:
 
 
 def _check_parts(graph: str, n: int) -> None:
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     parts = read_meta(graph).num_parts
     if parts != n:

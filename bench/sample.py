@@ -51,7 +51,7 @@ from graphfeed.core.constants import DIRECTIONS, MAX_BATCH_SIZE, SPLITS
 from graphfeed.core.epoch import EpochPlan, input_positions
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, NodeInput, SamplingSpec
 from graphfeed.server.loader.local import part_inputs
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch

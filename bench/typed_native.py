@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from graphfeed.core.spec import NodeInput
-from graphfeed.server.partition.store import Partition, open_parts
+from graphfeed.server.partition.format.store import Partition, open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_typed
 from graphfeed.server.sampling.types import OneHop, TypedSubgraph

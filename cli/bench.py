@@ -13,6 +13,7 @@ import json
 import sys
 
 from graphfeed.cli.main import UsageError
+from graphfeed.transport import registry
 
 HELP = ("benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency), "
         "`bench embedding` (server-held embeddings), `bench channel` (the secure data path's channel alone), "
@@ -102,9 +103,10 @@ def _add_remote(p) -> None:
     p.add_argument("--channel", default="auto", choices=("auto", "rpc"),
                    help="batch channel: auto = shared memory with servers on this host (default), rpc = over the "
                         "data path's network transport only")
-    p.add_argument("--transport", default="auto", choices=("auto", "secure", "torch-rpc"),
-                   help="the data path: auto = what the servers ask for (default), secure = authenticated (TLS with "
-                        "--tls-cert), torch-rpc = torch RPC (servers without a token or TLS)")
+    p.add_argument("--transport", default=registry.AUTO, choices=registry.choices(),
+                   help=f"the data path: {registry.AUTO} = what the servers ask for (default), "
+                        f"{registry.SECURED_DEFAULT} = authenticated (TLS with --tls-cert), {registry.TRUSTED_DEFAULT} "
+                        f"= torch RPC (servers without a token or TLS)")
     p.add_argument("--tls-cert", default=None, help="with --servers N: TLS on the started servers with this PEM "
                                                     "certificate (self-signed: it is the client's CA too)")
     p.add_argument("--tls-key", default=None, help="the private key of --tls-cert")

@@ -8,8 +8,8 @@ The folder it writes is what ``graphfeed partition`` reads. Homogeneous presets:
     train_idx.npy, val_idx.npy, test_idx.npy   int64 node ids (sorted)
     meta.json       preset, sizes, seed and the sha256 of edge_index.npy's data
 
-Typed presets (``mag-*``, see :func:`graphfeed.server.partition.synth.generate_mag`) write
-the typed layout (:mod:`graphfeed.server.partition.typed_inputs`)::
+Typed presets (``mag-*``, see :func:`graphfeed.server.partition.inputs.synth.generate_mag`) write
+the typed layout (:mod:`graphfeed.server.partition.inputs.typed`)::
 
     paper/x.npy, paper/y.npy, paper/{train,val,test}_idx.npy
     author/num_nodes.npy                       (authors have no features)
@@ -20,7 +20,7 @@ the typed layout (:mod:`graphfeed.server.partition.typed_inputs`)::
 
 With ``--chunk-edges N`` (homogeneous presets) the graph is drawn chunk by chunk and written in the
 chunked layout ``graphfeed partition`` reads with bounded memory (see
-:mod:`graphfeed.server.partition.chunked`)::
+:mod:`graphfeed.server.partition.inputs.chunked`)::
 
     edge_index_00000.npy, edge_index_00001.npy, ...   int64 [2, <= N] each
     x_00000.npy, x_00001.npy, ...                      float32 row chunks of about 16 N bytes
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graphfeed.server.partition.format import edge_type_dirname
-from graphfeed.server.partition.synth import (
+from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.inputs.synth import (
     MAG_EDGE_TYPES,
     MAG_NODE_TYPES,
     MAG_PRESETS,
@@ -51,7 +51,7 @@ from graphfeed.server.partition.synth import (
     generate_preset,
     hard_negatives,
 )
-from graphfeed.server.partition.typed_inputs import write_typed_folder
+from graphfeed.server.partition.inputs.typed import write_typed_folder
 
 HELP = "write a deterministic synthetic graph (.npy layout)"
 LAYOUT_FILES = ("edge_index.npy", "x.npy", "y.npy", "train_idx.npy", "val_idx.npy", "test_idx.npy", "meta.json",

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from graphfeed.core.constants import SPLITS
-from graphfeed.server.partition.format import (
+from graphfeed.server.partition.format.layout import (
     PartitionMeta,
     PartitionPaths,
     edge_type_dirname,
     load_array,
     read_meta,
 )
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 
 HELP = "describe a partition folder"
 

@@ -1,13 +1,13 @@
 """``graphfeed partition``: turn a graph into a graphfeed partition folder.
 
-Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (see
-:mod:`graphfeed.server.partition.inputs` and :mod:`graphfeed.server.partition.typed_inputs`),
+Reads a ``.npy`` folder or a ``torch.save`` file, homogeneous or typed (each layout a reader of
+:mod:`graphfeed.server.partition.inputs.reader`),
 assigns nodes to parts (random, METIS, or METIS balancing pre-sampled access counts: hotness),
 writes the folder atomically and prints a summary.
 
 Chunked inputs (``edge_index_*.npy``/``x_*.npy`` chunks, a ``chunks.json`` manifest, Parquet; see
-:mod:`graphfeed.server.partition.chunked`), ``--memory-limit``, ``--scheduler`` or ``--workers``
-take the bounded-memory path (:mod:`graphfeed.server.partition.bounded`): chunk tasks through disk,
+:mod:`graphfeed.server.partition.inputs.chunked`), ``--memory-limit``, ``--scheduler`` or ``--workers``
+take the bounded-memory path (:mod:`graphfeed.server.partition.build.bounded`): chunk tasks through disk,
 here or on a Dask cluster, resumable after a kill, with ``--method random``, ``fennel`` (streaming) or
 ``metis`` (when the graph fits).
 An output folder that already holds the same partitioning (same input fingerprint and
@@ -165,7 +165,7 @@ def _setting_items(settings: dict) -> dict:
 
 def _check_output(output: Path, graph, args, topologies) -> bool:
     """True when ``output`` already holds exactly this partitioning; raises when it may not be replaced."""
-    from graphfeed.server.partition.format import META_FILE, PartitionFormatError, read_meta
+    from graphfeed.server.partition.format.layout import META_FILE, PartitionFormatError, read_meta
 
     if not output.exists():
         return False
@@ -207,7 +207,7 @@ def _count_accesses(graph, how, seed: int, report: _Reporter):
 
 def summary(root, seconds: float) -> str:
     from graphfeed.cli.info import format_table, part_stats
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     meta = read_meta(root)
     total = sum(meta.num_edges.values())
@@ -224,10 +224,10 @@ def summary(root, seconds: float) -> str:
 
 def _bounded(args) -> bool:
     """Whether this run takes the bounded-memory (chunked) path."""
-    from graphfeed.server.partition.chunked import is_chunked_folder
+    from graphfeed.server.partition.inputs.reader import reader_for
 
     path = Path(args.input)
-    chunked = path.is_dir() and is_chunked_folder(path)
+    chunked = path.exists() and reader_for(path).chunked
     return bool(chunked or args.memory_limit or args.scheduler or args.workers or args.method == "fennel")
 
 
@@ -239,10 +239,11 @@ def run(args) -> int:
 
 
 def run_bounded(args) -> int:
-    from graphfeed.server.partition.bounded import default_memory_limit, format_bytes, parse_bytes, partition_chunked
-    from graphfeed.server.partition.chunked import open_chunked
-    from graphfeed.server.partition.input_arrays import InputError
-    from graphfeed.server.partition.runner import DaskRunner, InProcess, TaskError
+    from graphfeed.server.partition.build.bounded import partition_chunked
+    from graphfeed.server.partition.build.plan import default_memory_limit, format_bytes, parse_bytes
+    from graphfeed.server.partition.build.runner import DaskRunner, InProcess, TaskError
+    from graphfeed.server.partition.inputs.arrays import InputError
+    from graphfeed.server.partition.inputs.chunked import open_chunked
 
     args.method = args.method or "fennel"
     if args.num_parts < 1:
@@ -304,7 +305,7 @@ def _edge_time_hint(dropped: list[str]) -> str:
 
 def _check_link_types(graph, args) -> None:
     """UsageError unless --link-edge-type/--link-rev-edge-type fit the graph (and come with --link-split)."""
-    from graphfeed.server.partition.builder import link_split_type
+    from graphfeed.server.partition.build.builder import link_split_type
 
     if not args.link_split:
         if args.link_edge_type or args.link_rev_edge_type:
@@ -318,8 +319,8 @@ def _check_link_types(graph, args) -> None:
 
 
 def run_in_memory(args) -> int:
-    from graphfeed.server.partition.builder import partition_graph
-    from graphfeed.server.partition.inputs import read_graph
+    from graphfeed.server.partition.build.builder import partition_graph
+    from graphfeed.server.partition.inputs.reader import read_graph
 
     if args.num_parts < 1:
         raise UsageError(f"--num-parts must be at least 1, got {args.num_parts}")

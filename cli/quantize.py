@@ -3,12 +3,12 @@
 ``graphfeed partition`` stores them; a partition written by an older graphfeed has none, and a loader
 asking for int8 features is refused with a line naming this command.  It reads every part's ``x``
 (memory-mapped, in chunks), computes each node type's per-column scale and offset over the whole graph
-(:mod:`graphfeed.server.partition.quantize`) and writes them into every part.  Run it while no server
+(:mod:`graphfeed.server.partition.format.quantize`) and writes them into every part.  Run it while no server
 serves the folder (a server notices changed part files and reports NOT_SERVING).
 """
 from __future__ import annotations
 
-from graphfeed.server.partition.quantize import add_scales
+from graphfeed.server.partition.format.quantize import add_scales
 
 HELP = "store int8 feature scales in a partition written before they were"
 

@@ -35,9 +35,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default=None, help="control-plane bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="control-plane port (default 50051; 0 = any free)")
     parser.add_argument("--data-address", default=None, help="interface the data path listens on (default: host)")
-    parser.add_argument("--data-path", default=None, choices=("auto", "secure", "torch-rpc"),
-                        help="auto (default): the authenticated data path when a token or TLS is configured, torch "
-                             "RPC (trusted networks only) otherwise; secure: always authenticated")
+    from graphfeed.transport import registry
+
+    parser.add_argument("--data-path", default=None, choices=registry.choices(),
+                        help=f"{registry.AUTO} (default): the authenticated data path ({registry.SECURED_DEFAULT}) "
+                             f"when a token or TLS is configured, {registry.TRUSTED_DEFAULT} (trusted networks only) "
+                             f"otherwise; or the data path to serve always")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
     parser.add_argument("--lease-seconds", type=float, default=None, help="reap a trainer group after this "
                                                                           "long without Heartbeat (default 15)")

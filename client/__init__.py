@@ -31,9 +31,10 @@ from graphfeed.client.embedding import RemoteEmbedding
 from graphfeed.client.errors import ClusterError, InvalidRequest, NotFound, ServerError
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.metrics import start_metrics_server
+from graphfeed.client.settings import ConnectSettings
 from graphfeed.core.embedding import SparseAdagrad, SparseAdam, SparseSGD
 from graphfeed.core.spec import LoaderSpec, NodeInput, SamplingSpec
 
-__all__ = ["connect", "Client", "RemoteNeighborLoader", "LoaderSpec", "SamplingSpec", "NodeInput", "ClusterError",
-           "ServerError", "InvalidRequest", "NotFound", "start_metrics_server", "RemoteEmbedding", "SparseSGD",
-           "SparseAdagrad", "SparseAdam"]
+__all__ = ["connect", "ConnectSettings", "Client", "RemoteNeighborLoader", "LoaderSpec", "SamplingSpec", "NodeInput",
+           "ClusterError", "ServerError", "InvalidRequest", "NotFound", "start_metrics_server", "RemoteEmbedding",
+           "SparseSGD", "SparseAdagrad", "SparseAdam"]

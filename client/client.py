@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import gc
 import logging
 import threading
 import time
+import warnings
 import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from typing_extensions import Unpack
 
@@ -21,14 +23,23 @@ from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
+from graphfeed.client.settings import ConnectSettings
 from graphfeed.core.compat import check_not_graph, take_loader_extras
 from graphfeed.core.embedding import EmbeddingSpec
-from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
+from graphfeed.core.spec import (
+    LinkInput,
+    LoaderOptions,
+    LoaderSpec,
+    RemoteLoaderOptions,
+    check_link_ids,
+    split_options,
+)
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
+from graphfeed.transport import registry
 
 log = logging.getLogger("graphfeed.client")
-DEFAULT_RECONNECT_TIMEOUT = 180.0   # seconds a running epoch waits for a restarted server
+CHANNELS = (registry.AUTO, "rpc")   # connect(channel=...)'s values, deprecated: transport= names them
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
 WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
 # what a pull's error says when the peer process went away (TensorPipe / torch RPC wording)
@@ -48,19 +59,40 @@ _OPEN: list["Client"] = []   # this process's open clients (one: torch allows on
 _OPEN_LOCK = threading.Lock()
 
 
-def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None,
-            lease_seconds: float | None = None, rpc_timeout: float = 60.0, token: str | None = None,
-            tls_ca=None, tls_cert=None, tls_key=None,
-            reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT, channel: str = "auto", shm_slots: int = 8,
-            shm_slot_mb: float | None = None, shm_max_slot_mb: float = 1024.0, transport: str = "auto") -> "Client":
+def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSettings | None = None,
+            **options: Any) -> Client:
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
     Checks that the servers hold one graph's parts exactly once, starts a session worker on
-    each and forms the data-path group (rank 0 here).  ``timeout`` bounds each control call
-    and the group's formation (s); ``rpc_timeout`` bounds each batch pull (s);
-    ``advertise_host`` is the address the servers reach this process at (default: the local
-    address on the route to the first server); ``lease_seconds`` how long servers keep this
-    trainer's workers without a heartbeat (0/None: server default).
+    each and forms the data-path group (rank 0 here).
+
+    ``transport`` (:func:`graphfeed.transport.registry.connect_choices`): how batches and calls travel.
+
+    * ``"auto"`` (the default): the data path the servers ask for -- ``"secure"`` when a server has a
+      token or TLS (or ``data_path: secure``), else ``"torch-rpc"``.
+    * ``"secure"``: the authenticated data path -- every connection proves the group's key, nothing is
+      unpickled, TLS when this client uses TLS.
+    * ``"torch-rpc"``: torch RPC (trusted networks only); refused by a server that asks for ``"secure"``.
+    * ``"shm"``: the same as ``"auto"``, said explicitly.
+
+    Whatever the data path, batches from servers on this host come through shared memory (``"shm"``): a
+    ring of ``shm_slots`` slots per same-host server (see :mod:`graphfeed.transport.shm`; a batch's
+    tensors are views of its slot, reused once they are freed); the data path carries the calls, the
+    other servers' batches and a batch too big for its slot.  Slots start at 64 MiB and grow to the
+    batches (the first batch too big for a slot comes over the data path, then the part's ring moves to
+    slots of 1.25x its size, at most ``shm_max_slot_mb`` MiB); ``shm_slot_mb=N`` fixes them at N MiB
+    instead (larger batches always come over the data path); ``shm_slots=0`` sends every pull over the
+    data path.
+
+    ``channel=`` (deprecated, one release): ``channel="rpc"`` is ``shm_slots=0``, ``channel="auto"`` the
+    default; both warn (DeprecationWarning).
+
+    ``settings`` (:class:`~graphfeed.client.settings.ConnectSettings`) holds everything else; keywords named
+    as its fields replace its values (or the defaults'): ``timeout`` bounds each control call and the
+    group's formation (s); ``rpc_timeout`` bounds each batch pull (s); ``advertise_host`` is the address
+    the servers reach this process at (default: the local address on the route to the first server);
+    ``lease_seconds`` how long servers keep this trainer's workers without a heartbeat (0/None: server
+    default).
 
     Server restarts: when a server dies under an open client, a running epoch waits up to
     ``reconnect_timeout`` seconds for a server of the same graph and part to answer at that
@@ -71,24 +103,10 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     that stops on purpose: one whose health said NOT_SERVING (a daemon drains on SIGTERM/SIGINT;
     its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for.
 
-    ``channel``: ``"auto"`` pulls batches from servers on this host through shared memory
-    (a ring of ``shm_slots`` slots per server, see :mod:`graphfeed.transport.shm`; a batch's
-    tensors are views of its slot, which is reused once they are freed) and from the others
-    over torch RPC; ``"rpc"`` uses torch RPC only.  Slots start at 64 MiB and grow to the
-    batches (the first batch too big for a slot comes over torch RPC, then the part's ring
-    moves to slots of 1.25x its size, at most ``shm_max_slot_mb`` MiB); ``shm_slot_mb=N`` fixes
-    them at N MiB instead (larger batches always come over torch RPC).
-
     Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
     every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
     client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
     ``tls: {ca:, cert:, key:}``) and ``GRAPHFEED_TOKEN``.
-
-    ``transport``: the data path.  ``"auto"`` takes what the servers ask for: ``"secure"`` when a
-    server has a token or TLS (or ``data_path: secure``) -- every connection proves the group's
-    key, nothing is unpickled, TLS when this client uses TLS -- else ``"torch-rpc"`` (trusted
-    networks only).  ``"secure"`` forces the authenticated path; ``"torch-rpc"`` is refused by a
-    server that asks for ``"secure"``.
 
     One client per process (torch allows one RPC group): ``connect()`` with the same servers while a
     client is open returns that client (as when a module that connects is imported twice -- PyG's
@@ -96,27 +114,45 @@ def connect(cluster, *, timeout: float = 30.0, advertise_host: str | None = None
     closed.  An open client closes itself at interpreter exit (a script that ``break``s out of an
     epoch and never calls ``close()`` exits 0, and the servers free its workers at once).
 
-    Raises :class:`ClusterError` (a ValueError) for a wrong cluster, :class:`ServerError` if
-    a server fails, RuntimeError if this process already has an open client to other servers.
+    Raises :class:`ClusterError` (a ValueError) for a wrong cluster, ValueError for a bad setting or
+    transport, TypeError for an unknown keyword, :class:`ServerError` if a server fails, RuntimeError if
+    this process already has an open client to other servers.
     """
+    route = _route(transport, options.pop("channel", None))
+    settings = ConnectSettings.of(settings, options, "connect")
+    if settings.shm_slots == 0:
+        route = route.network_only()
     addresses = parse_cluster(cluster)
     reused = _open_client(addresses)
     if reused is not None:
         return reused
-    security = from_cluster(cluster, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
-    if not reconnect_timeout >= 0:
-        raise ValueError(f"reconnect_timeout must be >= 0 seconds (0 = fail at once), got {reconnect_timeout!r}")
-    servers = open_servers(addresses, timeout, security)
+    security = from_cluster(cluster, token=settings.token, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert,
+                            tls_key=settings.tls_key)
+    servers = open_servers(addresses, settings.timeout, security)
     try:
-        group = DataGroup(servers, advertise_host=advertise_host, timeout=timeout, rpc_timeout=rpc_timeout,
-                          lease_seconds=lease_seconds, channel=channel, shm_slots=shm_slots,
-                          shm_slot_mb=shm_slot_mb, shm_max_slot_mb=shm_max_slot_mb, transport=transport)
+        group = DataGroup(servers, transport=route, settings=settings)
         group.start()
     except BaseException:
         for s in servers:
             s.close()
         raise
-    return Client(servers, group, timeout=timeout, rpc_timeout=rpc_timeout, reconnect_timeout=reconnect_timeout)
+    return Client(servers, group, timeout=settings.timeout, rpc_timeout=settings.rpc_timeout,
+                  reconnect_timeout=settings.reconnect_timeout)
+
+
+def _route(transport: str, channel: str | None) -> registry.Route:
+    """``transport=`` as a route, with the deprecated ``channel=`` (``"auto"``: shared memory with same-host
+    servers; ``"rpc"``: every pull over the data path) folded in, and a DeprecationWarning naming the new form."""
+    route = registry.route(transport)
+    if channel is None:
+        return route
+    if channel not in CHANNELS:
+        raise ValueError(f"channel must be {registry.listed(CHANNELS)} (deprecated: use transport=), got {channel!r}")
+    new = "nothing (shared memory with same-host servers is the default)" if channel == registry.AUTO else \
+        "shm_slots=0 (every pull over the data path)"
+    warnings.warn(f"connect(channel={channel!r}) is deprecated and goes in the next release: pass {new}",
+                  DeprecationWarning, stacklevel=3)
+    return route if channel == registry.AUTO else route.network_only()
 
 
 class Client:
@@ -172,15 +208,23 @@ class Client:
         (``ordered=None``).  A ``Data`` as first argument (PyG's ``NeighborLoader(data, ...)``) is a
         TypeError saying to drop it.
         """
-        check_not_graph(input_nodes, "neighbor_loader's first argument (input_nodes)",
-                        "NeighborLoader(data, num_neighbors=..., input_nodes=X) is "
-                        "client.neighbor_loader(input_nodes=X, num_neighbors=...)")
+        own, spec_options = self._loader_options(
+            "neighbor_loader", (input_nodes, "input_nodes", "NeighborLoader(data, num_neighbors=..., input_nodes=X) "
+                                "is client.neighbor_loader(input_nodes=X, num_neighbors=...)"), num_neighbors, options)
+        spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
+        return self.open_loader(spec, **own)
+
+    def _loader_options(self, name: str, first: tuple, num_neighbors,
+                        options: Mapping) -> tuple[dict, LoaderOptions]:
+        """What every loader call checks first -- ``first`` (its first argument, that argument's name and the
+        PyG call it stands for) is not a graph, the client is usable, ``num_neighbors`` is given -- and its
+        ``options`` split into the loader's own and the :class:`LoaderSpec`'s."""
+        value, argument, fix = first
+        check_not_graph(value, f"{name}'s first argument ({argument})", fix)
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        own, spec_options = split_options(options, RemoteLoaderOptions, "neighbor_loader")
-        spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
-        return self.open_loader(spec, **own)
+        return split_options(options, RemoteLoaderOptions, name)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
@@ -196,13 +240,10 @@ class Client:
         ``num_hard_negatives`` per seed edge from the partition's stored lists (batches carry ``neg_is_hard``);
         the keywords are :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``batch_size`` counts seed edges).
         ValueError (one line, naming the argument) for bad input."""
-        check_not_graph(num_neighbors, "link_neighbor_loader's first argument (num_neighbors)",
-                        "LinkNeighborLoader(data, num_neighbors=..., edge_label_index=...) is "
-                        "client.link_neighbor_loader(num_neighbors=..., edge_label_index=...)")
-        self._check_usable()
-        if num_neighbors is None:
-            raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
-        own, spec_options = split_options(options, RemoteLoaderOptions, "link_neighbor_loader")
+        own, spec_options = self._loader_options(
+            "link_neighbor_loader", (num_neighbors, "num_neighbors", "LinkNeighborLoader(data, num_neighbors=..., "
+                                     "edge_label_index=...) is client.link_neighbor_loader(num_neighbors=..., "
+                                     "edge_label_index=...)"), num_neighbors, options)
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
                             edge_types=self.edge_types, num_hard_negatives=num_hard_negatives)
         spec = LoaderSpec.of(link, num_neighbors, **spec_options)
@@ -402,10 +443,8 @@ class Client:
                 if s.name in dead:
                     s.wait_back(deadline, self.reconnect_timeout)
                     log.warning("graphfeed: %s answers again", s.name)
-            group = DataGroup(self.servers, advertise_host=old.host, timeout=self.timeout,
-                              rpc_timeout=self.rpc_timeout, lease_seconds=old.lease_request,
-                              channel=old.channel_choice, shm_slots=old.shm_slots, shm_slot_mb=old.shm_slot_mb,
-                              shm_max_slot_mb=old.shm_max_slot_mb, transport=old.transport_choice)
+            group = DataGroup(self.servers, transport=old.route,
+                              settings=dataclasses.replace(old.settings, advertise_host=old.host))
             try:
                 group.start()
                 self.group = group

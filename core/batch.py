@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphfeed.core.columns import ROW_COLUMNS
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 
 EdgeType = tuple[str, str, str]
@@ -49,9 +50,8 @@ class Field:
 
 # name -> Field.  Node fields are aligned with the type's n_id, edge fields with its e_id.
 BATCH_FIELDS: dict[str, Field] = {
-    "x": Field(NODE, False, None, "features of the type's batch nodes, [num_nodes, F] (dtype as stored); "
-                                  "only for types with features"),
-    "y": Field(NODE, False, None, "labels of the type's batch nodes, [num_nodes]; only for types with labels"),
+    # the stored columns' rows (x, y: graphfeed.core.columns), as stored
+    **{c.batch_field: Field(NODE, False, None, c.meaning) for c in ROW_COLUMNS},
     "x_cached": Field(NODE, False, torch.int64, "positions (in the type's n_id) of the batch nodes whose x rows the "
                                                 "server left out because the trainer's feature cache holds them; x "
                                                 "then has only the other rows.  The client fills them in and drops "

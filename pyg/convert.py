@@ -20,9 +20,7 @@ from torch_geometric.sampler import HeteroSamplerOutput, SamplerOutput
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.batch import EdgeType
-
-#: the batch's node fields that are stored rows of the nodes (served by the feature store)
-ROW_FIELDS = ("x", "y")
+from graphfeed.core.columns import ROW_FIELDS  # the node fields the feature store serves: stored rows
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ $PY -c "import pymetis" 2>/dev/null && METHOD=${GPU_CHECK_METHOD:-metis}
   [ -f "$G/medium-p2/META.json" ] && exit 0
   $GF generate --preset medium --out "$G/medium" --skip-existing
   # through the API: the CLI asks for every server extra (pymetis) even for --method random
-  $PY -c "import sys; from graphfeed.server.partition.inputs import read_graph
-from graphfeed.server.partition.builder import partition_graph
+  $PY -c "import sys; from graphfeed.server.partition.inputs.reader import read_graph
+from graphfeed.server.partition.build.builder import partition_graph
 partition_graph(read_graph(sys.argv[1]), 2, sys.argv[2], method=sys.argv[3], topologies=('csc',))
 print('partitioned', sys.argv[2], 'method', sys.argv[3])" "$G/medium" "$G/medium-p2" $METHOD
 ) >"$OUT/graph.log" 2>&1 &

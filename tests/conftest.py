@@ -14,8 +14,8 @@ from helpers.shared import SHARED_CLIENT, serving
 from helpers.tiers import starts_processes
 
 from graphfeed.cli.generate import write_graph
-from graphfeed.server.partition.builder import partition_graph
-from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.build.builder import partition_graph
+from graphfeed.server.partition.inputs.reader import read_graph
 
 # GRAPHFEED_CORA_DIR: another copy (a git worktree's ../shared is not the main checkout's)
 CORA_DIR = Path(os.environ.get("GRAPHFEED_CORA_DIR")

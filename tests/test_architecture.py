@@ -48,7 +48,7 @@ SERVER_ALLOWED = {
     "embedding": {"embedding", "partition", "core"},
     "loader": {"loader", "embedding", "sampling", "partition", "core"},
     "worker": {"worker", "embedding", "sampling", "partition", "transport", "core"},
-    "daemon": {"daemon", "worker", "embedding", "sampling", "partition", "proto", "core", "cuda_ext"},
+    "daemon": {"daemon", "worker", "embedding", "sampling", "partition", "proto", "transport", "core", "cuda_ext"},
 }
 
 

@@ -41,7 +41,6 @@ import mmap
 import os
 import re
 import secrets
-import stat
 import threading
 import time
 import weakref
@@ -51,17 +50,16 @@ from typing import Sequence
 
 import torch
 
-from graphfeed.core.process import pid_alive
 from graphfeed.transport import wire
-from graphfeed.transport.calls import DataCalls, TorchRpcCalls
+from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.channel import BatchChannel, CallsChannel
+from graphfeed.transport.path import PullChannel
 from graphfeed.transport.pending import Pending
+from graphfeed.transport.registry import SHM
+from graphfeed.transport.shm_segments import PREFIX, SHM_DIR, create_segment, open_segment, sweep_stale, unlink_segment
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
-PREFIX = "graphfeed-shm-"
-NAME_RE = re.compile(r"^graphfeed-shm-(\d+)-[0-9a-f]+-p\d+-s\d+$")
 TOKEN_BYTES = 16
 HEADER = 64          # bytes before a slot's payload (the token lives here)
 ALIGN = 64           # every tensor starts at a multiple of this offset
@@ -83,75 +81,6 @@ class ShmUnavailable(RuntimeError):
 
 class NoRoom(OSError):
     """The segments of a ring could not be reserved in ``/dev/shm`` (ENOSPC, ...)."""
-
-
-# ---- segments --------------------------------------------------------------------------------------
-
-def segment_path(name: str) -> str:
-    """The file of segment ``name``; ValueError unless ``name`` is a graphfeed segment name."""
-    if not NAME_RE.match(name):
-        raise ValueError(f"{name!r} is not a graphfeed shared-memory segment name")
-    return os.path.join(SHM_DIR, name)
-
-
-def create_segment(name: str, size: int) -> mmap.mmap:
-    """A new segment of ``size`` bytes (mode 0600), its pages reserved, mapped.
-
-    FileExistsError/OSError as the OS raises (the name is unlinked again): ENOSPC when ``/dev/shm``
-    has no room for ``size`` bytes.  Reserving them now (``posix_fallocate``) is what keeps a later
-    write into the mapping from dying of SIGBUS on a full tmpfs."""
-    fd = os.open(segment_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-        return mmap.mmap(fd, size)
-    except BaseException:
-        os.unlink(segment_path(name))
-        raise
-    finally:
-        os.close(fd)
-
-
-def open_segment(name: str, size: int) -> mmap.mmap:
-    """Map the existing segment ``name``; OSError (FileNotFoundError on another host) if it cannot."""
-    fd = os.open(segment_path(name), os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.geteuid():
-            raise PermissionError(f"segment {name} is not a private (0600) file of this user (uid {st.st_uid}, mode "
-                                  f"{stat.S_IMODE(st.st_mode):o}): refusing to map it")
-        if st.st_size != size:
-            raise OSError(f"segment {name} has {st.st_size} bytes, expected {size}")
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-
-
-def unlink_segment(name: str) -> None:
-    """Remove ``name`` from ``/dev/shm`` (mappings stay valid); a name already gone is fine."""
-    try:
-        os.unlink(segment_path(name))
-    except FileNotFoundError:
-        pass
-
-
-def list_segments() -> list[str]:
-    """Names of graphfeed segments in ``/dev/shm`` now."""
-    try:
-        return sorted(n for n in os.listdir(SHM_DIR) if NAME_RE.match(n))
-    except FileNotFoundError:
-        return []
-
-
-def sweep_stale() -> list[str]:
-    """Unlink the segments of trainers that are no longer alive (killed during a ring set-up); returns them."""
-    removed = []
-    for name in list_segments():
-        match = NAME_RE.match(name)
-        if match and not pid_alive(int(match.group(1))):
-            unlink_segment(name)
-            removed.append(name)
-    return removed
 
 
 # ---- the layout of a batch in a slot ---------------------------------------------------------------
@@ -254,7 +183,7 @@ class RingWriter:
             needed = place(batch, 1 << 62)
             return "inline", batch, (needed[-1].offset + needed[-1].nbytes) if needed else 0
         write_batch(mm, batch, layout)
-        return "shm", layout
+        return SHM, layout
 
 
 # ---- the trainer's half ----------------------------------------------------------------------------
@@ -391,17 +320,21 @@ class ShmChannel(BatchChannel):
     ``slot_wait``, ``grown`` (rings that moved to larger slots), ``grow_failed``.
     """
 
-    kind = "shm"
+    kind = SHM
 
     def __init__(self, rpc_timeout: float, slot_wait: float, max_slot_bytes: int | None = None, tag: str = "",
                  calls: DataCalls | None = None):
         super().__init__()
-        self.calls = calls if calls is not None else TorchRpcCalls()
+        if calls is None:
+            from graphfeed.transport.torch_rpc import TorchRpcCalls
+
+            calls = TorchRpcCalls()
+        self.calls = calls
         self.rpc = CallsChannel(self.calls, rpc_timeout)   # parts without a ring, batches too big for a slot
         self.rpc_timeout, self.slot_wait = float(rpc_timeout), float(slot_wait)
         self.max_slot_bytes, self.tag = max_slot_bytes, tag
         self.rings: dict[int, _Ring] = {}
-        self.counts = {"shm": 0, "rpc": 0, "too_big": 0, "slot_wait": 0, "grown": 0, "grow_failed": 0}
+        self.counts = {SHM: 0, "rpc": 0, "too_big": 0, "slot_wait": 0, "grown": 0, "grow_failed": 0}
         self._stop = threading.Event()
         self._watch: threading.Thread | None = None
         self._told: set[str] = set()
@@ -477,8 +410,8 @@ class ShmChannel(BatchChannel):
             ring.release(slot)
             pending.set_exception(exc)
             return
-        if answer[0] == "shm":
-            self.counts["shm"] += 1
+        if answer[0] == SHM:
+            self.counts[SHM] += 1
             pending.set_result(read_batch(ring.maps[slot], answer[1], lambda: ring.release(slot)))
             return
         size = len(ring.maps[slot])
@@ -618,3 +551,41 @@ def _ignore_error(answer: Pending, part: int) -> None:
         answer.result()
     except Exception as exc:  # noqa: BLE001 -- the worker (and its maps) may be gone
         log.debug("detach on part %d failed: %s", part, exc)
+
+
+# seconds a pull waits for a free shared-memory slot before it goes over the data path.  A loop that drops
+# each batch never waits (slots > prefetch + 1); one that keeps every batch (``list(loader)``) can
+# never free a slot, so each of its pulls would wait this long: keep it short.
+SHM_SLOT_WAIT = 2.0
+# MiB of a shared-memory slot before it grows to the batches (``shm_slot_mb=None``, the default)
+SHM_START_MB = 64.0
+
+
+class ShmPulls(PullChannel):
+    """Pulls through shared-memory rings with the servers on this host, over the data path for the others."""
+
+    def open(self, parts: Sequence[int], calls: DataCalls, *, group: str, rpc_timeout: float,
+             **options) -> BatchChannel:
+        """``options``: ``shm_slots`` slots per server of ``shm_slot_mb`` MiB (None: from :data:`SHM_START_MB`,
+        grown to the batches up to ``shm_max_slot_mb``).  Pulls through ``calls`` for all when no ring can be set up
+        (one log line)."""
+        slot_mb, max_slot_mb = options["shm_slot_mb"], options["shm_max_slot_mb"]
+        max_bytes: int | None = None
+        if slot_mb is None:   # slots grow to the batches, from SHM_START_MB up to max_slot_mb
+            max_bytes = int(max_slot_mb * 2**20)
+            slot_bytes = min(int(SHM_START_MB * 2**20), max_bytes)
+        else:
+            slot_bytes = int(slot_mb * 2**20)
+        try:
+            return ShmChannel.open(parts, rpc_timeout=rpc_timeout, slots=options["shm_slots"], slot_bytes=slot_bytes,
+                                   max_slot_bytes=max_bytes, slot_wait=min(SHM_SLOT_WAIT, rpc_timeout / 2),
+                                   group=group, calls=calls)
+        except ShmUnavailable as exc:
+            log.log(logging.WARNING if exc.no_room else logging.INFO,
+                    "batch channel: %s (no shared-memory ring: %s)", calls.label, exc)
+        except OSError as exc:   # the trainer's own segments could not be made (no /dev/shm, no room)
+            log.warning("batch channel: %s (shared-memory ring could not be allocated: %s)", calls.label, exc)
+        return CallsChannel(calls, rpc_timeout)
+
+
+CHANNEL = ShmPulls()

@@ -44,6 +44,7 @@ from graphfeed.server.daemon.registry import WORKER_STOP_GRACE, Registry
 from graphfeed.server.daemon.served import ServedPartition, load_partition
 from graphfeed.server.worker.commands import GroupSpec
 from graphfeed.server.worker.handle import SessionWorkerHandle
+from graphfeed.transport import registry
 
 READY_PREFIX = "graphfeed-serve listening"
 MAX_REPLY_BYTES = 256 << 20   # replies (GetStats of many sessions); requests are capped by max_message_bytes
@@ -289,7 +290,7 @@ class Daemon:
             return "auto", ""
         import torch
 
-        from graphfeed.server.partition.store import Partition
+        from graphfeed.server.partition.format.store import Partition
         from graphfeed.server.sampling import gpu
 
         part = Partition(served.root, served.part_id, served.meta)
@@ -305,11 +306,12 @@ class Daemon:
     def _add_port(self, server: grpc.aio.Server) -> int:
         c = self.config
         credentials = security.server_credentials(c)
-        if not c.secure_data_path:
-            self.log.info("data_path", transport="torch-rpc",
-                          cause="no token or TLS configured: batches travel over torch RPC, which unpickles "
-                                "every request before any check -- trusted networks only (a token, TLS or "
-                                "data_path: secure switches to the authenticated data path)")
+        path = c.data_transport
+        if not path.authenticated:
+            self.log.info("data_path", transport=path.name,
+                          cause=f"no token or TLS configured: batches travel over {path.label}, which unpickles "
+                                f"every request before any check -- trusted networks only (a token, TLS or "
+                                f"data_path: {registry.SECURED_DEFAULT} switches to the authenticated data path)")
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")

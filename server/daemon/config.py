@@ -33,10 +33,14 @@ import re
 import string
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.worker.settings import WorkerSettings
+from graphfeed.transport import registry
+
+if TYPE_CHECKING:
+    from graphfeed.transport.path import DataPath
 
 ENV_PREFIX = "GRAPHFEED_"
 CONFIG_ENV = "GRAPHFEED_CONFIG"
@@ -55,8 +59,6 @@ PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "chang
                      "your-token", "xxxxxxxx")
 SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
 
-
-DATA_PATHS = ("auto", "secure", "torch-rpc")
 
 
 class ConfigError(ValueError):
@@ -94,18 +96,19 @@ class ServerConfig(WorkerSettings):
     tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
-    # the data path: "auto" = "secure" when a token or TLS is configured, else torch RPC (trusted networks);
-    # "secure" = always the authenticated transport; "torch-rpc" = never it (refused with a token or TLS)
-    data_path: str = "auto"
+    # the data path (graphfeed.transport.registry): "auto" = the authenticated one when a token or TLS is
+    # configured, else torch RPC (trusted networks); or a data path's name (one that is not authenticated is
+    # refused with a token or TLS)
+    data_path: str = registry.AUTO
 
     @property
     def tls(self) -> bool:
         return self.tls_cert is not None
 
     @property
-    def secure_data_path(self) -> bool:
-        """Whether this daemon's workers use the secure data path (and never open a torch RPC listener)."""
-        return self.data_path == "secure" or (self.data_path == "auto" and (self.tls or bool(self.token)))
+    def data_transport(self) -> DataPath:
+        """The data path this daemon's workers serve (``data_path``, ``auto`` resolved by the token and TLS)."""
+        return registry.served(self.data_path, self.tls or bool(self.token))
 
     @property
     def effective_data_address(self) -> str:
@@ -122,7 +125,7 @@ class ServerConfig(WorkerSettings):
                 f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g} "
                 f"device={self.device} tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
                 f"token={'on' if self.token else 'off'} "
-                f"data_path={'secure' if self.secure_data_path else 'torch-rpc'}")
+                f"data_path={self.data_transport.name}")
 
 
 # ---- per-key parsing: each returns the value or raises ValueError("expected ...") -----------------
@@ -346,7 +349,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_client_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
     "token": _optional(_token),
     "token_file": _optional(_token_file),
-    "data_path": _choice(DATA_PATHS),
+    "data_path": _choice(registry.choices()),
     "embedding_dir": _string(allow_empty=True),
     "embedding_bytes": _bytes_or_auto,
 }
@@ -469,10 +472,14 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
             values["token"] = _token(Path(path).read_text(errors="replace"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
-    if values.get("data_path") == "torch-rpc" and (cert is not None or values.get("token") is not None):
-        raise ConfigError(f"{origin['data_path']}: data_path = 'torch-rpc' with a token or TLS configured: torch RPC "
-                          f"unpickles every request before any check, so it would undo them; use data_path 'auto' "
-                          f"or 'secure' (the authenticated data path), or drop the token and TLS on a trusted network")
+    choice = values.get("data_path", registry.AUTO)
+    if (choice != registry.AUTO and not registry.data_path(choice).authenticated
+            and (cert is not None or values.get("token") is not None)):
+        raise ConfigError(f"{origin['data_path']}: data_path = {choice!r} with a token or TLS configured: "
+                          f"{registry.data_path(choice).label} is not authenticated (it unpickles every request "
+                          f"before any check), so it would undo them; use data_path {registry.AUTO!r} or "
+                          f"{registry.SECURED_DEFAULT!r} (the authenticated data path), or drop the token and TLS "
+                          f"on a trusted network")
 
 
 def token_file_exposure(path: str | None) -> str | None:

@@ -31,7 +31,7 @@ from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
-from graphfeed.server.partition.store import check_every_edge, check_link_split_type, check_link_types
+from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
@@ -49,6 +49,8 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     WorkerGone,
 )
+from graphfeed.transport import registry
+from graphfeed.transport.path import DataPath
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
 MAX_EPOCH = 1 << 40
@@ -57,7 +59,6 @@ MAX_ID_LENGTH = 256
 SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry (see rpc_api.pull)
 MIN_GROUP_KEY_BYTES = 16   # the trainer group's data-path key (the client makes 32 random bytes)
 MAX_GROUP_KEY_BYTES = 1024
-DATA_PATHS = ("secure", "torch-rpc")
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
 CALL_SLACK = 5.0           # seconds beyond the worker's own timeout before the daemon gives up waiting
 IDLE_SCAN_MIN, IDLE_SCAN_MAX = 0.5, 60.0   # seconds between idle-session scans (a quarter of the limit)
@@ -201,10 +202,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             data_address=self.config.effective_data_address, node_types=list(meta.node_types),
             edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta),
             num_nodes_by_type={t: int(r[-1]) for t, r in meta.node_ranges.items()},
-            data_path=self._default_data_path())
-
-    def _default_data_path(self) -> str:
-        return "secure" if self.config.secure_data_path else "torch-rpc"
+            data_path=self.config.data_transport.name)
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -212,20 +210,12 @@ class ControlServicer(pb_grpc.ControlServicer):
         num_parts, part = self.served.meta.num_parts, self.served.part_id
         if not request.group_id or len(request.group_id) > MAX_ID_LENGTH:
             raise _invalid(f"group_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
-        data_path = request.data_path or self._default_data_path()
-        if data_path not in DATA_PATHS:
-            raise _invalid(f"data_path = {request.data_path!r} is unknown: give 'secure', 'torch-rpc' or '' "
-                           f"(the server's default)")
-        if data_path == "torch-rpc" and self.config.secure_data_path:
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                               "this server serves the secure data path only (it has a token, TLS or data_path: "
-                               "secure): torch RPC would unpickle requests from anyone who reaches the port; "
-                               "connect with a graphfeed client that asks for data_path 'secure'")
+        path = self._data_path(request.data_path)
         if not MIN_GROUP_KEY_BYTES <= len(request.group_key) <= MAX_GROUP_KEY_BYTES:
             raise _invalid(f"group_key has {len(request.group_key)} bytes: the trainer group's data-path key must be "
                            f"{MIN_GROUP_KEY_BYTES}..{MAX_GROUP_KEY_BYTES} random bytes (graphfeed clients send 32; "
                            f"upgrade an older client)")
-        if data_path == "torch-rpc":
+        if path.needs_rendezvous:
             _check_rendezvous(request.rendezvous)
         if request.world_size != num_parts + 1:
             raise _invalid(f"world_size = {request.world_size} is wrong: the group is 1 trainer + {num_parts} "
@@ -241,9 +231,26 @@ class ControlServicer(pb_grpc.ControlServicer):
         settings = {**GroupSpec.settings_of(c), "gpu_topology": self.gpu_topology}   # "auto" resolved at start-up
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
-                         data_address=c.effective_data_address, budget=c.work_budget, data_path=data_path,
+                         data_address=c.effective_data_address, budget=c.work_budget, data_path=path.name,
                          group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key, **settings)
         return spec, float(lease)
+
+    def _data_path(self, asked: str) -> DataPath:
+        """The data path a group asks for ("": the server's), refused when unknown or when this server
+        serves an authenticated path and it is not."""
+        served = self.config.data_transport
+        if not asked:
+            return served
+        if asked not in registry.names():
+            raise _invalid(f"data_path = {asked!r} is unknown: give {registry.listed((*registry.names(), ''))} "
+                           f"(the server's default)")
+        path = registry.data_path(asked)
+        if served.authenticated and not path.authenticated:
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"this server serves {served.label} only (it has a token, TLS or data_path: "
+                               f"{served.name}): {path.label} would unpickle requests from anyone who reaches the "
+                               f"port; connect with a graphfeed client that asks for data_path {served.name!r}")
+        return path
 
     @rpc
     async def OpenGroup(self, request, context):
@@ -251,7 +258,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         spec, lease = self._group_spec(request)
         self.registry.reserve_group(spec.group_id)
         try:
-            if spec.data_path == "torch-rpc":   # the secure path dials no trainer: the trainer connects to it
+            if registry.data_path(spec.data_path).needs_rendezvous:   # a listening path dials no trainer
                 await asyncio.to_thread(check_dial_back, spec.rendezvous, context.peer(),
                                         self.config.effective_data_address)
         except BaseException:

@@ -243,7 +243,7 @@ class WorkerFigures:
 
 def partition_figures(served) -> dict[str, int]:
     """Nodes, stored edges and mapped bytes of the served part (computed once at startup)."""
-    from graphfeed.server.partition.store import Partition
+    from graphfeed.server.partition.format.store import Partition
 
     part = Partition(served.root, served.part_id, served.meta)
     edges = int(part.topology(served.meta.topologies[0]).indices.numel())

@@ -12,8 +12,8 @@ from pathlib import Path
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
-from graphfeed.server.partition.format import PartitionFormatError, PartitionMeta, PartitionPaths, read_meta
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.layout import PartitionFormatError, PartitionMeta, PartitionPaths, read_meta
+from graphfeed.server.partition.format.store import Partition
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ import torch
 
 from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_rows_dtype
 from graphfeed.server.embedding.table import PartTable
-from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.layout import of_node_type
 
 #: ``call(part, function name, args)`` -> a pending answer with ``result(timeout)`` (the worker's DataCalls)
 PeerCall = Callable[[int, str, tuple], Any]
@@ -54,11 +55,7 @@ class EmbeddingStore:
         return start, stop
 
     def _book(self, ntype: str) -> RangePartitionBook:
-        book = self.books.get(ntype)
-        if book is None:
-            raise ValueError(f"node type {ntype!r} is not in the graph; its node types are "
-                             f"{', '.join(map(repr, sorted(self.books)))}")
-        return book
+        return of_node_type(self.books, ntype)
 
     def _check_budget(self, spec: EmbeddingSpec, rows: int) -> None:
         need = spec.nbytes(rows)

@@ -18,7 +18,7 @@ from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, LocalLoaderOptions, split_options
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 

@@ -25,7 +25,7 @@ from graphfeed.core.spec import (
     SeedInput,
     split_options,
 )
-from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
+from graphfeed.server.partition.format.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import node_seed_time, planned_batches, produce_batch
 from graphfeed.server.sampling.producer import sample_nodes as _sample_nodes

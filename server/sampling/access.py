@@ -5,7 +5,7 @@ with the fanouts the loader will use, over the whole graph, and count how often 
 accessed.  A node's count is the number of batches whose sampled node set holds it (its own seed
 batch included).  The partitioner then balances each part's total count, not only its node count.
 
-The whole graph is one in-memory part (:func:`graphfeed.server.partition.builder.whole_topology`),
+The whole graph is one in-memory part (:func:`graphfeed.server.partition.build.builder.whole_topology`),
 sampled by :func:`graphfeed.server.sampling.graph.sample_topology` (the fused native op when
 loaded).  Batches and their RNG seeds follow the epoch contract's helpers, so the counts are
 deterministic for a given ``seed``.
@@ -20,9 +20,9 @@ import torch
 
 from graphfeed.core.seeding import batch_seed, stream_seed
 from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition.builder import whole_topology
-from graphfeed.server.partition.graph_input import GraphInput
-from graphfeed.server.partition.store import Topology
+from graphfeed.server.partition.build.builder import whole_topology
+from graphfeed.server.partition.format.store import Topology
+from graphfeed.server.partition.inputs.graph import GraphInput
 from graphfeed.server.sampling.graph import sample_topology
 
 MAX_EPOCHS = 10   # bounds the pre-sampling's time: each epoch costs about one local training epoch of sampling

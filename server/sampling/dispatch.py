@@ -16,7 +16,7 @@ import torch
 
 from graphfeed.core.seeding import MASK64
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.store import Topology
+from graphfeed.server.partition.format.store import Topology
 from graphfeed.server.sampling import reference, reference_ext
 from graphfeed.server.sampling.typed_plan import EdgeFanouts, TypedPlan, plan_typed
 from graphfeed.server.sampling.types import OneHop, SampledSubgraph, TypedSubgraph

@@ -16,11 +16,13 @@ hops: no CUDA kernel) is refused when a session opens (:func:`unsupported_on_gpu
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
+from graphfeed.core.columns import FEATURES
 from graphfeed.core.spec import EdgeType, LoaderSpec, SamplingSpec
-from graphfeed.server.partition.store import Partition, Topology
+from graphfeed.server.partition.format.store import Partition, Topology
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.hot import hottest
 from graphfeed.server.sampling.neighbor import sample_subgraph
@@ -183,8 +185,10 @@ class GpuSource(LocalSource):
             for etype in part.edge_types:
                 self._topos[(etype, kind)] = self._place(part.edges(etype).topology(kind))
         self.caches = self._make_caches(cache_bytes)
-        self._y = {t: _on_device(part.nodes(t).y, self.device) for t in part.node_types}
-        self._orig = {t: part.nodes(t).orig_id.to(self.device) for t in part.node_types}
+        # every stored row column but the features (small: whole on the device; x is behind the cache)
+        self._columns = {t: {name: _on_device(part.nodes(t).column(column), self.device)
+                             for name, column in NodeRows.COLUMNS.items() if name != FEATURES}
+                         for t in part.node_types}
         self.hits = 0     # rows read from the device cache (hits) and in all (reads), for the hit rate
         self.reads = 0
 
@@ -231,20 +235,21 @@ class GpuSource(LocalSource):
         return _moved(dispatch.one_hop(topo, g - start, g, fanout, spec.hop_replace, seed, hop), gids.device)
 
     def gather(self, ntype: str, gids: torch.Tensor) -> Rows:
-        """``(x, y, original ids)`` of ``gids`` (checked to be the part's), on ``gids``' device."""
+        """The :class:`NodeRows` of ``gids`` (checked to be the part's), on ``gids``' device."""
         store = self.part.nodes(ntype)
         if gids.device.type == "cpu":    # a peer's request: ids checked here
             check_owned(store, gids)
         local = gids.to(self.device, torch.int64) - store.start
-        cache, y = self.caches.get(ntype), self._y[ntype]
-        x = None if cache is None else cache.gather(local)
+        cache = self.caches.get(ntype)
+        rows: dict[str, Any] = {name: None if c is None else c.index_select(0, local)
+                                for name, c in self._columns[ntype].items()}
+        rows[FEATURES] = None if cache is None else cache.gather(local)
         if cache is not None:
             self.reads += local.numel()
             self.hits += int((cache.slot.index_select(0, local) >= 0).sum()) if cache.num_cached else 0
-        y_rows = None if y is None else y.index_select(0, local)
         on = gids.device   # answered where the ids are (a peer's request: the host)
-        return NodeRows(x=None if x is None else x.to(on), y=None if y_rows is None else y_rows.to(on),
-                        n_id=self._orig[ntype].index_select(0, local).to(on))
+        moved: dict[str, Any] = {name: None if r is None else r.to(on) for name, r in rows.items()}
+        return NodeRows(**moved)
 
     # membership, edge features and id lookups read the host arrays (link loaders' negatives, edge features:
     # not the sampling path); asked with device ids, they answer on that device

@@ -22,8 +22,8 @@ from typing import Callable, ContextManager, Iterator, Mapping, Protocol, Sequen
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.book import RangePartitionBook
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch

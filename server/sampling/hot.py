@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 
 
 def in_degree(part: Partition, ntype: str) -> torch.Tensor:

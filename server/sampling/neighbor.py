@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.sampling.typed_plan import EdgeFanouts, plan_typed

@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeVar
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.store import NodeStore, Partition
+from graphfeed.server.partition.format.store import NodeStore, Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.types import NodeRows, OneHop
 
@@ -139,7 +139,7 @@ class LocalSource:
         store = self.part.nodes(ntype)
         local = (gids - store.start).cpu()     # a GPU graph's batch arrays (out) are filled from here too
         for name, dst in out.items():
-            src = getattr(store, NodeRows.COLUMNS[name])
+            src = store.column(NodeRows.COLUMNS[name])
             if dst is not None and src is not None:
                 dispatch.gather_rows_to(src, local, dst, pos)
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from graphfeed.core.columns import BATCH_COLUMNS
 from graphfeed.core.spec import EdgeType
 
 
@@ -28,20 +29,20 @@ class OneHop:
 class NodeRows:
     """Rows of some nodes of one type, each named as the batch schema's node field it becomes
     (:data:`graphfeed.core.batch.BATCH_FIELDS`): ``x`` features, ``y`` labels (None for a type without
-    them), ``n_id`` original ids; all aligned with the nodes asked for.  A new per-node field read
-    from the part is one field here (and its column in the part's node store)."""
+    them), ``n_id`` original ids; all aligned with the nodes asked for.  There is one field per stored
+    column with a batch field (:data:`graphfeed.core.columns.NODE_COLUMNS`), checked at import."""
 
     x: torch.Tensor | None
     y: torch.Tensor | None
     n_id: torch.Tensor
 
-    # field -> the part's node store column (graphfeed.server.partition.store.NodeStore) it is read from
-    COLUMNS: ClassVar[dict[str, str]] = {"x": "x", "y": "y", "n_id": "orig_id"}
+    # field -> the part's node store column (NodeStore.column) it is read from
+    COLUMNS: ClassVar[dict[str, str]] = BATCH_COLUMNS
 
     @classmethod
     def read(cls, store, read: Callable[[torch.Tensor], torch.Tensor]) -> NodeRows:
         """Every field read from ``store`` (a node store) by ``read(column)`` (None where it has no such column)."""
-        columns = {name: getattr(store, column) for name, column in cls.COLUMNS.items()}
+        columns = {name: store.column(column) for name, column in cls.COLUMNS.items()}
         rows: dict[str, Any] = {name: None if t is None else read(t) for name, t in columns.items()}
         return cls(**rows)
 
@@ -69,6 +70,9 @@ class NodeRows:
 
 
 NODE_ROW_FIELDS = tuple(f.name for f in fields(NodeRows))
+if set(NODE_ROW_FIELDS) != set(BATCH_COLUMNS):
+    raise TypeError(f"NodeRows has the fields {NODE_ROW_FIELDS}, the stored columns' batch fields are "
+                    f"{tuple(BATCH_COLUMNS)}: give NodeRows one field per batch field (graphfeed.core.columns)")
 
 
 @dataclass

@@ -13,7 +13,7 @@ Commands and their replies:
 :class:`CloseSession` (session id)               :class:`SessionClosed`
 :class:`Stats`                                   :class:`SessionRows` (one row per session)
 :class:`Metrics`                                 :class:`MetricsSnapshot` (cumulative figures)
-:class:`JoinPeers` (every worker's data address)   :class:`PeersJoined` (secure data path only)
+:class:`JoinPeers` (every worker's data address)   :class:`PeersJoined` (a data path whose workers listen)
 :class:`Stop`                                    :class:`Stopped`
 ==============================================  ======================================
 
@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.sampling.budget import WorkBudget
 from graphfeed.server.worker.settings import WorkerSettings
+from graphfeed.transport.registry import TORCH_RPC
 
 START_ID = "start"   # the message id of the worker's first answer: Started, to its GroupSpec
 
@@ -48,9 +49,9 @@ class GroupSpec(WorkerSettings):
     partition_root: str      # the partition folder (META.json inside)
     data_address: str = "127.0.0.1"   # interface TensorPipe binds to
     budget: WorkBudget = WorkBudget()   # caps of one batch (the daemon's max_hops / max_batch_*)
-    # the data path: "torch-rpc" (join the trainer's torch RPC group at ``rendezvous``) or "secure"
-    # (listen on ``data_address`` for holders of ``group_key``; TLS with ``tls_cert``/``tls_key``)
-    data_path: str = "torch-rpc"
+    # the data path: a name of graphfeed.transport.registry (a path with a rendezvous joins the trainer's group
+    # there; one whose workers listen binds ``data_address`` for holders of ``group_key``, TLS with ``tls_cert``)
+    data_path: str = TORCH_RPC
     group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -86,7 +87,7 @@ class Started:
     """The worker mapped its partition and serves commands."""
 
     pid: int
-    endpoint: str = ""    # "host:port" of the secure data-path listener ("" under torch RPC)
+    endpoint: str = ""    # "host:port" of the worker's data-path listener ("" for a path whose workers do not listen)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class Metrics(Command):
 
 @dataclass(frozen=True)
 class JoinPeers(Command):
-    """The secure data path's group is formed: ``endpoints[p]`` is part ``p``'s worker listener."""
+    """The group of a data path whose workers listen is formed: ``endpoints[p]`` is part ``p``'s worker listener."""
 
     reply: ClassVar[type] = PeersJoined
     endpoints: tuple[str, ...]

@@ -107,7 +107,7 @@ class SessionWorkerHandle:
         try:
             handle._conn.send_bytes(pickle.dumps(spec))
             started = handle._expect(START_ID, Started, start_timeout, "start")
-            handle.endpoint = started.endpoint   # the secure data path's listener ("" under torch RPC)
+            handle.endpoint = started.endpoint   # the worker's data-path listener ("" for a path without one)
         except WorkerError:
             handle._kill()
             raise

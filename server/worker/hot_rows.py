@@ -14,7 +14,7 @@ from graphfeed.server.sampling.hot import hottest
 
 
 class HotRows:
-    """Ranked feature rows of one part (``part``: a :class:`graphfeed.server.partition.store.Partition`)."""
+    """Ranked feature rows of one part (``part``: a :class:`graphfeed.server.partition.format.store.Partition`)."""
 
     def __init__(self, part):
         self.part = part

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.types import NodeRows
 
@@ -71,7 +71,7 @@ def row_bytes(part: Partition, ntype: str) -> int:
     store = part.nodes(ntype)
     if store.x is None:
         return 0
-    columns = (getattr(store, c) for c in NodeRows.COLUMNS.values())
+    columns = (store.column(c) for c in NodeRows.COLUMNS.values())
     return sum(c[:1].numel() * c.element_size() for c in columns if c is not None)
 
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, Generic, TypeVar
 import torch
 
 from graphfeed.core.spec import EdgeType, SamplingSpec
-from graphfeed.server.partition.format import part_files_identity
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.layout import part_files_identity
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.source import LocalSource, PartSource, Rows
 from graphfeed.server.sampling.types import NodeRows, OneHop
@@ -44,7 +44,7 @@ def worker_graph(part: Partition, rpc_timeout: float, telemetry: WorkerTelemetry
     part on its peer worker (reached through ``calls``; default torch RPC)."""
     telemetry = telemetry if telemetry is not None else WorkerTelemetry()
     if calls is None:
-        from graphfeed.transport.calls import TorchRpcCalls
+        from graphfeed.transport.torch_rpc import TorchRpcCalls
 
         calls = TorchRpcCalls()
     mine = own if own is not None else LocalSource(part)

@@ -3,14 +3,12 @@
 Started by :class:`graphfeed.server.worker.handle.SessionWorkerHandle`.  It reads its
 :class:`GroupSpec` from the private pipe (fd ``N``), maps its partition and serves the
 daemon's commands (:mod:`.commands`) on the pipe in the main thread.  The data path
-(:mod:`.rpc_api` answers it) is one of:
-
-* ``secure``: before it answers :class:`Started`, the worker listens on its data address
-  (port 0) for holders of the group key (:mod:`graphfeed.transport.secure`, TLS with the
-  daemon's certificate) and reports the address; :class:`JoinPeers` later tells it where its
-  peers listen.  No torch RPC agent, no TCPStore.
-* ``torch-rpc``: it joins the trainer's torch RPC group in a background thread (bounded by
-  ``join_timeout``); only calls naming the group key are answered.
+(:mod:`.rpc_api` answers it) is the :class:`~graphfeed.transport.path.DataPath` the daemon named
+(``GroupSpec.data_path``, :mod:`graphfeed.transport.registry`): its worker end listens before the worker
+answers :class:`Started` (a path whose workers listen reports the address), serves once it did (a path
+with a rendezvous joins the trainer's group in a background thread, bounded by ``join_timeout``), and
+learns its peers from :class:`JoinPeers` (a path that joins peers).  Only the allow-listed calls are
+answered, and only for holders of the group key.
 
 It exits when told to :class:`Stop`, when the pipe closes (the daemon died: no orphans),
 or when joining the group fails (exit code :data:`EXIT_JOIN_FAILED`).
@@ -23,7 +21,6 @@ import hmac
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
@@ -31,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from graphfeed.server.embedding import EmbeddingStore
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.gpu import GpuSource, unsupported_on_gpu
 from graphfeed.server.worker.commands import (
@@ -63,10 +60,9 @@ from graphfeed.server.worker.commands import (
 from graphfeed.server.worker.peers import PeerError, colocate, replicate_hot_rows, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
-from graphfeed.transport import rpc_group
-from graphfeed.transport.calls import DataCalls, TorchRpcCalls
+from graphfeed.transport import registry
+from graphfeed.transport.path import WorkerEnd, WorkerHooks, WorkerPlace
 from graphfeed.transport.pending import Pending
-from graphfeed.transport.secure import RefusalLog, SecureCalls, SecureServer, TlsServer, client_tls
 
 EXIT_JOIN_FAILED = 3
 EXIT_BAD_START = 4
@@ -86,6 +82,14 @@ def own_source(spec: GroupSpec, part: Partition) -> GpuSource | None:
     return source
 
 
+def place_of(spec: GroupSpec) -> WorkerPlace:
+    """The worker's group as its data path's end sees it."""
+    return WorkerPlace(part_id=spec.part_id, group_id=spec.group_id, group_key=spec.group_key,
+                       data_address=spec.data_address, rendezvous=spec.rendezvous, rank=spec.rank,
+                       world_size=spec.world_size, rpc_timeout=spec.rpc_timeout, join_timeout=spec.join_timeout,
+                       tls_cert=spec.tls_cert, tls_key=spec.tls_key)
+
+
 class SessionNotFound(NotFound, LookupError):
     """No such session here.  Also a LookupError: the type a trainer's pull of a closed session sees."""
 
@@ -97,14 +101,9 @@ class SessionWorker:
         self.spec, self.part = spec, part
         self.telemetry = WorkerTelemetry()
         self.gpu_sources: list[GpuSource] = []   # device: cuda -- their feature cache counts go to the metrics
-        self.secure = spec.data_path == "secure"
-        self.calls: DataCalls
-        if self.secure:   # peers verify nothing about this end but the group key (no CA here for their certificates)
-            tls = client_tls(verify=False) if spec.tls_cert else None
-            self.calls = SecureCalls(spec.group_key, tls=tls, name=rpc_group.worker_name)
-        else:
-            self.calls = TorchRpcCalls(spec.group_key)
-        self.server: SecureServer | None = None
+        self.path = registry.data_path(spec.data_path)
+        self.end: WorkerEnd = self.path.worker(place_of(spec))
+        self.calls = self.end.calls
         self.graph = worker_graph(part, spec.peer_bound, self.telemetry, self._source(part), self.calls)
         self.graph.budget = spec.budget   # every batch and online sample stays within the daemon's caps
         # the group's learnable embedding tables (rows of this part's nodes; others' rows through the peers)
@@ -124,32 +123,31 @@ class SessionWorker:
 
     # ---- the group --------------------------------------------------------------------------------
 
-    def listen(self) -> str:
-        """Secure data path: start the listener on the data address; its ``host:port``."""
-        s = self.spec
-        tls = TlsServer(s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
-        refused = RefusalLog(say=lambda line: print(f"graphfeed session worker part{s.part_id} group {s.group_id}: "
-                                                    f"{line}", file=sys.stderr, flush=True),
-                             count=lambda: self.telemetry.count_error("data_path_refused"))
+    def hooks(self) -> WorkerHooks:
+        """What this worker lends its data path's end."""
         from graphfeed.server.worker import rpc_api
 
-        self.server = SecureServer(s.data_address, s.group_key, rpc_api.secure_functions(),
-                                   name=f"part{s.part_id}-dp", tls=tls, on_refused=refused).start()
-        host = self.server.host
-        if host in ("0.0.0.0", "::"):   # a wildcard bind: peers reach this host by its name
-            host = socket.gethostbyname(socket.gethostname())
-        return f"[{host}]:{self.server.port}" if ":" in host else f"{host}:{self.server.port}"
+        return WorkerHooks(functions=rpc_api.listener_functions, guard=rpc_api.install_guard, say=self._say,
+                           refused=lambda: self.telemetry.count_error("data_path_refused"),
+                           formed=self._colocate, failed=self._join_failed)
+
+    def _say(self, line: str) -> None:
+        print(self.end.place.say(line), file=sys.stderr, flush=True)
+
+    def _join_failed(self, why: str) -> None:
+        self.join_error = why
+        self._say(why)
+        os._exit(EXIT_JOIN_FAILED)
 
     def join_peers(self, cmd: JoinPeers) -> PeersJoined:
-        """Secure data path: every worker listens; note where, then read same-host peers' files (in the background)."""
-        if not self.secure:
-            raise BadRequest("JoinPeers is for the secure data path; this worker joined a torch RPC group")
+        """Every worker listens (a path that joins peers): note where, then read same-host peers' files
+        (in the background)."""
+        if not self.path.joins_peers:
+            raise BadRequest(self.path.not_joinable())
         if len(cmd.endpoints) != self.part.meta.num_parts:
             raise BadRequest(f"JoinPeers names {len(cmd.endpoints)} workers; the graph has "
                              f"{self.part.meta.num_parts} parts")
-        assert isinstance(self.calls, SecureCalls)
-        self.calls.set_endpoints({p: str(a) for p, a in enumerate(cmd.endpoints) if p != self.spec.part_id})
-        threading.Thread(target=self._colocate, name="colocate", daemon=True).start()
+        self.end.join_peers({p: str(a) for p, a in enumerate(cmd.endpoints) if p != self.spec.part_id}, self.hooks())
         return PeersJoined()
 
     def _colocate(self) -> None:
@@ -178,19 +176,6 @@ class SessionWorker:
             print(f"{say} keeps {copied / 2**20:.1f} MiB of other parts' hottest rows (peer_cache_bytes)",
                   file=sys.stderr, flush=True)
 
-    def join(self) -> None:
-        s = self.spec
-        try:
-            rpc_group.join_group(rpc_group.worker_name(s.part_id), s.rank, s.world_size, s.rendezvous,
-                                rpc_timeout=s.rpc_timeout, join_timeout=s.join_timeout,
-                                data_address=s.data_address)
-        except BaseException as exc:  # noqa: BLE001 -- reported to the daemon, then the process exits
-            self.join_error = f"could not join the trainer's group at {s.rendezvous}: {type(exc).__name__}: {exc}"
-            print(f"graphfeed session worker part{s.part_id} group {s.group_id}: {self.join_error}",
-                  file=sys.stderr, flush=True)
-            os._exit(EXIT_JOIN_FAILED)
-        self._colocate()
-
     def _source(self, part: Partition) -> GpuSource | None:
         """:func:`own_source` of ``part`` (None on the CPU), kept for the metrics."""
         source = own_source(self.spec, part)
@@ -200,11 +185,7 @@ class SessionWorker:
 
     def wait_joined(self) -> None:
         if not self.joined.wait(self.spec.join_timeout):
-            if self.secure:
-                raise NotReady(f"the trainer's data-path group did not form within {self.spec.join_timeout:g} s; "
-                               f"the trainer must send JoinGroup before StartEpoch")
-            raise NotReady(f"the trainer's RPC group did not form within {self.spec.join_timeout:g} s; "
-                           f"the trainer must join the group (rendezvous {self.spec.rendezvous}) before StartEpoch")
+            raise NotReady(self.end.not_joined())
 
     # ---- commands (see commands.HANDLERS) -------------------------------------------------------------
 
@@ -329,16 +310,7 @@ class SessionWorker:
         for s in sessions:
             s.close()
         self._online.shutdown(wait=False, cancel_futures=True)
-        if self.secure:
-            if self.server is not None:
-                self.server.close()
-            self.calls.close()
-        elif self.joined.is_set():
-            import torch.distributed.rpc as rpc
-
-            # Not graceful: a graceful shutdown is a barrier over the whole group and would
-            # wait for the trainer (or hang on a dead peer).
-            rpc.shutdown(graceful=False)
+        self.end.close(self.joined.is_set())
 
 
 def serve_commands(conn: Connection, worker: SessionWorker) -> None:
@@ -393,7 +365,8 @@ def main(argv=None) -> int:
     try:
         worker = SessionWorker(spec, part)
         rpc_api.bind(worker)
-        endpoint = worker.listen() if worker.secure else ""
+        hooks = worker.hooks()
+        endpoint = worker.end.listen(hooks)
     except Exception as exc:  # noqa: BLE001 -- e.g. the data address cannot be bound: the daemon says why
         _reply(conn, START_ID, WorkerError(f"session worker cannot start its data path on {spec.data_address}: "
                                            f"{type(exc).__name__}: {exc}"))
@@ -403,10 +376,7 @@ def main(argv=None) -> int:
     if not dispatch.use_block_pool() and dispatch.has_fused_sampler():
         print("graphfeed session worker: another CPU allocator outranks the block pool; large buffers come from "
               "it (fresh pages per batch)", file=sys.stderr, flush=True)
-    if not worker.secure:
-        rpc_group.serve_group(spec.group_key)
-        rpc_api.install_guard()
-        threading.Thread(target=worker.join, name="join-group", daemon=True).start()
+    worker.end.serve(hooks)
     serve_commands(conn, worker)
     if not worker.joined.is_set():
         os._exit(0)  # the join thread may still be blocked in init_rpc

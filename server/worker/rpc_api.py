@@ -1,7 +1,7 @@
 """The functions a session worker runs for others -- and nothing else -- over either data path.
 
 * The secure data path (:mod:`graphfeed.transport.secure`, a daemon with a token or TLS):
-  :func:`secure_functions` is the table the worker's listener answers; a caller reaches it only
+  :func:`listener_functions` is the table the worker's listener answers; a caller reaches it only
   after proving the trainer group's key, every frame is authenticated, nothing is unpickled.
 * torch RPC (trusted networks): torch lets a peer name any importable function; a worker
   process installs :func:`install_guard`, which refuses every call that did not resolve
@@ -65,13 +65,13 @@ import torch.distributed.rpc.internal as rpc_internal
 from graphfeed.core.compact import pack
 from graphfeed.core.embedding import EmbeddingSpec, SparseUpdate
 from graphfeed.core.spec import QUANTIZED_DTYPE, LinkInput, NodeInput, SamplingSpec, feature_dtype
-from graphfeed.server.partition.format import part_files_identity
+from graphfeed.server.partition.format.layout import part_files_identity
 from graphfeed.server.sampling.types import NodeRows, OneHop
 from graphfeed.server.worker.hot_rows import HotRows
 from graphfeed.server.worker.session import part_input_seeds
 from graphfeed.transport import rpc_group
+from graphfeed.transport.calls import Function
 from graphfeed.transport.pending import Pending
-from graphfeed.transport.secure import Function
 from graphfeed.transport.shm import RingWriter
 
 _worker = None   # the process's SessionWorker (set once by bind())
@@ -398,7 +398,7 @@ assert {f.__name__ for f in ALLOWED} == set(rpc_group.WORKER_RPC_FUNCTIONS)
 _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_to_followers, ...
 
 
-def secure_functions() -> dict[str, Function]:
+def listener_functions() -> dict[str, Function]:
     """What the worker's secure listener answers: the same functions, async ones answering with a Pending."""
     table = {f.__name__: Function(f) for f in ALLOWED}
     table.update(pull=Function(pull_pending, True), pull_into=Function(pull_into_pending, True),

@@ -1,7 +1,7 @@
 """One loader of the trainer inside a session worker: its input nodes, epochs and producers.
 
 The session is the loader's :class:`~graphfeed.core.spec.LoaderSpec` plus this part's input
-nodes (resolved by :meth:`graphfeed.server.partition.store.Partition.input_nodes`).  Each
+nodes (resolved by :meth:`graphfeed.server.partition.format.store.Partition.input_nodes`).  Each
 epoch is an :class:`~graphfeed.core.epoch.EpochPlan` -- the same plan the local and the
 remote loaders compute -- and the session produces the entries whose seeds this part owns,
 in order, with :func:`produce_batch`.  ``seq`` is the entry's position in the rank's list

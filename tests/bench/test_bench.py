@@ -7,9 +7,9 @@ import pytest
 
 from graphfeed.bench.sample import SampleBenchConfig, bench_sample
 from graphfeed.cli.main import main as cli_main
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling import dispatch
 
 
@@ -97,7 +97,7 @@ def tiny_link_p2(tmp_path_factory):
 
 
 def test_cli_link_mode_counts_seed_edges(tiny_link_p2, tiny_p2, capsys):
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     rc = cli_main(["bench", "sample", "--graph", str(tiny_link_p2), "--link", "--input", "val", "--num-neighbors",
                    "4,2", "--batch-size", "256", "--epochs", "2", "--threads", "1"])

@@ -14,7 +14,7 @@ import pytest
 
 from graphfeed.bench.remote import RemoteBenchConfig, bench_remote, transport_fields
 from graphfeed.cli.main import main as cli_main
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.testing.cluster import running_cluster
 
 RATES = ("seeds_per_s", "batches_per_s", "sampled_edges_per_s", "epoch_s")
@@ -157,9 +157,9 @@ def test_server_that_cannot_start_is_one_line_exit_1(tiny_parts_dir, tmp_path, c
 
 
 def test_link_mode_through_two_servers_equals_inprocess_counts(tmp_path, capsys):
-    from graphfeed.server.partition import synth
-    from graphfeed.server.partition.builder import GraphInput, partition_graph
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+    from graphfeed.server.partition.format.layout import read_meta
+    from graphfeed.server.partition.inputs import synth
 
     ei, x, y, splits = synth.generate_preset("tiny")
     root = tmp_path / "tiny_link"

@@ -14,7 +14,7 @@ from helpers.graphs import assert_same_batch, check_typed_batch
 import graphfeed.client as gf
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.format import part_files_identity
+from graphfeed.server.partition.format.layout import part_files_identity
 from graphfeed.testing.cluster import running_cluster, start_server, stop_processes
 
 ON = {"GRAPHFEED_COLOCATED_READS": "true"}

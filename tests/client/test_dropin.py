@@ -24,8 +24,8 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster
 
 FANOUTS = [5, 3]

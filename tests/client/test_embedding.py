@@ -22,7 +22,7 @@ import graphfeed.client as gf
 from graphfeed.core.embedding import EmbeddingSpec, SparseAdam
 from graphfeed.server.embedding import LocalEmbedding
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.testing.cluster import running_cluster, start_server
 

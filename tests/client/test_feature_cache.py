@@ -18,7 +18,7 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 
 N, F = 3000, 16
 FANOUTS = [5, 3]

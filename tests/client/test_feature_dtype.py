@@ -139,7 +139,7 @@ def _assert_quantized(got, full, dequantized: bool = True) -> None:
 
 
 def test_local_int8_batches_are_fp32_within_half_a_step(parts_dir):
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
 
     scale, _ = open_parts(parts_dir)[1][0].nodes("_N").quant_scales
     full = list(LocalNeighborLoader(parts_dir, FANOUTS, **KW))
@@ -155,9 +155,9 @@ def test_local_int8_batches_are_fp32_within_half_a_step(parts_dir):
 
 
 def test_int8_on_a_partition_without_scales_names_the_fix(tmp_path, shared_graph):
-    from graphfeed.server.partition import builder
-    from graphfeed.server.partition.format import PartitionPaths
-    from graphfeed.server.partition.quantize import add_scales
+    from graphfeed.server.partition.build import builder
+    from graphfeed.server.partition.format.layout import PartitionPaths
+    from graphfeed.server.partition.format.quantize import add_scales
 
     ei, x, y, splits = shared_graph
     builder.partition_graph(builder.GraphInput(ei, x, y, splits), 2, tmp_path / "p", method="random")

@@ -30,7 +30,8 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.hosts import EmulatedHosts, LineReader, unavailable
 
 pytestmark = [pytest.mark.hosts, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]

@@ -11,7 +11,8 @@ from graphfeed.client.errors import InvalidRequest
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling.link import ROUNDS, StrictNegativeError
 from graphfeed.testing.cluster import SERVING, health_status
 

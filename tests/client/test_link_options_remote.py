@@ -10,7 +10,7 @@ from helpers.graphs import assert_same_batch, partition_with_hard_negatives
 from helpers.shared import serving
 
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition import synth
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status
 
 N = 800

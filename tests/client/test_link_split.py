@@ -17,9 +17,10 @@ from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.format import PartitionPaths, read_meta
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.layout import PartitionPaths, read_meta
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status
 
 N = 600

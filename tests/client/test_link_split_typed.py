@@ -15,9 +15,10 @@ from test_link_typed import _check_typed_link_epoch
 
 from graphfeed.cli.main import main
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.format import read_meta
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.layout import read_meta
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 
 WRITES = ("author", "writes", "paper")
 WRITTEN_BY = ("paper", "written_by", "author")

@@ -10,7 +10,7 @@ from helpers.graphs import assert_same_batch
 import graphfeed.client as gf
 import graphfeed.client.online as online
 from graphfeed.server.loader.local import LocalNeighborLoader, sample_nodes
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.testing.cluster import SERVING, health_status
 
 FANOUTS = [4, 3]

@@ -14,8 +14,9 @@ from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.server.loader.local import sample_nodes
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster, start_server
 
 FANOUTS = [4, 3]

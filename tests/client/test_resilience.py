@@ -24,7 +24,7 @@ import graphfeed.client as gf
 from graphfeed.core.agreement import inputs_fingerprint, settings_fingerprint
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import synth
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.chaos import run_chaos
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster, start_server
 

@@ -21,10 +21,9 @@ import torch
 from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
-from graphfeed.client import group as group_mod
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.testing.cluster import running_cluster
-from graphfeed.transport import shm
+from graphfeed.transport import shm, shm_segments
 from graphfeed.transport.pending import Pending
 
 FANOUTS = [5, 3]
@@ -43,14 +42,14 @@ def cluster(shared_cluster):
 
 
 def _segments_of(pid: int) -> list[str]:
-    return [n for n in shm.list_segments() if n.startswith(f"{shm.PREFIX}{pid}-")]
+    return [n for n in shm_segments.list_segments() if n.startswith(f"{shm_segments.PREFIX}{pid}-")]
 
 
 def _mapped_segments(pid: int) -> list[str]:
     """graphfeed segments process ``pid`` maps now (unlinked ones show as ``(deleted)``)."""
     with open(f"/proc/{pid}/maps") as f:
         return [line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-                for line in f if shm.PREFIX in line]
+                for line in f if shm_segments.PREFIX in line]
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
@@ -64,8 +63,8 @@ def _wait(predicate, timeout: float, what: str) -> None:
 # ---- the slot layout and the segments ----------------------------------------------------------------
 
 def test_batch_round_trips_through_a_slot_and_the_slot_frees_with_its_last_tensor():
-    name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s0"
-    mm = shm.create_segment(name, 1 << 16)
+    name = f"{shm_segments.PREFIX}{os.getpid()}-abc123-p0-s0"
+    mm = shm_segments.create_segment(name, 1 << 16)
     try:
         batch = {"x@_N": torch.rand(7, 3).to(torch.bfloat16), "n_id@_N": torch.arange(7),
                  "e_id@_N__to___N": torch.empty(0, dtype=torch.int64), "meta": torch.tensor([1, 2, 3, 4, 0]),
@@ -85,7 +84,7 @@ def test_batch_round_trips_through_a_slot_and_the_slot_frees_with_its_last_tenso
         gc.collect()
         assert freed == [1]
     finally:
-        shm.unlink_segment(name)
+        shm_segments.unlink_segment(name)
         mm.close()
     assert not _segments_of(os.getpid())
 
@@ -95,24 +94,25 @@ def _no_room(fd, offset, size):
 
 
 def test_a_segment_reserves_its_pages_and_no_room_is_an_oserror_with_the_name_unlinked(monkeypatch):
-    name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s0"
-    mm = shm.create_segment(name, 1 << 20)
+    name = f"{shm_segments.PREFIX}{os.getpid()}-abc123-p0-s0"
+    mm = shm_segments.create_segment(name, 1 << 20)
     try:
-        assert os.stat(shm.segment_path(name)).st_blocks * 512 >= 1 << 20, "posix_fallocate reserved the pages"
+        assert os.stat(shm_segments.segment_path(name)).st_blocks * 512 >= 1 << 20, \
+            "posix_fallocate reserved the pages"
     finally:
-        shm.unlink_segment(name)
+        shm_segments.unlink_segment(name)
         mm.close()
     monkeypatch.setattr(os, "posix_fallocate", _no_room)
     with pytest.raises(OSError) as info:
-        shm.create_segment(name, 1 << 20)
+        shm_segments.create_segment(name, 1 << 20)
     assert info.value.errno == errno.ENOSPC
     assert not _segments_of(os.getpid()), "a segment that could not be reserved is unlinked"
 
 
 def test_a_worker_adds_slot_generations_and_detach_unmaps_them():
     writer = shm.RingWriter()
-    names = [f"{shm.PREFIX}{os.getpid()}-abc123-p0-s{k}" for k in range(5)]
-    made = [shm.create_segment(name, 1 << 16) for name in names]
+    names = [f"{shm_segments.PREFIX}{os.getpid()}-abc123-p0-s{k}" for k in range(5)]
+    made = [shm_segments.create_segment(name, 1 << 16) for name in names]
     for mm in made:   # the trainer's maps: only the writer's stay
         mm.close()
     assert len(writer.attach(names[:2], 1 << 16)) == 2
@@ -150,9 +150,9 @@ class _RecordingChannel:
 def _slots(ids, size: int) -> dict:
     maps = {}
     for k in ids:
-        name = f"{shm.PREFIX}{os.getpid()}-abc123-p0-s{k}"
-        maps[k] = shm.create_segment(name, size)
-        shm.unlink_segment(name)
+        name = f"{shm_segments.PREFIX}{os.getpid()}-abc123-p0-s{k}"
+        maps[k] = shm_segments.create_segment(name, size)
+        shm_segments.unlink_segment(name)
     return maps
 
 
@@ -208,21 +208,21 @@ def test_grown_size_is_a_quarter_more_rounded_up_to_a_mib():
 def test_segment_names_are_checked():
     for bad in ("../etc/passwd", "graphfeed-shm-1-zz-p0-s0", "other-1-ab-p0-s0"):
         with pytest.raises(ValueError, match="not a graphfeed shared-memory segment name"):
-            shm.segment_path(bad)
+            shm_segments.segment_path(bad)
 
 
 def test_sweep_unlinks_only_segments_of_dead_trainers():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     assert dead.wait(30) == 0
-    stale, live = f"{shm.PREFIX}{dead.pid}-ab-p0-s0", f"{shm.PREFIX}{os.getpid()}-ab-p0-s1"
+    stale, live = f"{shm_segments.PREFIX}{dead.pid}-ab-p0-s0", f"{shm_segments.PREFIX}{os.getpid()}-ab-p0-s1"
     for name in (stale, live):
-        shm.create_segment(name, 4096).close()
+        shm_segments.create_segment(name, 4096).close()
     try:
-        assert stale in shm.sweep_stale()
-        assert stale not in shm.list_segments() and live in shm.list_segments()
+        assert stale in shm_segments.sweep_stale()
+        assert stale not in shm_segments.list_segments() and live in shm_segments.list_segments()
     finally:
-        shm.unlink_segment(stale)
-        shm.unlink_segment(live)
+        shm_segments.unlink_segment(stale)
+        shm_segments.unlink_segment(live)
 
 
 # ---- through the servers -----------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def _slot_ids(names: list[str]) -> list[int]:
 
 def test_slots_grow_to_the_batches_and_the_old_slots_are_unmapped_on_both_sides(cluster, parts_dir, monkeypatch,
                                                                                caplog):
-    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)   # 4 KiB slots: every batch is too big at first
+    monkeypatch.setattr(shm, "SHM_START_MB", 4 / 1024)   # 4 KiB slots: every batch is too big at first
     local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
     with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:
@@ -334,7 +334,7 @@ def test_no_room_for_the_ring_is_torch_rpc_with_one_log_line(cluster, parts_dir,
 
 
 def test_no_room_to_grow_keeps_the_old_slots_and_the_batches_come_over_rpc(cluster, parts_dir, monkeypatch, caplog):
-    monkeypatch.setattr(group_mod, "SHM_START_MB", 4 / 1024)
+    monkeypatch.setattr(shm, "SHM_START_MB", 4 / 1024)
     local = LocalNeighborLoader(parts_dir, FANOUTS, **KW)
     with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:
@@ -423,8 +423,9 @@ def test_server_sigkill_leaves_no_segment(parts_dir, tmp_path):
 
 
 def test_trainer_killed_during_set_up_is_swept_on_the_next_connect(cluster):
-    code = (f"import os, signal; from graphfeed.transport import shm; "
-            f"shm.create_segment(f'{shm.PREFIX}{{os.getpid()}}-ab-p0-s0', 4096); os.kill(os.getpid(), signal.SIGKILL)")
+    code = (f"import os, signal; from graphfeed.transport import shm_segments; "
+            f"shm_segments.create_segment(f'{shm_segments.PREFIX}{{os.getpid()}}-ab-p0-s0', 4096); "
+            f"os.kill(os.getpid(), signal.SIGKILL)")
     child = subprocess.Popen([sys.executable, "-c", code])
     assert child.wait(BOUND) == -signal.SIGKILL
     assert _segments_of(child.pid), "the killed trainer left its segment"

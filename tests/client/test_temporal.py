@@ -20,7 +20,8 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 
 N = 600
@@ -243,8 +244,8 @@ def test_native_equals_reference_for_disjoint_and_temporal_batches(parts_dir, mo
 def test_times_are_read_from_npy_folders_and_pyg_data_and_stored_per_topology(graph, tmp_path):
     from torch_geometric.data import Data
 
-    from graphfeed.server.partition.inputs import InputError, read_graph
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
+    from graphfeed.server.partition.inputs.reader import InputError, read_graph
 
     ei, x, y, splits, node_time, edge_time = graph
     folder = tmp_path / "g"

@@ -26,11 +26,11 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto.convert import open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder
-from graphfeed.server.partition.format import edge_type_dirname
-from graphfeed.server.partition.inputs import InputError, read_graph
-from graphfeed.server.partition.store import open_parts
-from graphfeed.server.partition.typed_inputs import write_typed_folder
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs.reader import InputError, read_graph
+from graphfeed.server.partition.inputs.typed import write_typed_folder
 from graphfeed.server.sampling import dispatch
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 

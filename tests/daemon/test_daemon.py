@@ -28,8 +28,8 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.daemon.exitcodes import ExitCode
-from graphfeed.server.partition.format import read_meta
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.layout import read_meta
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.testing.cluster import (
     CONTROL_SERVICE,
     NOT_SERVING,

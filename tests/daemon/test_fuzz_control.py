@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Control"]

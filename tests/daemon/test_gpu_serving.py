@@ -29,9 +29,9 @@ from graphfeed.core.epoch import EpochPlan, input_positions
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, NodeInput, SamplingSpec
 from graphfeed.server.daemon.config import ConfigError, load_config
 from graphfeed.server.loader.local import part_inputs
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling.gpu import cuda_unavailable_reason, unsupported_on_gpu
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch

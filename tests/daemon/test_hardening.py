@@ -21,7 +21,7 @@ from helpers.graphs import partition_arrays
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.server.partition import synth
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling.budget import BudgetExceeded, WorkBudget, estimate
 from graphfeed.testing.cluster import running_cluster
 

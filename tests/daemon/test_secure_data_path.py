@@ -35,8 +35,9 @@ from graphfeed.core.epoch import plan_epoch
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 from graphfeed.transport import rpc_group
 
@@ -318,7 +319,7 @@ class _Proxy:
 def _captured_epoch(servers, monkeypatch, **connect) -> tuple[bytes, list, list[str], list[bytes]]:
     """An epoch with every data-path connection (trainer -> worker, worker -> worker) through a recording proxy."""
     sink, lock, proxies = bytearray(), threading.Lock(), []
-    real = client_group.DataGroup._join_secure
+    real = client_group.DataGroup._join_peers
 
     def proxied(self):
         for part, address in list(self.endpoints.items()):
@@ -326,7 +327,7 @@ def _captured_epoch(servers, monkeypatch, **connect) -> tuple[bytes, list, list[
             self.endpoints[part] = proxies[-1].address
         real(self)
 
-    monkeypatch.setattr(client_group.DataGroup, "_join_secure", proxied)
+    monkeypatch.setattr(client_group.DataGroup, "_join_peers", proxied)
     try:
         with gf.connect([s.address for s in servers], token=TOKEN, timeout=60, channel="rpc", **connect) as client:
             loader = client.neighbor_loader("train", FANOUTS, **KW)

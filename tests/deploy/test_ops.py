@@ -268,7 +268,7 @@ def test_forced_fallback_is_logged_once_shown_in_status_and_metrics_and_logs_sta
 
 
 def loader_size(parts_dir: Path) -> int:
-    from graphfeed.server.partition.format import read_meta
+    from graphfeed.server.partition.format.layout import read_meta
 
     return int(read_meta(parts_dir).split_sizes["train"])
 

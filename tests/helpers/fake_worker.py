@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from graphfeed.server.partition.store import Partition
+from graphfeed.server.partition.format.store import Partition
 from graphfeed.server.worker.commands import (
     BadRequest,
     CloseSession,

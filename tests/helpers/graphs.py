@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 
 
 def synthetic_parts(out: Path, *, nodes: int, avg_degree: float, features: int, classes: int, parts: int,
@@ -184,8 +185,8 @@ def same_value(a, b) -> bool:
 def partition_with_hard_negatives(graph, out, fingerprint: str):
     """``graph`` = ``(edge_index, x, y, splits, hard_neg_dst)`` (3 classes) as 2 METIS parts under ``out``, each
     edge's hard negatives stored with it (the link-option tests' partition, local and remote)."""
-    from graphfeed.server.partition import builder
-    from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE
+    from graphfeed.server.partition.build import builder
+    from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE
 
     ei, x, y, splits, hard = graph
     g = builder.GraphInput(edge_index=ei, x=x, y=y, splits=splits, num_classes=3, fingerprint=fingerprint)

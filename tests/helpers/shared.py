@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Iterator
 
 import graphfeed.client as gf
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster
 
 REMOTE_NODES = 3000

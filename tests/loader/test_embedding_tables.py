@@ -16,7 +16,7 @@ from graphfeed.core.embedding import (
     rows_dtype,
 )
 from graphfeed.server.embedding import EmbeddingStore, LocalEmbedding, PartTable
-from graphfeed.server.partition.book import RangePartitionBook
+from graphfeed.server.partition.format.book import RangePartitionBook
 
 BOOK = RangePartitionBook([0, 7, 12])   # two parts: ids 0..6 and 7..11
 DIM = 4
@@ -231,7 +231,7 @@ def test_update_and_optimizer_refuse_bad_values():
 
 def test_local_loader_hands_out_rows_that_train(tiny_parts_dir):
     from graphfeed.server.loader.local import LocalNeighborLoader
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
     from graphfeed.server.sampling.graph import PartitionedGraph
 
     graph = PartitionedGraph.in_process(open_parts(tiny_parts_dir)[1])

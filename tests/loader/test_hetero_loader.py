@@ -14,7 +14,7 @@ from helpers.graphs import assert_same_batch, check_typed_batch, mag_tiny_parts
 
 from graphfeed.core.spec import NodeInput, SamplingSpec
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.graph import PartitionedGraph
 

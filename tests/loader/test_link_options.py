@@ -11,8 +11,9 @@ from helpers.graphs import partition_with_hard_negatives
 from graphfeed.core.spec import LinkInput, LoaderSpec, NegativeSampling, SamplingSpec, reverse_edge_type
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE
+from graphfeed.server.partition.inputs import synth
 
 N = 800
 FANOUTS = [4, 3]

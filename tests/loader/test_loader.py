@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs import synth
 
 FANOUT = [10, 5]
 

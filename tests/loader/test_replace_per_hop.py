@@ -17,7 +17,8 @@ import graphfeed.client as gf
 from graphfeed.core.spec import LoaderSpec, SamplingSpec
 from graphfeed.proto.convert import sampling_from_proto, sampling_to_proto
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster
 
 NUM_NODES = 600

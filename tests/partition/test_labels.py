@@ -8,7 +8,7 @@ import torch
 
 from graphfeed.cli.main import main
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.format import read_meta
+from graphfeed.server.partition.format.layout import read_meta
 
 N, E = 120, 600
 

@@ -16,10 +16,10 @@ import torch
 
 from graphfeed.cli.main import main
 from graphfeed.core.constants import SPLITS
-from graphfeed.server.partition.builder import assign_parts, edge_cut, partition_graph
-from graphfeed.server.partition.format import read_meta
-from graphfeed.server.partition.inputs import read_graph
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build.builder import assign_parts, edge_cut, partition_graph
+from graphfeed.server.partition.format.layout import read_meta
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs.reader import read_graph
 
 PARTS = (1, 2, 4)
 METHODS = ("random", "metis")
@@ -225,7 +225,7 @@ def test_cli_end_to_end_subprocess(tiny_graph_dir, tmp_path):
 @pytest.mark.parametrize("pack_bits", [63, 24, 19, 8])
 def test_edge_order_matches_lexsort_in_every_packing_mode(monkeypatch, pack_bits):
     """One packed block, several blocks, and the argsort fallback all give (key, other, eid) order."""
-    from graphfeed.server.partition import builder
+    from graphfeed.server.partition.build import builder
 
     monkeypatch.setattr(builder, "_PACK_BITS", pack_bits)
     rng = np.random.default_rng(pack_bits)

@@ -20,14 +20,15 @@ import pytest
 
 from graphfeed.bench.partition_cut import edge_cut
 from graphfeed.cli.main import main
-from graphfeed.server.partition.bounded import parse_bytes, partition_chunked
-from graphfeed.server.partition.builder import partition_graph
-from graphfeed.server.partition.chunked import chunk_files_of, is_chunked_folder, open_chunked
-from graphfeed.server.partition.format import PartitionPaths, read_meta
-from graphfeed.server.partition.graph_input import fingerprint
-from graphfeed.server.partition.runner import KILL_AFTER_ENV
-from graphfeed.server.partition.synth import generate_chunked, generate_mag_preset
-from graphfeed.server.partition.typed_inputs import write_typed_folder
+from graphfeed.server.partition.build.bounded import partition_chunked
+from graphfeed.server.partition.build.builder import partition_graph
+from graphfeed.server.partition.build.plan import parse_bytes
+from graphfeed.server.partition.build.runner import KILL_AFTER_ENV
+from graphfeed.server.partition.format.layout import PartitionPaths, read_meta
+from graphfeed.server.partition.inputs.chunked import chunk_files_of, is_chunked_folder, open_chunked
+from graphfeed.server.partition.inputs.graph import fingerprint
+from graphfeed.server.partition.inputs.synth import generate_chunked, generate_mag_preset
+from graphfeed.server.partition.inputs.typed import write_typed_folder
 
 N, E, F = 3_000, 40_000, 8
 
@@ -205,7 +206,7 @@ def test_typed_chunked_graph_identical_to_in_memory(tmp_path):
 @pytest.mark.slow
 def test_dask_local_cluster_parts_identical(npy_chunks, reference, tmp_path):
     pytest.importorskip("dask.distributed")
-    from graphfeed.server.partition.runner import DaskRunner
+    from graphfeed.server.partition.build.runner import DaskRunner
 
     runner = DaskRunner(None, workers=2)
     try:
@@ -283,7 +284,7 @@ def test_fennel_cuts_cora_within_one_and_a_half_times_metis(cora_dir, tmp_path, 
     """The issue's target on a real graph: plain streaming Fennel cut 3.2x (2 parts) and 3.0x (4 parts) METIS's
     edges on Cora; the multilevel streaming partitioner stays within 1.5x, in balance, under a small limit."""
     pytest.importorskip("pymetis")
-    from graphfeed.server.partition.bounded import metis_parts_bounded
+    from graphfeed.server.partition.build.bounded import metis_parts_bounded
 
     graph = open_chunked(cora_dir)
     out = tmp_path / "parts"
@@ -329,7 +330,7 @@ def test_fennel_places_clusters_by_size_when_their_graph_never_fits(tmp_path, mo
     """If the clusters' graph stays above its memory budget even for clusters of a part's size, the clusters are
     placed by size alone and the refinement over the streamed lists finds the cut: still balanced, still better
     than random."""
-    from graphfeed.server.partition import fennel
+    from graphfeed.server.partition.build import fennel
 
     tries = []
     monkeypatch.setattr(fennel, "_contract_streamed", lambda *args: tries.append(args[-1]))   # always "too big"
@@ -348,7 +349,7 @@ def test_fennel_places_clusters_by_size_when_their_graph_never_fits(tmp_path, mo
 def test_fine_rebalance_moves_the_nodes_that_lose_least_into_parts_with_room():
     """Two 10-node cliques, all 20 nodes in part 0 (cap 11 per part): rebalancing moves 9 nodes out, all from one
     clique (equal losses: in id order)."""
-    from graphfeed.server.partition.fennel import _Fine
+    from graphfeed.server.partition.build.fennel import _Fine
 
     ends = [(a + i, a + j) for a in (0, 10) for i in range(10) for j in range(10) if i != j]
     src, dst = np.array(ends).T
@@ -370,13 +371,14 @@ def test_fine_rebalance_moves_the_nodes_that_lose_least_into_parts_with_room():
 
 _BOUND_SCRIPT = textwrap.dedent("""
     import resource, sys
-    from graphfeed.server.partition import bounded, builder, chunked, fennel, runner  # imports first
+    from graphfeed.server.partition.build import bounded, builder, fennel, plan, runner  # imports first
+    from graphfeed.server.partition.inputs import chunked
     def vm():
         return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize"))
     path, out, path_kind, work, slack = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     graph = chunked.open_chunked(path)
-    per_node = {"fennel": bounded.FENNEL_NODE_BYTES}.get(path_kind, 8)   # the assignment's own tables
-    limit = bounded.BASELINE_BYTES + bounded.fixed_bytes(graph, 2) + per_node * graph.num_nodes + work
+    per_node = {"fennel": plan.FENNEL_NODE_BYTES}.get(path_kind, 8)   # the assignment's own tables
+    limit = plan.BASELINE_BYTES + plan.fixed_bytes(graph, 2) + per_node * graph.num_nodes + work
     resource.setrlimit(resource.RLIMIT_AS, (vm() + work + per_node * graph.num_nodes + slack,) * 2)
     try:
         if path_kind in ("bounded", "fennel"):

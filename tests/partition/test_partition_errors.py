@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from graphfeed.cli.main import main
-from graphfeed.server.partition import builder
-from graphfeed.server.partition.builder import partition_graph
-from graphfeed.server.partition.format import PartitionFormatError, read_meta
-from graphfeed.server.partition.inputs import read_graph
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.build.builder import partition_graph
+from graphfeed.server.partition.format.layout import PartitionFormatError, read_meta
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs.reader import read_graph
 
 N, E = 50, 200
 
@@ -211,8 +211,8 @@ def test_crash_mid_write_never_leaves_a_loadable_folder(tmp_path):
     folder = _write_graph(tmp_path / "in")
     script = textwrap.dedent(f"""
         import os
-        from graphfeed.server.partition import builder
-        from graphfeed.server.partition.inputs import read_graph
+        from graphfeed.server.partition.build import builder
+        from graphfeed.server.partition.inputs.reader import read_graph
         real, calls = builder.save_array, []
         def dying_save(path, array):
             calls.append(path)

@@ -19,11 +19,11 @@ from graphfeed.cli.generate import write_graph
 from graphfeed.cli.main import main
 from graphfeed.core.constants import SPLITS
 from graphfeed.core.spec import NodeInput
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import assign_parts, graph_edge_cut, partition_graph
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, edge_type_dirname, read_meta
-from graphfeed.server.partition.inputs import InputError, read_graph
-from graphfeed.server.partition.store import Partition, open_parts, resolve_original_ids
+from graphfeed.server.partition.build.builder import assign_parts, graph_edge_cut, partition_graph
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, edge_type_dirname, read_meta
+from graphfeed.server.partition.format.store import Partition, open_parts, resolve_original_ids
+from graphfeed.server.partition.inputs import synth
+from graphfeed.server.partition.inputs.reader import InputError, read_graph
 
 PARTS = (1, 2, 3)
 METHODS = ("random", "metis")

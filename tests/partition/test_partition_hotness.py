@@ -14,10 +14,10 @@ from helpers.graphs import hand_made_typed_arrays, save_typed_folder
 from test_partition import assert_round_trip
 
 from graphfeed.cli.main import main
-from graphfeed.server.partition.builder import assign_parts, graph_edge_cut, partition_graph
-from graphfeed.server.partition.format import read_meta
-from graphfeed.server.partition.graph_input import GraphInput
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build.builder import assign_parts, graph_edge_cut, partition_graph
+from graphfeed.server.partition.format.layout import read_meta
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs.graph import GraphInput
 from graphfeed.server.sampling.access import AccessSampling, count_accesses
 
 FEW = AccessSampling((10, 5), batch_size=256, epochs=1)   # the tiny preset: 800 training nodes, 4 batches

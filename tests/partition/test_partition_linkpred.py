@@ -9,13 +9,14 @@ import torch
 
 from graphfeed.cli.generate import write_graph
 from graphfeed.cli.main import main as cli_main
-from graphfeed.server.partition import builder, synth
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, PartitionPaths
-from graphfeed.server.partition.input_arrays import InputError
-from graphfeed.server.partition.inputs import read_graph
-from graphfeed.server.partition.quantize import LEVELS
-from graphfeed.server.partition.store import open_parts
-from graphfeed.server.partition.typed_inputs import write_typed_folder
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, PartitionPaths
+from graphfeed.server.partition.format.quantize import LEVELS
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
+from graphfeed.server.partition.inputs.arrays import InputError
+from graphfeed.server.partition.inputs.reader import read_graph
+from graphfeed.server.partition.inputs.typed import write_typed_folder
 
 WRITES = ("author", "writes", "paper")
 

@@ -9,8 +9,8 @@ from torch_geometric.loader import LinkLoader, NodeLoader
 
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE
 from graphfeed.pyg import GraphfeedFeatureStore, GraphfeedGraphStore, GraphfeedSampler
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling.gpu import cuda_unavailable_reason
 from graphfeed.testing.cluster import start_server, stop_processes
 

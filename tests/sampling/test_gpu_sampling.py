@@ -13,9 +13,9 @@ import torch
 
 from graphfeed.cli.main import main as cli_main
 from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling.gpu import GpuPart, cuda_unavailable_reason
 from graphfeed.server.sampling.graph import sample_topology
 

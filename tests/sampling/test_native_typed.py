@@ -31,7 +31,7 @@ from test_sampler_hetero import (
 )
 
 from graphfeed import cuda_ext
-from graphfeed.server.partition.store import Topology
+from graphfeed.server.partition.format.store import Topology
 from graphfeed.server.sampling import dispatch
 from graphfeed.server.sampling.neighbor import sample_typed
 from graphfeed.server.sampling.types import TypedSubgraph
@@ -200,7 +200,7 @@ def test_large_fanouts_and_thread_count_independence(replace):
 def test_one_type_case_equals_the_homogeneous_fused_op(direction):
     """A one-type graph through the typed op is the homogeneous fused op's sample."""
     from graphfeed.core.spec import SamplingSpec
-    from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+    from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
 
     r = np.random.default_rng(4)
     g = TypedGraph({DEFAULT_NODE_TYPE: 200}, {DEFAULT_EDGE_TYPE: _random_edges(200, 200, 1500, r)})
@@ -219,8 +219,8 @@ def test_one_type_case_equals_the_homogeneous_fused_op(direction):
 def mag_tiny_parts(tmp_path_factory):
     """``mag-tiny`` partitioned into one part (CSC and CSR) and into two parts."""
     from graphfeed.cli.generate import write_graph
-    from graphfeed.server.partition.builder import partition_graph
-    from graphfeed.server.partition.inputs import read_graph
+    from graphfeed.server.partition.build.builder import partition_graph
+    from graphfeed.server.partition.inputs.reader import read_graph
 
     root = tmp_path_factory.mktemp("mag")
     write_graph(root / "g", "mag-tiny", seed=0)
@@ -233,7 +233,7 @@ def mag_tiny_parts(tmp_path_factory):
 @needs_fused
 def test_one_part_mag_tiny_partition(mag_tiny_parts):
     """A real one-part typed partition (every node type, every edge type, CSC and CSR)."""
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
 
     _, (part,) = open_parts(mag_tiny_parts[0])
     offsets = {t: part.nodes(t).start for t in part.node_types}

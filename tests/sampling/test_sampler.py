@@ -16,10 +16,10 @@ import torch
 
 from graphfeed.core.seeding import MASK64, mix64_int
 from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.book import RangePartitionBook
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.store import Topology, open_parts
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.store import Topology, open_parts
+from graphfeed.server.partition.inputs import synth
 from graphfeed.server.sampling import dispatch, reference, rng
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.neighbor import sample_subgraph

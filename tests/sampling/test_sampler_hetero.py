@@ -20,8 +20,8 @@ from helpers import ROOT
 from test_sampler import SPECS, _cycle, _random_multigraph, _star
 
 from graphfeed.core.spec import SamplingSpec
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
-from graphfeed.server.partition.store import Topology
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.server.partition.format.store import Topology
 from graphfeed.server.sampling import dispatch, reference
 from graphfeed.server.sampling.neighbor import sample_subgraph, sample_typed, stitch
 from graphfeed.server.sampling.types import OneHop, TypedSubgraph

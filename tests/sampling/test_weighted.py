@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder
+from graphfeed.server.partition.build import builder
 from graphfeed.server.sampling import dispatch
 
 WEIGHTS = [1.0, 2.0, 3.0, 4.0, 10.0]     # of the in-edges 1..5 -> 0 of the star
@@ -66,7 +66,7 @@ def test_bad_weights_are_one_line_errors_naming_weight_attr(tmp_path, weights, a
 
 def _star_with_edge_weight(tmp_path, weights, name="star_w"):
     """The same star, its weights given as the input's edge_weight.npy (read by `graphfeed partition`'s reader)."""
-    from graphfeed.server.partition.inputs import read_graph
+    from graphfeed.server.partition.inputs.reader import read_graph
 
     k = len(weights)
     folder = tmp_path / f"{name}_input"
@@ -83,7 +83,7 @@ def _star_with_edge_weight(tmp_path, weights, name="star_w"):
 
 
 def test_edge_weight_npy_is_stored_per_part_and_sampled_as_weights(tmp_path, monkeypatch):
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
 
     parts = _star_with_edge_weight(tmp_path, WEIGHTS)
     meta, stored = open_parts(parts)
@@ -124,8 +124,8 @@ def test_edge_weight_missing_names_the_input_file(tmp_path):
 def test_pyg_data_edge_weight_is_read_and_stored(tmp_path):
     from torch_geometric.data import Data
 
-    from graphfeed.server.partition.inputs import read_graph
-    from graphfeed.server.partition.store import open_parts
+    from graphfeed.server.partition.format.store import open_parts
+    from graphfeed.server.partition.inputs.reader import read_graph
 
     ei = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])
     data = Data(x=torch.ones(4, 2), edge_index=ei, edge_weight=torch.tensor([1.0, 2.0, 3.0, 4.0]),

@@ -19,9 +19,9 @@ import torch
 from helpers.gnn import SAGE, accuracy, train
 
 import graphfeed.client as gf
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs import synth
+from graphfeed.server.partition.inputs.reader import read_graph
 from graphfeed.testing.cluster import running_cluster
 
 pytestmark = pytest.mark.slow

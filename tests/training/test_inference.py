@@ -8,7 +8,8 @@ import torch
 from helpers.gnn import SAGE
 
 import graphfeed.client as gf
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster
 
 

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from test_link_training import FANOUTS, Encoder, _roc_auc, _scores, _split_edges
 
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs.reader import read_graph
 
 pytestmark = pytest.mark.slow
 

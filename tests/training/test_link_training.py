@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import graphfeed.client as gf
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs.reader import read_graph
 from graphfeed.testing.cluster import running_cluster
 
 pytestmark = pytest.mark.slow

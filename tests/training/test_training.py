@@ -12,9 +12,9 @@ import torch
 from helpers.gnn import SAGE, accuracy, train
 
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import synth
-from graphfeed.server.partition.builder import GraphInput, partition_graph
-from graphfeed.server.partition.inputs import read_graph
+from graphfeed.server.partition.build.builder import GraphInput, partition_graph
+from graphfeed.server.partition.inputs import synth
+from graphfeed.server.partition.inputs.reader import read_graph
 
 pytestmark = pytest.mark.slow
 

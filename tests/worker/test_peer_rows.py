@@ -13,7 +13,7 @@ import torch
 
 from graphfeed.core.spec import SamplingSpec
 from graphfeed.server.daemon.config import load_config
-from graphfeed.server.partition.store import open_parts
+from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import produce_online
 from graphfeed.server.sampling.source import LocalSource

@@ -2,21 +2,24 @@
 
 :class:`Job` is what every chunk task receives (picklable: Dask ships it to the workers once); files
 are written under temporary names and renamed, and a finished task leaves a marker under ``done/``.
+:func:`open_scratch` prepares the folder for a :class:`Plan`: a re-run under the same plan keeps the finished
+tasks, under another one it starts over.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from graphfeed.server.partition.chunked import ChunkedGraph
-from graphfeed.server.partition.format import edge_type_dirname
-from graphfeed.server.partition.graph_input import EdgeType
+from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.inputs.chunked import ChunkedGraph
+from graphfeed.server.partition.inputs.graph import EdgeType
 
 PLAN_VERSION = 2   # 2: fennel buckets hold global ids (a version-1 scratch folder is started over)
 
@@ -179,3 +182,26 @@ def load_bucket(folder: Path) -> dict[str, np.ndarray]:
         if not p.name.startswith("."):                 # a temporary file of a killed writer
             by_name.setdefault(p.name.rsplit(".", 2)[1], []).append(p)
     return {name: np.concatenate([np.load(p) for p in files]) for name, files in by_name.items()}
+
+
+def open_scratch(scratch: Path, plan: Plan, log: Callable[[str], None]) -> bool:
+    """Prepare ``scratch`` for ``plan``; True when it continues an earlier run's work."""
+    plan_file = scratch / "plan.json"
+    if plan_file.is_file():
+        try:
+            old = json.loads(plan_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        diff = plan.differences(old)
+        if not diff:
+            done = sum(1 for p in (scratch / "done").rglob("*") if p.is_file()) if (scratch / "done").is_dir() else 0
+            log(f"resuming the run in {scratch}: {done} finished task(s) kept")
+            return True
+        log(f"cannot resume the run in {scratch} ({'; '.join(diff)}): starting over")
+        shutil.rmtree(scratch)
+    elif scratch.exists():
+        log(f"cannot resume the run in {scratch} (no plan.json: it was killed before starting): starting over")
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    write_json_atomic(plan_file, json.loads(plan.to_json()))
+    return False

@@ -16,8 +16,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from graphfeed.core.columns import INPUT_COLUMNS, QUANTIZABLE
 from graphfeed.core.process import pid_alive
-from graphfeed.server.partition.format import (
+from graphfeed.server.partition.build.metis import metis_parts, symmetric_adjacency
+from graphfeed.server.partition.format.hard_negatives import write_hard_negatives
+from graphfeed.server.partition.format.layout import (
     LINK_SPLITS,
     META_FILE,
     TOPOLOGIES,
@@ -27,10 +30,8 @@ from graphfeed.server.partition.format import (
     save_array,
     write_meta,
 )
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
-from graphfeed.server.partition.hard_negatives import write_hard_negatives
-from graphfeed.server.partition.metis import metis_parts, symmetric_adjacency
-from graphfeed.server.partition.quantize import column_range, is_quantizable, scales_of_range, write_scales
+from graphfeed.server.partition.format.quantize import column_range, is_quantizable, scales_of_range, write_scales
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
 
 __all__ = ["GraphInput", "NodeTypeInput", "EdgeTypeInput", "METHODS", "assign_parts", "edge_cut",
            "graph_edge_cut", "partition_graph", "symmetric_adjacency", "whole_topology", "write_partitions"]
@@ -209,9 +210,10 @@ def _write_nodes(graph: GraphInput, ntype: str, paths: PartitionPaths, numbering
     desc = "writing nodes" if graph.is_homogeneous else f"writing {ntype} nodes"
     for k in progress(range(ranges.size - 1), desc):
         owned = numbering.order[ranges[k]:ranges[k + 1]]
-        for name, values in (("x", t.x), ("y", t.y), ("time", t.time)):
+        for column in INPUT_COLUMNS:
+            values = t.column(column.name)
             if values is not None:
-                save_array(paths.node_file(k, name, ntype), values[owned])
+                save_array(paths.node_file(k, column.name, ntype), values[owned])
         save_array(paths.node_file(k, "orig_id", ntype), owned)
         for split, gids in new_splits.items():
             lo, hi = np.searchsorted(gids, [ranges[k], ranges[k + 1]])
@@ -410,9 +412,10 @@ def _write_extras(graph: GraphInput, paths: PartitionPaths, numbering: dict[str,
     """What the loaders' options read besides the graph: every node type's int8 feature scales
     (:mod:`.quantize`) and every edge type's hard negatives (:mod:`.hard_negatives`)."""
     for ntype, t in graph.nodes.items():
-        if is_quantizable(t.x):
-            assert t.x is not None
-            write_scales(paths, ntype, num_parts, *scales_of_range(*column_range(t.x)))
+        for column in QUANTIZABLE:
+            values = t.column(column)
+            if values is not None and is_quantizable(values):
+                write_scales(paths, ntype, num_parts, *scales_of_range(*column_range(values)), column)
     for etype, e in graph.edges.items():
         if e.hard_neg_dst is not None:
             src, _, dst = etype
@@ -434,8 +437,7 @@ def _meta(graph: GraphInput, parts, numbering: dict[str, _Numbering], *, method:
         node_ranges={ntype: numbering[ntype].ranges.tolist() for ntype in graph.node_types},
         num_edges={edge_type_dirname(etype): e.num_edges for etype, e in graph.edges.items()},
         topologies=list(topologies),
-        features={ntype: {name: _array_spec(a) for name, a in (("x", t.x), ("y", t.y), ("time", t.time))
-                          if a is not None}
+        features={ntype: {c.name: _array_spec(t.columns[c.name]) for c in INPUT_COLUMNS if c.name in t.columns}
                   for ntype, t in graph.nodes.items()},
         edge_features={edge_type_dirname(etype): _array_spec(e.edge_attr)
                        for etype, e in graph.edges.items() if e.edge_attr is not None},

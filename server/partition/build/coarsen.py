@@ -1,5 +1,5 @@
 """Multilevel partitioning of a weighted graph that fits in memory, and the label propagation steps it
-shares with the streamed first level of :mod:`graphfeed.server.partition.fennel`.
+shares with the streamed first level of :mod:`graphfeed.server.partition.build.fennel`.
 
 After Meyerhenke, Sanders and Schulz ("Partitioning complex networks via size-constrained
 clustering", SEA 2014): size-constrained label propagation gathers nodes into clusters of at most

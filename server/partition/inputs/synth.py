@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphfeed.server.partition.graph_input import EdgeTypeInput, GraphInput, NodeTypeInput
+from graphfeed.server.partition.inputs.graph import EdgeTypeInput, GraphInput, NodeTypeInput
 
 PRESETS = {  # name: nodes, average undirected degree, feature dim, classes
     "tiny": (10_000, 10, 32, 8),

@@ -34,28 +34,15 @@ from typing import Callable
 
 import numpy as np
 
+from graphfeed.core.columns import OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import SPLITS
-from graphfeed.server.partition.format import edge_type_dirname
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
-from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
-from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
-from graphfeed.server.partition.input_arrays import (
-    InputError,
-    check_edge_attr,
-    check_edge_index_shape,
-    check_edge_weight,
-    check_split,
-    check_time,
-    check_x,
-    check_y_dtype,
-    field_of,
-    id_range,
-    load_npy,
-    mask_to_ids,
-    to_numpy,
-)
+from graphfeed.server.partition.format.layout import edge_type_dirname
+from graphfeed.server.partition.inputs import arrays
+from graphfeed.server.partition.inputs.arrays import HARD_NEG_FILE, InputError, field_of, to_numpy
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, fingerprint
 
-NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS), "node_time")
+NODE_FILES = ("x", "y", "num_nodes", *(f"{s}_idx" for s in SPLITS), *(f"{s}_mask" for s in SPLITS),
+              *(c.file for c in OTHER_INPUT_COLUMNS))
 EDGE_FILES = ("edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE)
 Where = Callable[[str], str]   # array name -> where it came from, prefixed with its type
 
@@ -71,8 +58,8 @@ class RawNodeType:
     num_nodes: np.ndarray | int | None = None
     idx: dict[str, np.ndarray] = field(default_factory=dict)     # split -> node ids
     masks: dict[str, np.ndarray] = field(default_factory=dict)   # split -> bool [N]
-    time: np.ndarray | None = None        # node timestamps [N] (temporal sampling)
-    time_name: str = "node_time"          # what the input format calls them
+    columns: dict[str, np.ndarray] = field(default_factory=dict)   # other stored columns (time, ...) by name
+    by_attr: bool = False                 # the input names them by PyG attribute (HeteroData), not by file
 
 
 @dataclass
@@ -111,7 +98,7 @@ def _npy_arrays(sub: Path, allowed: tuple[str, ...], what: str) -> dict[str, np.
     if unknown:
         raise InputError(f"{sub / unknown[0]} is not part of the typed .npy layout ({what} folders hold "
                          f"{', '.join(a + '.npy' for a in allowed)}); rename or remove it")
-    return _present({name: load_npy(sub / f"{name}.npy", False) for name in allowed})
+    return _present({name: arrays.load_npy(sub / f"{name}.npy", False) for name in allowed})
 
 
 def _read_node_folder(sub: Path) -> RawNodeType:
@@ -121,7 +108,7 @@ def _read_node_folder(sub: Path) -> RawNodeType:
                        x=arrays.get("x"), y=arrays.get("y"), num_nodes=arrays.get("num_nodes"),
                        idx={s: arrays[f"{s}_idx"] for s in SPLITS if f"{s}_idx" in arrays},
                        masks={s: arrays[f"{s}_mask"] for s in SPLITS if f"{s}_mask" in arrays},
-                       time=arrays.get("node_time"))
+                       columns={c.name: arrays[c.file] for c in OTHER_INPUT_COLUMNS if c.file in arrays})
 
 
 def _read_edge_folder(sub: Path, etype: EdgeType) -> RawEdgeType:
@@ -156,7 +143,7 @@ def is_hetero_data(obj) -> bool:
 def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
     where = lambda name: f"node type {ntype!r}: {file}: data[{ntype!r}].{name}"  # noqa: E731 -- a formatter
     arrays = {name: to_numpy(field_of(store, name), where(name))
-              for name in NODE_FILES if name not in ("num_nodes", "node_time")}
+              for name in NODE_FILES if name not in ("num_nodes", *(c.file for c in OTHER_INPUT_COLUMNS))}
     num_nodes = field_of(store, "num_nodes")
     if num_nodes is not None and not isinstance(num_nodes, int):
         num_nodes = to_numpy(num_nodes, where("num_nodes"))
@@ -169,7 +156,8 @@ def _hetero_node_type(store, ntype: str, file: Path) -> RawNodeType:
                        x=x, y=arrays["y"], num_nodes=num_nodes,
                        idx=_present({s: arrays[f"{s}_idx"] for s in SPLITS}),
                        masks=_present({s: arrays[f"{s}_mask"] for s in SPLITS}),
-                       time=to_numpy(field_of(store, "time"), where("time")), time_name="time")
+                       columns=_present({c.name: to_numpy(field_of(store, c.input_attr), where(c.input_attr))
+                                         for c in OTHER_INPUT_COLUMNS}), by_attr=True)
 
 
 def _id_only_count(ids: np.ndarray, w: str) -> int:
@@ -210,7 +198,7 @@ def read_hetero_data(data, file: Path) -> GraphInput:
     return graph
 
 
-HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", "time",
+HETERO_NODE_KEYS = frozenset({"x", "y", "num_nodes", "node_id", *(c.input_attr for c in OTHER_INPUT_COLUMNS),
                               *(f"{s}_{k}" for s in SPLITS for k in ("idx", "mask"))})
 HETERO_EDGE_KEYS = frozenset({"edge_index", "edge_attr", "edge_weight", "edge_time", HARD_NEG_FILE})
 
@@ -251,20 +239,22 @@ def _check_node_type(ntype: str, raw: RawNodeType) -> tuple[NodeTypeInput, dict[
         raise InputError(f"node type {ntype!r} is not a valid name: node type names are non-empty and have no "
                          f"'__' (it separates the parts of an edge type's name); rename it")
     if raw.x is not None:
-        check_x(raw.x, raw.where("x"))
+        arrays.check_x(raw.x, raw.where("x"))
     if raw.y is not None:
-        check_y_dtype(raw.y, raw.where("y"))
+        arrays.check_y_dtype(raw.y, raw.where("y"))
     n = _node_count(ntype, raw)
     rows = f"node type {ntype!r} has {n} nodes"
-    splits = {s: mask_to_ids(m, n, raw.where(f"{s}_mask")) for s, m in raw.masks.items()}
+    splits = {s: arrays.mask_to_ids(m, n, raw.where(f"{s}_mask")) for s, m in raw.masks.items()}
     for s, idx in raw.idx.items():
         if s in splits:
             raise InputError(f"{raw.where(f'{s}_idx')} and {s}_mask both give the {s} split; keep one of them")
         splits[s] = idx
-    splits = {s: check_split(idx, raw.where(f"{s}_idx" if s in raw.idx else f"{s}_mask"), n, rows)
+    splits = {s: arrays.check_split(idx, raw.where(f"{s}_idx" if s in raw.idx else f"{s}_mask"), n, rows)
               for s, idx in splits.items()}
-    time = check_time(raw.time, n, raw.where(raw.time_name), f"node type {ntype!r} has")
-    return NodeTypeInput(n, raw.x, raw.y, time), splits
+    columns = {c.name: arrays.check_node_column(c, raw.columns.get(c.name), n,
+                                         raw.where(c.input_attr if raw.by_attr else c.file), f"node type {ntype!r} has")
+               for c in OTHER_INPUT_COLUMNS}
+    return NodeTypeInput(n, raw.x, raw.y, **columns), splits
 
 
 def _node_count(ntype: str, raw: RawNodeType) -> int:
@@ -298,22 +288,15 @@ def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) 
                              f"(node types: {', '.join(map(repr, counts))}); add node type {ntype!r} "
                              f"(with x or num_nodes) or fix the edge type's name")
     w = raw.where("edge_index")
-    edge_index = check_edge_index_shape(raw.edge_index, w)
+    edge_index = arrays.check_edge_index_shape(raw.edge_index, w)
     for row, role, ntype in ((0, "source", etype[0]), (1, "destination", etype[2])):
-        found, n = id_range(edge_index[row]), counts[ntype]
+        found, n = arrays.id_range(edge_index[row]), counts[ntype]
         if found is not None and (found[0] < 0 or found[1] >= n):
             raise InputError(f"{w} has {role} ids {found[0]}..{found[1]}, but {role} node type {ntype!r} has {n} "
                              f"nodes (valid ids 0..{n - 1}); fix the edge list or the node count of {ntype!r}")
-    if raw.edge_attr is not None:
-        check_edge_attr(raw.edge_attr, edge_index.shape[1], raw.where("edge_attr"), "its edge_index")
-    num_edges = edge_index.shape[1]
-    weight = raw.edge_weight
-    if weight is not None:
-        weight = check_edge_weight(weight, num_edges, raw.where("edge_weight"))
-    time = check_time(raw.edge_time, num_edges, raw.where("edge_time"), "its edge_index has")
-    hard = None if raw.hard_neg_dst is None else \
-        check_hard_neg_dst(raw.hard_neg_dst, num_edges, counts[etype[2]], raw.where(HARD_NEG_FILE))
-    return EdgeTypeInput(edge_index, raw.edge_attr, weight, time, hard)
+    return EdgeTypeInput(edge_index, **arrays.check_edge_columns(
+        edge_index.shape[1], counts[etype[2]], raw.where, "its edge_index", edge_attr=raw.edge_attr,
+        edge_weight=raw.edge_weight, edge_time=raw.edge_time, hard_neg_dst=raw.hard_neg_dst))
 
 
 def _label_type(checked: dict[str, tuple[NodeTypeInput, dict]], raw: dict[str, RawNodeType]) -> str:
@@ -351,8 +334,9 @@ def write_typed_folder(folder: Path, graph: GraphInput) -> None:
                 np.save(sub / f"{name}.npy", np.ascontiguousarray(array))
         if t.x is None and t.y is None:
             np.save(sub / "num_nodes.npy", np.int64(t.num_nodes))
-        if t.time is not None:
-            np.save(sub / "node_time.npy", np.ascontiguousarray(t.time))
+        for c in OTHER_INPUT_COLUMNS:
+            if t.column(c.name) is not None:
+                np.save(sub / f"{c.file}.npy", np.ascontiguousarray(t.column(c.name)))
         if ntype == graph.label_type:
             for split, idx in graph.splits.items():
                 np.save(sub / f"{split}_idx.npy", np.asarray(idx, dtype=np.int64))

@@ -1,7 +1,8 @@
 """Per-edge hard negatives: destinations known not to be linked to an edge's source, stored with the part.
 
 Input: ``hard_neg_dst.npy`` [E, k] beside ``edge_index.npy`` (on a typed folder in the edge type's folder),
-row ``i`` the original destination-type ids of edge ``i``'s hard negatives, ``-1`` padding.  Stored (the
+row ``i`` the original destination-type ids of edge ``i``'s hard negatives, ``-1`` padding (checked by
+:func:`graphfeed.server.partition.inputs.arrays.check_hard_neg_dst`).  Stored (the
 in-memory partition path, :func:`write_hard_negatives`) per part and edge type: the input edges whose source
 the part owns and that have at least one hard negative, as global ``src``/``dst`` ids sorted by ``(src,
 dst)`` and their ``list`` [M, k] of global destination ids (``-1`` padding).  Edges repeated in the input
@@ -16,28 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphfeed.server.partition.format import PartitionPaths, load_array, save_array
-from graphfeed.server.partition.input_arrays import InputError
-
-INPUT_FILE = "hard_neg_dst"       # the input array's name (.npy file, Data / HeteroData attribute)
-
-
-def check_hard_neg_dst(array: np.ndarray, num_edges: int, num_dst: int, where: str) -> np.ndarray:
-    """``array`` as int64 [E, k] original destination ids with -1 padding; InputError naming the fix."""
-    if array.ndim == 1:
-        array = array.reshape(-1, 1)
-    if array.ndim != 2 or array.shape[0] != num_edges:
-        raise InputError(f"{where} has shape {list(array.shape)}, edge_index has {num_edges} edges: give one row "
-                         f"of hard-negative destination ids per edge, [E, k] with -1 padding")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise InputError(f"{where} must hold integer node ids (-1 = none), got dtype {array.dtype}")
-    array = array.astype(np.int64, copy=False)
-    bad = (array < -1) | (array >= num_dst)
-    if bad.any():
-        row, col = (int(i[0]) for i in np.nonzero(bad))
-        raise InputError(f"{where}[{row}, {col}] = {int(array[row, col])} is not a destination node id: ids are "
-                         f"0..{num_dst - 1}, -1 for padding")
-    return array
+from graphfeed.server.partition.format.layout import PartitionPaths, load_array, save_array
 
 
 def write_hard_negatives(paths: PartitionPaths, etype, edge_index: np.ndarray, hard: np.ndarray,

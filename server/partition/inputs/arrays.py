@@ -9,8 +9,11 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+
+from graphfeed.core.columns import NodeColumn
 
 
 class InputError(ValueError):
@@ -191,6 +194,60 @@ def check_time(time, count: int, w: str, of: str) -> np.ndarray | None:
                          f"and shape {list(time.shape)}")
     return time.astype(np.int64)
 
+
+
+def check_node_column(column: NodeColumn, array, count: int, w: str, of: str) -> np.ndarray | None:
+    """``array`` (None: absent) as stored column ``column`` of a node type with ``count`` nodes, checked by its
+    rule (``of`` says where ``count`` comes from, e.g. ``"x has"``); InputError naming the array otherwise."""
+    if array is None:
+        return None
+    if column.check == "times":
+        return check_time(array, count, w, of)
+    if column.check == "features":
+        check_x(array, w)
+    elif column.check == "labels":
+        check_y_dtype(array, w)
+    elif array.ndim == 0 or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise InputError(f"{w} must be numeric, one row per node, got dtype {array.dtype} and shape "
+                         f"{list(array.shape)}")
+    if array.shape[0] != count:
+        raise InputError(f"{w} has {array.shape[0]} rows but {of} {count}: give one row per node (same order)")
+    return array if column.dtype is None else array.astype(column.dtype, copy=False)
+
+HARD_NEG_FILE = "hard_neg_dst"    # the hard negatives' input array (.npy file, Data / HeteroData attribute)
+
+
+def check_hard_neg_dst(array: np.ndarray, num_edges: int, num_dst: int, where: str) -> np.ndarray:
+    """``array`` as int64 [E, k] original destination ids with -1 padding; InputError naming the fix."""
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    if array.ndim != 2 or array.shape[0] != num_edges:
+        raise InputError(f"{where} has shape {list(array.shape)}, edge_index has {num_edges} edges: give one row "
+                         f"of hard-negative destination ids per edge, [E, k] with -1 padding")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"{where} must hold integer node ids (-1 = none), got dtype {array.dtype}")
+    array = array.astype(np.int64, copy=False)
+    bad = (array < -1) | (array >= num_dst)
+    if bad.any():
+        row, col = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(f"{where}[{row}, {col}] = {int(array[row, col])} is not a destination node id: ids are "
+                         f"0..{num_dst - 1}, -1 for padding")
+    return array
+
+
+def check_edge_columns(num_edges: int, num_dst: int, where: Callable[[str], str], edges_w: str, *, edge_attr=None,
+                       edge_weight=None, edge_time=None, hard_neg_dst=None) -> dict[str, np.ndarray | None]:
+    """An edge type's optional columns (None: absent) checked against its ``num_edges`` edges, by name: ``edge_attr``
+    as given, ``edge_weight`` float, ``edge_time`` int64, ``hard_neg_dst`` int64 [E, k] ids of the ``num_dst``
+    destination nodes.  ``where(name)`` says where an array came from, ``edges_w`` names the edge index."""
+    if edge_attr is not None:
+        check_edge_attr(edge_attr, num_edges, where("edge_attr"), edges_w)
+    if edge_weight is not None:
+        edge_weight = check_edge_weight(edge_weight, num_edges, where("edge_weight"))
+    edge_time = check_time(edge_time, num_edges, where("edge_time"), f"{edges_w} has")
+    if hard_neg_dst is not None:
+        hard_neg_dst = check_hard_neg_dst(hard_neg_dst, num_edges, num_dst, where(HARD_NEG_FILE))
+    return {"edge_attr": edge_attr, "edge_weight": edge_weight, "edge_time": edge_time, "hard_neg_dst": hard_neg_dst}
 
 class _PyGDataUnpickler(pickle.Unpickler):
     """Unpickles only tensors, plain containers and PyG's data classes (the pickle documentation's

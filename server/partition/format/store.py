@@ -14,9 +14,9 @@ from functools import cached_property
 
 import torch
 
+from graphfeed.core.columns import NODE_COLUMNS, TIME, NodeColumn
 from graphfeed.core.constants import SPLITS
 from graphfeed.core.spec import (
-    EDGE_WEIGHT,
     QUANTIZED_DTYPE,
     LinkInput,
     LoaderSpec,
@@ -24,19 +24,20 @@ from graphfeed.core.spec import (
     SamplingSpec,
     SeedInput,
     check_link_ids,
-    weight_column,
 )
-from graphfeed.server.partition.book import RangePartitionBook
-from graphfeed.server.partition.format import (
+from graphfeed.server.partition.format.book import RangePartitionBook
+from graphfeed.server.partition.format.hard_negatives import HardNegatives
+from graphfeed.server.partition.format.layout import (
     DEFAULT_EDGE_TYPE,
     PartitionFormatError,
     PartitionMeta,
     PartitionPaths,
     edge_type_dirname,
     load_array,
+    of_node_type,
     read_meta,
 )
-from graphfeed.server.partition.hard_negatives import HardNegatives
+from graphfeed.server.partition.format.weights import EdgeWeights
 
 EdgeType = tuple[str, str, str]
 
@@ -78,24 +79,35 @@ class NodeStore:
     def num_classes(self) -> int:
         return self.meta.classes_of(self.ntype)
 
-    def _optional(self, name: str) -> torch.Tensor | None:
-        if name not in self.meta.features.get(self.ntype, {}):
-            return None
-        return _tensor(self.paths.node_file(self.part_id, name, self.ntype))
+    def column(self, name: str) -> torch.Tensor | None:
+        """Stored column ``name`` (:data:`graphfeed.core.columns.NODE_COLUMNS`) of these nodes, memory-mapped, in
+        the column's dtype; None when this type has none.  Each column is opened once."""
+        columns = self.__dict__.setdefault("_columns", {})
+        if name not in columns:
+            columns[name] = self._open(NODE_COLUMNS[name])
+        return columns[name]
 
-    @cached_property
+    def _open(self, column: NodeColumn) -> torch.Tensor | None:
+        if column.listed and column.name not in self.meta.features.get(self.ntype, {}):
+            return None
+        t = _tensor(self.paths.node_file(self.part_id, column.name, self.ntype))
+        return t if column.dtype is None else t.to(getattr(torch, column.dtype))
+
+    @property
     def x(self) -> torch.Tensor | None:
         """Features [num_nodes, F], or None for a featureless type."""
-        return self._optional("x")
+        return self.column("x")
 
-    @cached_property
+    @property
     def y(self) -> torch.Tensor | None:
         """Labels [num_nodes, ...], or None for an unlabelled type."""
-        return self._optional("y")
+        return self.column("y")
 
-    @cached_property
+    @property
     def orig_id(self) -> torch.Tensor:
-        return _tensor(self.paths.node_file(self.part_id, "orig_id", self.ntype))
+        ids = self.column("orig_id")
+        assert ids is not None   # every type stores its nodes' original ids
+        return ids
 
     @cached_property
     def quant_scales(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -107,11 +119,10 @@ class NodeStore:
         scale, offset = (_tensor(f).to(torch.float32) for f in files)
         return scale, offset
 
-    @cached_property
+    @property
     def time(self) -> torch.Tensor | None:
         """int64 node timestamps [num_nodes], or None when the type has none."""
-        t = self._optional("time")
-        return None if t is None else t.to(torch.int64)
+        return self.column(TIME)
 
     def split(self, name: str) -> torch.Tensor:
         """Global ids of this part's nodes in split ``name`` (sorted); only the label type has splits."""
@@ -245,73 +256,6 @@ class EdgeStore:
         return out + (["edge_time"] if edge_type_dirname(self.etype) in self.meta.edge_times else [])
 
 
-class EdgeWeights:
-    """Checked edge weights of one part's topologies, per ``(kind, weight_attr)`` (made once each)."""
-
-    def __init__(self, store: EdgeStore):
-        self.store = store
-        self._cache: dict[tuple[str, str], torch.Tensor] = {}
-
-    def get(self, kind: str, weight_attr: str) -> torch.Tensor:
-        """float64 weights aligned with ``topology(kind).indices``; ValueError (naming ``weight_attr``
-        and the fix) when the graph has no such column, a weight is negative or NaN, or a node with
-        edges has only zero weights."""
-        key = (kind, weight_attr)
-        if key not in self._cache:
-            self._cache[key] = self._load(kind, weight_attr)
-        return self._cache[key]
-
-    def _load(self, kind: str, weight_attr: str) -> torch.Tensor:
-        w = self._stored(kind) if weight_attr == EDGE_WEIGHT else self._column(kind, weight_attr)
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-            source = "edge_weight" if weight_attr == EDGE_WEIGHT else "edge_attr column"
-            raise ValueError(f"weight_attr={weight_attr!r}: edge weights{self.store.typed_label} must be finite and "
-                             f">= 0 (found negative, NaN or infinite ones); fix the {source}")
-        self._check_nodes(kind, weight_attr, w)
-        return w
-
-    def _stored(self, kind: str) -> torch.Tensor:
-        w = self.store.edge_weight(kind)
-        if w is None and self.store.meta.is_homogeneous:
-            raise ValueError(f"weight_attr={EDGE_WEIGHT!r}: the graph has no edge weights; partition it with "
-                             f"edge_weight.npy ([E]) in the input folder (or Data.edge_weight), or drop weight_attr")
-        if w is None:
-            etype = self.store.etype
-            raise ValueError(f"weight_attr={EDGE_WEIGHT!r}: edge type {etype} has no edge weights; partition the "
-                             f"graph with {edge_type_dirname(etype)}/edge_weight.npy (data[{etype}].edge_weight), "
-                             f"or give this edge type fanout 0, or drop weight_attr")
-        return w.to(torch.float64)
-
-    def _column(self, kind: str, weight_attr: str) -> torch.Tensor:
-        attr, column = self.store.edge_attr(kind), weight_column(weight_attr)
-        if attr is None and self.store.meta.is_homogeneous:
-            raise ValueError(f"weight_attr={weight_attr!r}: the graph has no edge features; partition it with "
-                             f"edge_attr.npy holding the weights, or drop weight_attr")
-        if attr is None:
-            etype = self.store.etype
-            raise ValueError(f"weight_attr={weight_attr!r}: edge type {etype} has no edge features; partition the "
-                             f"graph with {edge_type_dirname(etype)}/edge_attr.npy (data[{etype}].edge_attr) holding "
-                             f"the weights, or give this edge type fanout 0, or drop weight_attr")
-        cols = 1 if attr.dim() == 1 else int(attr.shape[1]) if attr.dim() == 2 else -1
-        if column is None and cols != 1 or column is not None and not 0 <= column < cols:
-            raise ValueError(f"weight_attr={weight_attr!r}: the edge features{self.store.typed_label} have shape "
-                             f"{list(attr.shape[1:])}; name one column as 'edge_attr:K' with K in "
-                             f"0..{max(cols, 1) - 1}")
-        return (attr if attr.dim() == 1 else attr[:, column or 0]).to(torch.float64)
-
-    def _check_nodes(self, kind: str, weight_attr: str, w: torch.Tensor) -> None:
-        indptr = self.store.topology(kind).indptr.to(torch.int64)
-        deg = indptr[1:] - indptr[:-1]
-        sums = torch.zeros(deg.numel(), dtype=torch.float64).index_add_(
-            0, torch.repeat_interleave(torch.arange(deg.numel()), deg), w)
-        dead = ((deg > 0) & (sums == 0)).nonzero().view(-1)
-        if dead.numel():
-            side = "in" if kind == "csc" else "out"
-            raise ValueError(f"weight_attr={weight_attr!r}: {dead.numel()} node(s) have {side}-edges"
-                             f"{self.store.typed_label} whose weights are all zero (they could never be sampled); "
-                             f"give them a positive weight or drop weight_attr")
-
-
 def default_edge_type(meta: PartitionMeta, ntype: str) -> EdgeType:
     """The edge type ``Partition.topology`` reads: the homogeneous one, else the first whose destination is
     ``ntype``, else the first one."""
@@ -358,11 +302,7 @@ class Partition:
         return self.meta.label_type
 
     def nodes(self, ntype: str) -> NodeStore:
-        store = self._nodes.get(ntype)
-        if store is None:
-            raise ValueError(f"unknown node type {ntype!r}: the graph has node types "
-                             f"{', '.join(map(repr, self._nodes))}; use one of them")
-        return store
+        return of_node_type(self._nodes, ntype)
 
     def edges(self, etype: EdgeType) -> EdgeStore:
         store = self._edges.get((etype[0], etype[1], etype[2])) if len(etype) == 3 else None
@@ -394,7 +334,7 @@ class Partition:
         return mask.nonzero().view(-1)
 
     def edge_weights(self, etype: EdgeType, kind: str, weight_attr: str) -> torch.Tensor:
-        """Checked weights aligned with edge type ``etype``'s ``kind`` topology (:meth:`EdgeWeights.get`)."""
+        """Checked weights aligned with edge type ``etype``'s ``kind`` topology (:meth:`.weights.EdgeWeights.get`)."""
         self.edges(etype)   # ValueError naming the graph's edge types
         return self._weights[(etype[0], etype[1], etype[2])].get(kind, weight_attr)
 

@@ -21,7 +21,8 @@ stored: :attr:`GraphInput.dropped` names it, and ``graphfeed partition`` prints 
 line with those names.
 
 Typed inputs (a PyG ``HeteroData`` file, a typed ``.npy`` folder) are read by
-:mod:`graphfeed.server.partition.typed_inputs`; :func:`read_graph` tells them apart.
+:mod:`graphfeed.server.partition.inputs.typed`; :func:`graphfeed.server.partition.inputs.reader.read_graph`
+tells them apart.
 
 Every problem raises :class:`InputError` naming the file or attribute and the fix.
 """
@@ -34,17 +35,16 @@ from typing import Callable
 
 import numpy as np
 
+from graphfeed.core.columns import OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import DEFAULT_EDGE_TYPE, SPLITS
-from graphfeed.server.partition.graph_input import GraphInput, fingerprint
-from graphfeed.server.partition.hard_negatives import INPUT_FILE as HARD_NEG_FILE
-from graphfeed.server.partition.hard_negatives import check_hard_neg_dst
-from graphfeed.server.partition.input_arrays import (
+from graphfeed.server.partition.inputs.arrays import (
+    HARD_NEG_FILE,
     InputError,
-    check_edge_attr,
+    check_edge_columns,
     check_edge_index_shape,
-    check_edge_weight,
+    check_hard_neg_dst,
+    check_node_column,
     check_split,
-    check_time,
     check_x,
     check_y_dtype,
     field_of,
@@ -54,37 +54,16 @@ from graphfeed.server.partition.input_arrays import (
     to_numpy,
     torch_load,
 )
-from graphfeed.server.partition.typed_inputs import is_hetero_data, is_typed_folder, read_hetero_data, read_typed_folder
-
-__all__ = ["InputError", "REQUIRED_FILES", "NPY_FILES", "build_graph_input", "fingerprint", "read_graph",
-           "read_npy_folder", "read_torch_file"]
+from graphfeed.server.partition.inputs.graph import GraphInput, fingerprint
+from graphfeed.server.partition.inputs.typed import is_hetero_data, read_hetero_data
 
 REQUIRED_FILES = ("edge_index", "x", "train_idx")
-NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight", "node_time",
-             "edge_time", HARD_NEG_FILE)
+NPY_FILES = ("edge_index", "x", "y", *(f"{s}_idx" for s in SPLITS), "edge_attr", "edge_weight",
+             *(c.file for c in OTHER_INPUT_COLUMNS), "edge_time", HARD_NEG_FILE)
 # Data attributes read (or, for num_nodes/name, understood) by read_torch_file
-DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "time", "edge_time",
-                       HARD_NEG_FILE,
+DATA_KEYS = frozenset({"edge_index", "x", "y", "edge_attr", "edge_weight", "name", "num_nodes", "edge_time",
+                       HARD_NEG_FILE, *(c.input_attr for c in OTHER_INPUT_COLUMNS),
                        *(f"{s}_{kind}" for s in SPLITS for kind in ("idx", "mask"))})
-
-
-# ----------------------------------------------------------------------------- entry point
-
-def read_graph(path: str | os.PathLike, *, allow_pickle: bool = False) -> GraphInput:
-    """Read and validate a graph from a ``.npy`` folder (homogeneous or typed) or a ``torch.save`` file
-    (a PyG ``Data``, a dict of tensors, or a ``HeteroData``).
-
-    ``allow_pickle`` lets a torch file that holds more than PyG data and tensors be
-    unpickled (arbitrary code runs: only for files you trust).
-    """
-    path = Path(path)
-    if path.is_dir():
-        return read_typed_folder(path, _graph_name(path)) if is_typed_folder(path) else read_npy_folder(path)
-    if path.is_file():
-        return read_torch_file(path, allow_pickle=allow_pickle)
-    raise InputError(f"input {path} does not exist: give a folder in the .npy layout "
-                     f"(edge_index.npy, x.npy, y.npy, train_idx.npy, ...; or one sub-folder per node and edge "
-                     f"type) or a file saved with torch.save")
 
 
 # ----------------------------------------------------------------------------- .npy folder
@@ -95,7 +74,8 @@ def _load_npy(folder: Path, name: str, required: bool) -> np.ndarray | None:
                     f"(see `graphfeed generate`)")
 
 
-def _graph_name(folder: Path) -> str:
+def graph_name(folder: Path) -> str:
+    """A graph folder's name: its ``meta.json``'s ``name`` (or ``preset``), else the folder's."""
     meta = folder / "meta.json"
     if meta.is_file():
         try:
@@ -114,8 +94,9 @@ def read_npy_folder(folder: str | os.PathLike) -> GraphInput:
     where = lambda name: str(folder / f"{name}.npy")  # noqa: E731 -- a one-line local formatter
     splits = {s: arrays[f"{s}_idx"] for s in SPLITS}
     graph = build_graph_input(arrays["edge_index"], arrays["x"], arrays["y"], splits, arrays["edge_attr"],
-                              name=_graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
-                              node_time=arrays["node_time"], edge_time=arrays["edge_time"])
+                              name=graph_name(folder), where=where, edge_weight=arrays["edge_weight"],
+                              node_columns={c.name: arrays[c.file] for c in OTHER_INPUT_COLUMNS},
+                              edge_time=arrays["edge_time"])
     _add_hard_negatives(graph, arrays[HARD_NEG_FILE], where(HARD_NEG_FILE))
     graph.dropped = sorted(p.name for p in folder.glob("*.npy") if p.stem not in NPY_FILES)
     return graph
@@ -167,11 +148,16 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
     name = field_of(obj, "name")
     name = name if isinstance(name, str) and name else file.stem
     graph = build_graph_input(fields["edge_index"], x, y, splits, edge_attr, name=name, where=where,
-                              edge_weight=edge_weight, node_time=to_numpy(field_of(obj, "time"), where("time")),
+                              edge_weight=edge_weight, node_columns=_node_columns(obj, where),
                               edge_time=to_numpy(field_of(obj, "edge_time"), where("edge_time")))
     _add_hard_negatives(graph, to_numpy(field_of(obj, HARD_NEG_FILE), where(HARD_NEG_FILE)), where(HARD_NEG_FILE))
     graph.dropped = sorted(k for k in _attribute_names(obj) if k not in DATA_KEYS)
     return graph
+
+
+def _node_columns(obj, where: Callable[[str], str]) -> dict[str, np.ndarray | None]:
+    """The stored node columns other than x and y a ``Data`` (or dict of tensors) holds, by column name."""
+    return {c.name: to_numpy(field_of(obj, c.input_attr), where(c.input_attr)) for c in OTHER_INPUT_COLUMNS}
 
 
 def _attribute_names(obj) -> list[str]:
@@ -208,14 +194,15 @@ def _check_y(y: np.ndarray | None, num_nodes: int, where) -> None:
 
 
 def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: str = "",
-                      where: Callable[[str], str] = lambda n: n, edge_weight=None, node_time=None,
-                      edge_time=None) -> GraphInput:
+                      where: Callable[[str], str] = lambda n: n, edge_weight=None,
+                      node_columns: dict[str, np.ndarray | None] | None = None, edge_time=None) -> GraphInput:
     """Validate a homogeneous graph's arrays and assemble a :class:`GraphInput` with its fingerprint.
 
     ``splits`` maps split name to ids or None (absent: stored as empty); ``where(name)``
-    says where an array came from, for error messages.  ``node_time`` [N] / ``edge_time`` [E]:
-    integer timestamps for temporal sampling (``node_time.npy`` / ``Data.time``, ``edge_time.npy`` /
-    ``Data.edge_time``).
+    says where an array came from, for error messages.  ``node_columns``: the stored node columns other than
+    ``x`` and ``y`` by name (:data:`graphfeed.core.columns.NODE_COLUMNS`; ``time``: integer timestamps [N] for
+    temporal sampling, ``node_time.npy`` / ``Data.time``); ``edge_time`` [E]: integer edge timestamps
+    (``edge_time.npy`` / ``Data.edge_time``).
     """
     check_x(x, where("x"))
     num_nodes = int(x.shape[0])
@@ -228,14 +215,12 @@ def build_graph_input(edge_index, x, y, splits: dict, edge_attr=None, *, name: s
                    else np.empty(0, dtype=np.int64)) for s, idx in splits.items()}
     if not checked.get("train", np.empty(0)).size:
         raise InputError(f"{where('train_idx')} is empty: give at least one training node")
-    if edge_attr is not None:
-        check_edge_attr(edge_attr, edge_index.shape[1], where("edge_attr"), "edge_index")
-    if edge_weight is not None:
-        edge_weight = check_edge_weight(edge_weight, edge_index.shape[1], where("edge_weight"))
-    node_time = check_time(node_time, num_nodes, where("node_time"), "x has")
-    edge_time = check_time(edge_time, edge_index.shape[1], where("edge_time"), "edge_index has")
-    graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edge_attr, name=name,
-                       num_classes=label_classes(y), edge_weight=edge_weight, node_time=node_time,
-                       edge_time=edge_time)
+    edges = check_edge_columns(edge_index.shape[1], num_nodes, where, "edge_index", edge_attr=edge_attr,
+                               edge_weight=edge_weight, edge_time=edge_time)
+    columns = {c.name: check_node_column(c, (node_columns or {}).get(c.name), num_nodes, where(c.file), "x has")
+               for c in OTHER_INPUT_COLUMNS}
+    graph = GraphInput(edge_index=edge_index, x=x, y=y, splits=checked, edge_attr=edges["edge_attr"], name=name,
+                       num_classes=label_classes(y), edge_weight=edges["edge_weight"], node_columns=columns,
+                       edge_time=edges["edge_time"])
     graph.fingerprint = fingerprint(graph)
     return graph

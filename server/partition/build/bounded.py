@@ -1,14 +1,15 @@
 """Partitioning in bounded memory: chunked input in, the same partition folder out, through disk.
 
-Stages (each a list of chunk tasks a :mod:`runner <graphfeed.server.partition.runner>` runs here or on
-a Dask cluster; every task's memory is bounded by the plan's chunk sizes):
+Stages (each a list of chunk tasks a :mod:`runner <graphfeed.server.partition.build.runner>` runs here or on
+a Dask cluster; every task's memory is bounded by the chunk sizes of the memory plan, :mod:`.plan`):
 
 1. **assign** (here): each node's part: ``random`` (the in-memory path's permutation, dealt in
-   slices), ``fennel`` (streaming, :mod:`graphfeed.server.partition.fennel`) or ``metis`` (the edges
+   slices), ``fennel`` (streaming, :mod:`graphfeed.server.partition.build.fennel`) or ``metis`` (the edges
    loaded whole, for graphs that fit).  Held as int16/int32 [N] (``parts.npy`` in the scratch folder).
 2. **number** (here): new ids ordered by (part, original id), computed a slice at a time
    (``new_{ntype}.npy``: int32 [N_t] while ids fit).
-3. **nodes** (a task per row chunk): each chunk's rows of x / y / time / orig_id written straight
+3. **nodes** (a task per row chunk): each chunk's rows of every stored node column
+   (:data:`graphfeed.core.columns.NODE_COLUMNS`: x, y, time, orig_id) written straight
    into every part's preallocated ``.npy`` file at the rows that part's earlier nodes leave free.
 4. **degrees** (a task per edge chunk): each key node's edge count and the edge cut; from them
    every part's ``indptr`` and the sort buckets (runs of key nodes whose edges fit one sort).
@@ -20,15 +21,14 @@ a Dask cluster; every task's memory is bounded by the plan's chunk sizes):
 The files are byte-identical to the in-memory writer's (:mod:`builder`) for the same assignment.
 Everything is written under ``.NAME.work/`` next to the output: finished tasks leave a marker
 there, so a killed run re-run with the same input and parameters continues from them (a changed
-input or parameter is named and the run starts over).  The partition folder is ``.NAME.work/out``
-until META.json is written last and it is renamed to NAME: nothing half-written looks complete.
+input or parameter is named and the run starts over: :func:`.scratch.open_scratch`).  The partition
+folder is ``.NAME.work/out`` until META.json is written last and it is renamed to NAME: nothing
+half-written looks complete.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,19 +36,17 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from graphfeed.server.partition.chunked import ArrayChunks, ChunkedGraph
-from graphfeed.server.partition.format import (
-    META_FILE,
-    PartitionMeta,
-    PartitionPaths,
-    edge_type_dirname,
-    save_array,
-    write_meta,
+from graphfeed.core.columns import INPUT_COLUMNS, NODE_COLUMNS, TIME, NodeColumn
+from graphfeed.server.partition.build.plan import (
+    BASELINE_BYTES,
+    BOUNDED_METHODS,
+    METIS_BYTES_PER_EDGE,
+    default_memory_limit,
+    format_bytes,
+    make_plan,
 )
-from graphfeed.server.partition.graph_input import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
-from graphfeed.server.partition.quantize import add_scales
-from graphfeed.server.partition.runner import InProcess
-from graphfeed.server.partition.scratch import (
+from graphfeed.server.partition.build.runner import InProcess
+from graphfeed.server.partition.build.scratch import (
     Job,
     Plan,
     count_ids,
@@ -56,6 +54,7 @@ from graphfeed.server.partition.scratch import (
     id_dtype,
     load_bucket,
     mark_done,
+    open_scratch,
     parts_dtype,
     plan_buckets,
     save_atomic,
@@ -63,107 +62,20 @@ from graphfeed.server.partition.scratch import (
     stable_order,
     write_json_atomic,
 )
+from graphfeed.server.partition.format.layout import (
+    PartitionMeta,
+    PartitionPaths,
+    edge_type_dirname,
+    save_array,
+    write_meta,
+)
+from graphfeed.server.partition.format.quantize import add_scales
+from graphfeed.server.partition.inputs.chunked import ChunkedGraph
+from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes
+from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput
 
 Progress = Callable[[Iterable, str], Iterable]
 Log = Callable[[str], None]
-BOUNDED_METHODS = ("random", "fennel", "metis")
-BASELINE_BYTES = 128 << 20    # the interpreter, numpy and graphfeed's imports (~40 MB resident), with room
-EDGE_TASK_BYTES = 96          # per edge held by a degree/bucket task (input ids, new ids, bucket order, copies)
-SORT_TASK_BYTES = 80          # per edge held by a sort task (columns, packed keys, order, output copies)
-METIS_BYTES_PER_EDGE = 72     # the in-memory METIS path: edge list, symmetric keys, pymetis' int32 copies
-FENNEL_NODE_BYTES = 11        # per node, fennel: groups, then cluster labels and sizes (int32 each) while clustering,
-                              # the best parts so far and the refinement's gains and targets later
-_MIN_WORK = 256 << 10
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"2GB"``, ``"512MiB"``, ``"1.5G"`` or a byte count as bytes (binary units); ValueError naming the form."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m[2].upper() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size: write e.g. 2GB, 512MB or 1073741824")
-    return int(float(m[1]) * _UNITS[m[2].upper()])
-
-
-def default_memory_limit() -> int:
-    """Half of the memory available now (at least 256 MB): room for the page cache and other processes."""
-    import psutil
-    return max(256 << 20, int(psutil.virtual_memory().available) // 2)
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TB"
-
-
-class ResumeRefused(ValueError):
-    """The scratch folder holds another run's work (different input or parameters)."""
-
-
-# ----------------------------------------------------------------------------- the plan
-
-def fixed_bytes(graph: ChunkedGraph, num_parts: int, topologies=("csc",)) -> int:
-    """Bytes a process holds whatever the chunk size: parts and new ids of every node, and while an edge type
-    is counted one degree table per topology and one renumbered (int32 each)."""
-    n = graph.num_nodes
-    id_bytes = 4 if n < (1 << 31) else 8
-    return n * (parts_dtype(num_parts).itemsize + id_bytes + 4 * (len(topologies) + 1))
-
-
-def make_plan(graph: ChunkedGraph, num_parts: int, method: str, seed: int, topologies, memory_limit: int,
-              fennel_passes: int = 3) -> Plan:
-    """Chunk sizes that keep every process under ``memory_limit``; ValueError when it cannot be met."""
-    fixed = fixed_bytes(graph, num_parts, topologies)
-    if method == "random":   # the permutation the in-memory path draws (int64 [N_t], one type at a time)
-        fixed += 8 * max(t.num_nodes for t in graph.nodes.values())
-    elif method == "fennel":
-        fixed += FENNEL_NODE_BYTES * graph.num_nodes
-    extra_row = sum(_edge_extra_bytes(e.fields) for e in graph.edges.values())
-    work = memory_limit - BASELINE_BYTES - fixed
-    if work < _MIN_WORK:
-        need = BASELINE_BYTES + fixed + _MIN_WORK
-        raise ValueError(f"--memory-limit {format_bytes(memory_limit)} is too small for {graph.num_nodes:,} nodes: "
-                         f"the partitioner needs at least {format_bytes(need)} (per-node tables "
-                         f"{format_bytes(fixed)}); raise --memory-limit")
-    return Plan(num_parts=num_parts, method=method, seed=int(seed), topologies=tuple(topologies),
-                fingerprint=graph.fingerprint, edge_rows=max(1024, work // (EDGE_TASK_BYTES + 2 * extra_row)),
-                sort_edges=max(1024, work // (SORT_TASK_BYTES + 2 * extra_row)), node_bytes=max(1 << 20, work // 3),
-                fennel_passes=fennel_passes)
-
-
-def _edge_extra_bytes(fields: dict[str, ArrayChunks]) -> int:
-    return sum(f.row_bytes for name, f in fields.items() if name != "edge_index") + 8   # + neighbour time
-
-
-# ----------------------------------------------------------------------------- the scratch folder
-
-def open_scratch(scratch: Path, plan: Plan, log: Log) -> bool:
-    """Prepare ``scratch`` for ``plan``; True when it continues an earlier run's work."""
-    plan_file = scratch / "plan.json"
-    if plan_file.is_file():
-        try:
-            old = json.loads(plan_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        diff = plan.differences(old)
-        if not diff:
-            done = sum(1 for p in (scratch / "done").rglob("*") if p.is_file()) if (scratch / "done").is_dir() else 0
-            log(f"resuming the run in {scratch}: {done} finished task(s) kept")
-            return True
-        log(f"cannot resume the run in {scratch} ({'; '.join(diff)}): starting over")
-        shutil.rmtree(scratch)
-    elif scratch.exists():
-        log(f"cannot resume the run in {scratch} (no plan.json: it was killed before starting): starting over")
-        shutil.rmtree(scratch)
-    scratch.mkdir(parents=True)
-    write_json_atomic(plan_file, json.loads(plan.to_json()))
-    return False
-
-
 # ----------------------------------------------------------------------------- preallocated .npy files
 
 def preallocate(path: Path, dtype, shape: tuple[int, ...]) -> int:
@@ -225,7 +137,7 @@ def random_parts_bounded(graph: ChunkedGraph, num_parts: int, seed: int) -> np.n
 
 def metis_parts_bounded(graph: ChunkedGraph, num_parts: int, seed: int, memory_limit: int) -> np.ndarray:
     """METIS on the whole edge list (graphs that fit): ValueError with the estimate when it would not."""
-    from graphfeed.server.partition.metis import metis_parts
+    from graphfeed.server.partition.build.metis import metis_parts
 
     need = BASELINE_BYTES + METIS_BYTES_PER_EDGE * graph.num_edges + 40 * graph.num_nodes
     if need > memory_limit:
@@ -267,9 +179,6 @@ def _parts_of_type(parts: np.ndarray, graph: ChunkedGraph, ntype: str) -> np.nda
 
 # ----------------------------------------------------------------------------- 3. nodes
 
-NODE_OUTPUTS = (("x", "x"), ("y", "y"), ("node_time", "time"))
-
-
 def node_tasks(job: Job, ranges: dict[str, list[int]]) -> list[tuple[str, int, int, list[int]]]:
     """``(ntype, start, stop, rows_before)`` per row chunk; preallocates every part's node files."""
     graph, plan, paths = job.graph, job.plan, PartitionPaths(job.out)
@@ -285,16 +194,17 @@ def node_tasks(job: Job, ranges: dict[str, list[int]]) -> list[tuple[str, int, i
             before += np.bincount(mine[a:b], minlength=plan.num_parts)
         for k in range(plan.num_parts):
             size = ranges[ntype][k + 1] - ranges[ntype][k]
-            for name, out_name in NODE_OUTPUTS:
-                f = t.fields.get(name)
+            for column in INPUT_COLUMNS:
+                f = t.fields.get(column.file)
                 if f is not None:
-                    preallocate(paths.node_file(k, out_name, ntype), _node_dtype(name, f), (size, *f.row_shape))
+                    preallocate(paths.node_file(k, column.name, ntype), _node_dtype(column, f), (size, *f.row_shape))
             preallocate(paths.node_file(k, "orig_id", ntype), np.int64, (size,))
     return tasks
 
 
-def _node_dtype(name: str, f: ArrayChunks) -> np.dtype:
-    return np.dtype(np.int64) if name == "node_time" else np.dtype(f.dtype)
+def _node_dtype(column: NodeColumn, f: ArrayChunks) -> np.dtype:
+    """The stored dtype of ``column`` read from the chunks ``f`` (the column's own, else the input's)."""
+    return np.dtype(column.dtype or f.dtype)
 
 
 def run_node_task(job: Job, task: tuple[str, int, int, list[int]]) -> int:
@@ -307,13 +217,13 @@ def run_node_task(job: Job, task: tuple[str, int, int, list[int]]) -> int:
     t = graph.nodes[ntype]
     parts = np.asarray(_parts_of_type(job.parts(), graph, ntype)[a:b])
     masks = [parts == k for k in range(job.plan.num_parts)]
-    for name, out_name in NODE_OUTPUTS:
-        f = t.fields.get(name)
+    for column in INPUT_COLUMNS:
+        f = t.fields.get(column.file)
         if f is None:
             continue
-        rows = f.read(a, b).astype(_node_dtype(name, f), copy=False)
+        rows = f.read(a, b).astype(_node_dtype(column, f), copy=False)
         for k, mask in enumerate(masks):
-            write_rows(paths.node_file(k, out_name, ntype), before[k], rows[mask])
+            write_rows(paths.node_file(k, column.name, ntype), before[k], rows[mask])
     ids = np.arange(a, b, dtype=np.int64)
     for k, mask in enumerate(masks):
         write_rows(paths.node_file(k, "orig_id", ntype), before[k], ids[mask])
@@ -390,7 +300,7 @@ def _edge_extras(job: Job, etype: EdgeType, other_type: str, a: int, b: int,
         out["edge_weight"] = w if np.issubdtype(w.dtype, np.floating) else w.astype(np.float32)
     if "edge_time" in fields:
         out["edge_time"] = fields["edge_time"].read(a, b).astype(np.int64)
-    node_time = job.graph.nodes[other_type].fields.get("node_time")
+    node_time = job.graph.nodes[other_type].fields.get(NODE_COLUMNS[TIME].file)
     if node_time is not None:
         by_new = _time_by_new(job, other_type, node_time)
         out["nbr_time"] = by_new[other_new]
@@ -410,9 +320,6 @@ def _time_by_new(job: Job, ntype: str, node_time: ArrayChunks) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- 5. sort and write
 
-EDGE_OUTPUTS = ("indices", "eid", "edge_attr", "edge_weight", "edge_time", "nbr_time")
-
-
 def preallocate_edges(job: Job, etype: EdgeType, topo: str, part_edges: list[int], bucket_columns: dict) -> None:
     paths = PartitionPaths(job.out)
     for k, size in enumerate(part_edges):
@@ -423,7 +330,7 @@ def preallocate_edges(job: Job, etype: EdgeType, topo: str, part_edges: list[int
 
 def run_sort_task(job: Job, task: tuple[str, str, int]) -> int:
     """Sort bucket ``bucket``'s edges by (key, neighbour, edge id) and write them at its offset in its part."""
-    from graphfeed.server.partition.builder import _edge_order
+    from graphfeed.server.partition.build.builder import _edge_order
 
     dirname, topo, bkt = task
     marker = job.done(f"sort.{dirname}.{topo}", bkt)
@@ -487,7 +394,7 @@ def partition_chunked(graph: ChunkedGraph, num_parts: int, output: str | os.Path
     module docstring); ``runner`` (:mod:`runner`) runs the chunk tasks (default: in this process).
     ``scratch`` (default ``.NAME.work`` next to ``output``) must be readable and writable by every worker.
     Raises ValueError for bad parameters, FileExistsError for an output it may not replace."""
-    from graphfeed.server.partition.builder import _check_replaceable, _replace_dir
+    from graphfeed.server.partition.build.builder import _check_replaceable, _replace_dir
 
     if method not in BOUNDED_METHODS:
         raise ValueError(f"--memory-limit/--scheduler partition with --method {', '.join(BOUNDED_METHODS)}, not "
@@ -530,7 +437,7 @@ def _assign(job: Job, graph: ChunkedGraph, memory_limit: int, runner, report: Re
     elif plan.method == "metis":
         parts = metis_parts_bounded(graph, plan.num_parts, plan.seed, memory_limit)
     else:
-        from graphfeed.server.partition.fennel import fennel_parts
+        from graphfeed.server.partition.build.fennel import fennel_parts
         parts = fennel_parts(job, runner, report, graph.splits)
     save_atomic(path, parts)
     return parts
@@ -593,7 +500,7 @@ def _extra_columns(graph: ChunkedGraph, etype: EdgeType, other_type: str) -> dic
     if "edge_time" in fields:
         out["edge_time"] = (np.dtype(np.int64), ())
     out["eid"] = (np.dtype(np.int64), ())
-    if "node_time" in graph.nodes[other_type].fields:
+    if NODE_COLUMNS[TIME].file in graph.nodes[other_type].fields:
         out["nbr_time"] = (np.dtype(np.int64), ())
     return out
 
@@ -605,8 +512,7 @@ def _spec(f: ArrayChunks, dtype=None) -> dict:
 def _meta(graph: ChunkedGraph, plan: Plan, ranges: dict[str, list[int]], cut: int) -> PartitionMeta:
     features = {}
     for ntype, t in graph.nodes.items():
-        features[ntype] = {out: _spec(t.fields[name], np.int64 if name == "node_time" else None)
-                           for name, out in NODE_OUTPUTS if name in t.fields}
+        features[ntype] = {c.name: _spec(t.fields[c.file], c.dtype) for c in INPUT_COLUMNS if c.file in t.fields}
     edges = {edge_type_dirname(e): c.fields for e, c in graph.edges.items()}
     return PartitionMeta(
         num_parts=plan.num_parts, node_types=graph.node_types, edge_types=[list(e) for e in graph.edge_types],
@@ -618,16 +524,10 @@ def _meta(graph: ChunkedGraph, plan: Plan, ranges: dict[str, list[int]], cut: in
         num_classes=int(graph.num_classes), split_sizes={k: int(v.size) for k, v in graph.splits.items()},
         label_type=graph.label_type,
         num_classes_by_type=({} if graph.is_homogeneous else
-                             {t: (graph.num_classes if t == graph.label_type else _type_classes(n))
+                             {t: (graph.num_classes if t == graph.label_type else chunk_classes(n.y))
                               for t, n in graph.nodes.items() if n.y is not None}),
         graph_name=graph.name, method=plan.method, edge_cut=int(cut), source_fingerprint=graph.fingerprint,
         seed=plan.seed)
 
 
-def _type_classes(t) -> int:
-    from graphfeed.server.partition.chunked import _classes
-    return _classes(t.y)
 
-
-def is_complete(output: str | os.PathLike) -> bool:
-    return (Path(output) / META_FILE).is_file()

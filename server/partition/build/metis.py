@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphfeed.server.partition.graph_input import GraphInput
+from graphfeed.server.partition.inputs.graph import GraphInput
 
 BALANCE_SLACK = 0.05   # a part holds its share of each node type and of the seeds, +- 5%
 _EDGE_CHUNK = 1 << 24  # edges per chunk in whole-edge-list passes: bounds temporaries to ~130 MB

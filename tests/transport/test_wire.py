@@ -11,6 +11,7 @@ from graphfeed.core.spec import SamplingSpec
 from graphfeed.transport import secure, wire
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure import Function, RefusalLog, SecureCalls, SecureServer, new_group_key
+from graphfeed.transport.secure.buffers import POOLED_BODY, _with_headroom
 
 
 def _roundtrip(value):
@@ -140,7 +141,7 @@ def test_large_bodies_reuse_receive_buffers_only_once_nothing_views_them(mac):
     a, b = socket.socketpair()
     k1, k2 = b"1" * 32, b"2" * 32
     sender, receiver = secure.Connection(a, k2, k1, mac, "a"), secure.Connection(b, k1, k2, mac, "b")
-    n = secure.POOLED_BODY // 4 + 1000        # float32 elements: a body above the pooling size
+    n = POOLED_BODY // 4 + 1000        # float32 elements: a body above the pooling size
     values = [torch.full((n,), float(i)) for i in range(4)]
     t = threading.Thread(target=lambda: [sender.send({"k": "ok", "id": i}, v) for i, v in enumerate(values)])
     t.start()
@@ -163,7 +164,7 @@ def test_receive_buffers_replace_a_free_buffer_of_another_size():
     small, mid = buffers.take(2 << 20), buffers.take(3 << 20)
     del small
     big = buffers.take(9 << 20)                 # the pool is full: the free 2 MiB buffer makes room
-    assert sorted(b.nbytes for b in buffers._owned) == [secure._with_headroom(3 << 20), secure._with_headroom(9 << 20)]
+    assert sorted(b.nbytes for b in buffers._owned) == [_with_headroom(3 << 20), _with_headroom(9 << 20)]
     held = buffers.take(9 << 20)                # the 9 MiB one is in use: fresh memory, not pooled
     assert held.data_ptr() != big.data_ptr() and buffers.reused == 0
     del big, mid
@@ -175,9 +176,9 @@ def test_a_pooled_buffer_has_room_for_a_slightly_larger_next_body():
     buffers = secure.ReceiveBuffers(keep=2)
     n = 120_000_000                             # a medium batch's body; the next ones vary by about 1%
     first = buffers.take(n)
-    assert first.numel() == n and buffers._owned[0].nbytes == secure._with_headroom(n) >= int(n * 1.06)
+    assert first.numel() == n and buffers._owned[0].nbytes == _with_headroom(n) >= int(n * 1.06)
     ptr = first.data_ptr()
     del first
     larger = buffers.take(n + n // 50)           # 2% larger: fits the free buffer, no fresh pages
     assert larger.numel() == n + n // 50 and larger.data_ptr() == ptr and buffers.reused == 1
-    assert secure._with_headroom(5) == 1 << 20 and secure._with_headroom(1 << 20) == 2 << 20   # whole MiB
+    assert _with_headroom(5) == 1 << 20 and _with_headroom(1 << 20) == 2 << 20   # whole MiB

@@ -12,7 +12,7 @@ import torch
 from helpers.pki import make_pki
 
 from graphfeed.transport import secure
-from graphfeed.transport.secure import Function, SecureCalls, SecureServer, TlsServer, client_tls, new_group_key
+from graphfeed.transport.secure import Function, SecureCalls, SecureServer, TlsServer, client_tls, frames, new_group_key
 
 K1, K2 = b"1" * 32, b"2" * 32
 
@@ -118,7 +118,7 @@ def _sealed_receiver() -> tuple[socket.socket, secure.Connection]:
 @pytest.mark.parametrize("where, match", [("header", "header failed its tag"), ("body", "body failed its tag")])
 def test_a_tampered_sealed_frame_ends_the_connection_before_it_is_decoded(where, match):
     raw = _sealed_bytes(torch.arange(4000))
-    raw[secure.PREFIX.size + 3 if where == "header" else len(raw) - 100] ^= 1
+    raw[frames.PREFIX.size + 3 if where == "header" else len(raw) - 100] ^= 1
     writer, tampered = _sealed_receiver()
     writer.sendall(bytes(raw))
     with pytest.raises(secure.FrameError, match=match):
@@ -185,8 +185,8 @@ class _Trickle:
 def test_plain_frames_gather_their_pieces_and_survive_partial_sends():
     pieces = [b"prefix", b"", b"header-json", memoryview(bytes(range(256)) * 40), b"mac" * 11, b"\x00" * 5]
     trickle = _Trickle(most=97)
-    secure._send_pieces(trickle, pieces)
+    frames._send_pieces(trickle, pieces)
     assert bytes(trickle.out) == b"".join(bytes(p) for p in pieces)
     whole = _Trickle(most=1 << 30)
-    secure._send_pieces(whole, pieces)
+    frames._send_pieces(whole, pieces)
     assert whole.calls == 1 and bytes(whole.out) == bytes(trickle.out)

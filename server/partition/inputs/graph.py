@@ -14,24 +14,43 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from graphfeed.server.partition.format import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
-from graphfeed.server.partition.input_arrays import label_classes
+from graphfeed.core.columns import INPUT_COLUMNS, OTHER_INPUT_COLUMNS, TIME
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE
+from graphfeed.server.partition.inputs.arrays import label_classes
 
 EdgeType = tuple[str, str, str]
+T = TypeVar("T")
 
 
-@dataclass
 class NodeTypeInput:
-    """One node type: ``num_nodes`` nodes; ``x`` [num_nodes, F] and ``y`` [num_nodes, ...] when present."""
+    """One node type: ``num_nodes`` nodes and its stored columns (:data:`graphfeed.core.columns.NODE_COLUMNS`) by
+    name, absent ones left out: ``x`` [num_nodes, F] and ``y`` [num_nodes, ...] when present, ``time`` int64
+    [num_nodes] node timestamps (temporal sampling, ``time_attr="time"``), any other column by keyword."""
 
-    num_nodes: int
-    x: np.ndarray | None = None
-    y: np.ndarray | None = None
-    time: np.ndarray | None = None     # int64 [num_nodes] node timestamps (temporal sampling, time_attr="time")
+    def __init__(self, num_nodes: int, x: np.ndarray | None = None, y: np.ndarray | None = None,
+                 time: np.ndarray | None = None, **columns: np.ndarray | None):
+        self.num_nodes = num_nodes
+        given = {"x": x, "y": y, TIME: time, **columns}
+        self.columns: dict[str, np.ndarray] = {name: a for name, a in given.items() if a is not None}
+
+    def column(self, name: str) -> np.ndarray | None:
+        return self.columns.get(name)
+
+    @property
+    def x(self) -> np.ndarray | None:
+        return self.columns.get("x")
+
+    @property
+    def y(self) -> np.ndarray | None:
+        return self.columns.get("y")
+
+    @property
+    def time(self) -> np.ndarray | None:
+        return self.columns.get(TIME)
 
     @property
     def num_classes(self) -> int:
@@ -92,17 +111,33 @@ class TypedView:
         return out
 
 
+class _OnlyType(Generic[T]):
+    """``graph.NAME`` of a graph with one node type (``of="node"``) or one edge type (``of="edge"``): that type's
+    ``NAME`` (ValueError naming the types when there are several)."""
+
+    def __init__(self, of: str) -> None:
+        self.of = of
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, graph: GraphInput, owner: type | None = None) -> T:
+        return getattr(graph._only(getattr(graph, f"{self.of}s"), self.of), self.name)
+
+
 class GraphInput(TypedView):
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
     def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
                  edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0,
                  edge_weight: np.ndarray | None = None, node_time: np.ndarray | None = None,
-                 edge_time: np.ndarray | None = None):
+                 edge_time: np.ndarray | None = None, node_columns: dict[str, np.ndarray | None] | None = None):
         """The homogeneous graph: ``x`` [N, F], ``y`` [N, ...] or None (unlabelled), ``edge_index`` [2, E],
         ``splits`` of node ids; optional sampling weights ``edge_weight`` [E] and timestamps ``node_time`` [N]
-        and ``edge_time`` [E] (int64)."""
-        self._set({DEFAULT_NODE_TYPE: NodeTypeInput(int(x.shape[0]), x, y, node_time)},
+        and ``edge_time`` [E] (int64); ``node_columns``: other stored node columns by name."""
+        given = {name: a for name, a in (node_columns or {}).items() if a is not None}
+        node = NodeTypeInput(int(x.shape[0]), x, y, **{TIME: node_time, **given})
+        self._set({DEFAULT_NODE_TYPE: node},
                   {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr, edge_weight, edge_time)},
                   splits, DEFAULT_NODE_TYPE, name, fingerprint, num_classes)
 
@@ -138,25 +173,11 @@ class GraphInput(TypedView):
                              f"({', '.join(map(str, table))}); read graph.{what}s[type] instead")
         return next(iter(table.values()))
 
-    @property
-    def x(self) -> np.ndarray | None:
-        return self._only(self.nodes, "node").x
-
-    @property
-    def y(self) -> np.ndarray | None:
-        return self._only(self.nodes, "node").y
-
-    @property
-    def edge_index(self) -> np.ndarray:
-        return self._only(self.edges, "edge").edge_index
-
-    @property
-    def edge_attr(self) -> np.ndarray | None:
-        return self._only(self.edges, "edge").edge_attr
-
-    @property
-    def edge_weight(self) -> np.ndarray | None:
-        return self._only(self.edges, "edge").edge_weight
+    x: _OnlyType[np.ndarray | None] = _OnlyType("node")
+    y: _OnlyType[np.ndarray | None] = _OnlyType("node")
+    edge_index: _OnlyType[np.ndarray] = _OnlyType("edge")
+    edge_attr: _OnlyType[np.ndarray | None] = _OnlyType("edge")
+    edge_weight: _OnlyType[np.ndarray | None] = _OnlyType("edge")
 
 
 # ----------------------------------------------------------------------------- fingerprint
@@ -188,9 +209,10 @@ def fingerprint(graph: GraphInput) -> str:
     for ntype in sorted(graph.nodes):
         t = graph.nodes[ntype]
         h.update(f"node:{ntype}:{t.num_nodes};".encode())
-        for name, array in (("x", t.x), ("y", t.y), ("time", t.time)):
+        for column in INPUT_COLUMNS:
+            array = t.column(column.name)
             if array is not None:
-                _hash_array(h, f"{ntype}.{name}", array)
+                _hash_array(h, f"{ntype}.{column.name}", array)
     for etype in sorted(graph.edges):
         e, label = graph.edges[etype], "__".join(etype)
         _hash_array(h, f"{label}.edge_index", e.edge_index)
@@ -219,7 +241,8 @@ def _homogeneous_fingerprint(graph: GraphInput) -> str:
         _hash_array(h, "edge_attr", graph.edge_attr)
     if graph.edge_weight is not None:
         _hash_array(h, "edge_weight", graph.edge_weight)
-    for name, array in (("node_time", node.time), ("edge_time", graph.edges[DEFAULT_EDGE_TYPE].edge_time)):
-        if array is not None:     # graphs without times hash as before
+    optional = [(c.file, node.column(c.name)) for c in OTHER_INPUT_COLUMNS]
+    for name, array in (*optional, ("edge_time", graph.edges[DEFAULT_EDGE_TYPE].edge_time)):
+        if array is not None:     # graphs without times (or other columns) hash as before
             _hash_array(h, name, array)
     return h.hexdigest()

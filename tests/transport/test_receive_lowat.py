@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from graphfeed.transport import secure
+from graphfeed.transport.secure import connection
 
 K1, K2 = b"1" * 32, b"2" * 32
 WAIT_S = 30.0
@@ -104,7 +105,7 @@ def _receive(conn: secure.Connection, frames: int) -> list:
 @pytest.mark.parametrize("mode", ["mac", "seal"])
 def test_frame_tails_below_the_low_water_mark_arrive_without_a_hang(mode, monkeypatch):
     lowat = 64 << 10
-    monkeypatch.setattr(secure, "RECV_LOWAT", lowat)
+    monkeypatch.setattr(connection, "RECV_LOWAT", lowat)
     sender, receiver = _connections(mode, pieces=[20_000, 47_000, 3, 90_000, 33_000], pause_s=0.002)
     sizes = [lowat - 1, lowat, lowat + 1, 3 * lowat + 12_345, 7, 2 * lowat - 5, 1, 5 * lowat]
     values = [torch.randint(0, 256, (n,), dtype=torch.uint8) for n in sizes]
@@ -119,7 +120,7 @@ def test_frame_tails_below_the_low_water_mark_arrive_without_a_hang(mode, monkey
 
 def test_a_trickled_frame_wakes_its_reader_once_per_low_water_mark_not_per_piece(monkeypatch):
     lowat, size, piece = 256 << 10, 2 << 20, 16 << 10
-    monkeypatch.setattr(secure, "RECV_LOWAT", lowat)
+    monkeypatch.setattr(connection, "RECV_LOWAT", lowat)
     sender, receiver = _connections("mac", pieces=[piece], pause_s=0.001)
     polls = []
 
@@ -143,7 +144,7 @@ def test_a_trickled_frame_wakes_its_reader_once_per_low_water_mark_not_per_piece
 
 
 def test_a_peer_that_closes_while_the_reader_waits_on_the_mark_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(secure, "RECV_LOWAT", 1 << 20)
+    monkeypatch.setattr(connection, "RECV_LOWAT", 1 << 20)
     near, far = _socketpair()
     tcp_out, tcp_in = _tcp_pair()
     receiver = secure.Connection(tcp_in, K1, K2, mac=True, where="receiver")

@@ -25,7 +25,8 @@ import shutil
 
 import numpy as np
 
-from graphfeed.server.partition.coarsen import (
+from graphfeed.server.partition.build import scratch
+from graphfeed.server.partition.build.coarsen import (
     CLUSTER_FRACTION,
     Weighted,
     cluster_batch,
@@ -36,20 +37,7 @@ from graphfeed.server.partition.coarsen import (
     partition_levels,
     relabel_batch,
 )
-from graphfeed.server.partition.metis import BALANCE_SLACK
-from graphfeed.server.partition.scratch import (
-    count_ids,
-    edge_chunks,
-    id_dtype,
-    load_bucket,
-    mark_done,
-    parts_dtype,
-    plan_buckets,
-    save_atomic,
-    save_by_bucket,
-    stable_order,
-    write_json_atomic,
-)
+from graphfeed.server.partition.build.metis import BALANCE_SLACK
 
 REFINE_ROUNDS = 4      # balanced refinement rounds over the streamed lists (each one pass, two with the cut)
 
@@ -67,9 +55,9 @@ def fennel_parts(job, runner, report, splits: dict[str, np.ndarray]) -> np.ndarr
         degrees[ids] += counts
 
     runner.map(_degree_task, job, tasks, "fennel: counting neighbours", combine)
-    blocks = [(b[1], b[2]) for b in plan_buckets(degrees, [0, n], plan.sort_edges)]
+    blocks = [(b[1], b[2]) for b in scratch.plan_buckets(degrees, [0, n], plan.sort_edges)]
     degrees.resize(0, refcheck=False)   # its memory back: the passes hold labels and parts instead
-    write_json_atomic(job.root / "fennel_blocks.json", {"starts": [b[0] for b in blocks], "blocks": blocks})
+    scratch.write_json_atomic(job.root / "fennel_blocks.json", {"starts": [b[0] for b in blocks], "blocks": blocks})
     runner.map(_bucket_task, job, tasks, "fennel: bucketing neighbours")
     runner.map(_build_task, job, list(range(len(blocks))), "fennel: building neighbour lists")
     groups, caps = _groups(graph, k, splits)
@@ -87,9 +75,9 @@ def _multilevel(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: int, pla
     labels, coarse = _coarsen_streamed(lists, groups, caps, k, plan, rng, report)
     report.log(f"fennel: {n:,} nodes clustered into {coarse.num_nodes:,} (at most {lists.cap:,} nodes each), "
                f"{coarse.nbrs.size // 2:,} pairs of clusters joined by edges")
-    coarse_parts = partition_levels(coarse, caps, k, lists.cap, rng, report.log).astype(parts_dtype(k))
+    coarse_parts = partition_levels(coarse, caps, k, lists.cap, rng, report.log).astype(scratch.parts_dtype(k))
     del coarse
-    parts = np.empty(n, dtype=parts_dtype(k))
+    parts = np.empty(n, dtype=scratch.parts_dtype(k))
     step = 1 << 22
     for a in range(0, n, step):
         parts[a:a + step] = coarse_parts[labels[a:a + step]]
@@ -132,7 +120,7 @@ def _coarsen_streamed(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: in
     rounds run; clusters of a part's size that still have too many edges between them are placed by size alone
     (their edges are left to the refinement over the lists)."""
     n = groups.size
-    labels = np.arange(n, dtype=id_dtype(n))
+    labels = np.arange(n, dtype=scratch.id_dtype(n))
     sizes = np.ones(n, dtype=np.int32)
     lists.cap = max(1, n // (k * CLUSTER_FRACTION))
     budget = max(plan.sort_edges // 2, 1 << 16)
@@ -222,7 +210,7 @@ def _cluster_weights(labels: np.ndarray, groups: np.ndarray, num_groups: int, co
 
 
 def _chunks(job, etype):
-    return edge_chunks(job, etype)
+    return scratch.edge_chunks(job, etype)
 
 
 def _adjacency(job, block: int, name: str):
@@ -240,7 +228,7 @@ def _ends(job, etype, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _degree_task(job, task) -> tuple[np.ndarray, np.ndarray]:
     u, v = _ends(job, *task)
-    return count_ids(np.concatenate([u, v]), job.graph.num_nodes)
+    return scratch.count_ids(np.concatenate([u, v]), job.graph.num_nodes)
 
 
 def _bucket_task(job, task) -> int:
@@ -249,13 +237,13 @@ def _bucket_task(job, task) -> int:
     if marker.exists():
         return 0
     u, v = _ends(job, etype, a, b)
-    ids = id_dtype(job.graph.num_nodes)
+    ids = scratch.id_dtype(job.graph.num_nodes)
     key, nbr = np.concatenate([u, v]).astype(ids), np.concatenate([v, u]).astype(ids)
     del u, v
     starts = np.asarray(job.table("fennel_blocks")["starts"], dtype=np.int64)
-    save_by_bucket(starts, key, {"key": key, "nbr": nbr}, lambda blk: job.root / "fennel" / f"{blk:06d}",
+    scratch.save_by_bucket(starts, key, {"key": key, "nbr": nbr}, lambda blk: job.root / "fennel" / f"{blk:06d}",
                    f"{'__'.join(etype)}-{a:012d}")
-    mark_done(marker)
+    scratch.mark_done(marker)
     return int(key.size)
 
 
@@ -265,14 +253,14 @@ def _build_task(job, block: int) -> int:
         return 0
     lo, hi = job.table("fennel_blocks")["blocks"][block]
     folder = job.root / "fennel" / f"{block:06d}"
-    columns = load_bucket(folder)
+    columns = scratch.load_bucket(folder)
     key = np.subtract(columns.get("key", np.empty(0, np.int64)), lo, dtype=np.int64)
     nbr = columns.get("nbr", np.empty(0, np.int32))
-    order = stable_order(key, hi - lo)
+    order = scratch.stable_order(key, hi - lo)
     indptr = np.zeros(hi - lo + 1, dtype=np.int64)
     np.cumsum(np.bincount(key, minlength=hi - lo), out=indptr[1:])
-    save_atomic(_adjacency(job, block, "indptr"), indptr)
-    save_atomic(_adjacency(job, block, "nbrs"), nbr[order])
+    scratch.save_atomic(_adjacency(job, block, "indptr"), indptr)
+    scratch.save_atomic(_adjacency(job, block, "nbrs"), nbr[order])
     shutil.rmtree(folder, ignore_errors=True)
     return int(key.size)
 

@@ -45,9 +45,11 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping, TypeVar
 
 import numpy as np
 
+T = TypeVar("T")
 FORMAT_VERSION = 1
 META_FILE = "META.json"
 DEFAULT_NODE_TYPE = "_N"
@@ -67,6 +69,15 @@ class PartitionFormatError(ValueError):
 
 def edge_type_dirname(etype: tuple[str, str, str]) -> str:
     return "__".join(etype)
+
+
+def of_node_type(table: Mapping[str, T], ntype: str) -> T:
+    """``table[ntype]`` of a table with an entry per node type of the graph; ValueError naming the types else."""
+    entry = table.get(ntype)
+    if entry is None:
+        raise ValueError(f"unknown node type {ntype!r} is not in the graph; its node types are "
+                         f"{', '.join(map(repr, sorted(table)))}: use one of them")
+    return entry
 
 
 @dataclass(frozen=True)
@@ -208,11 +219,12 @@ class PartitionPaths:
             raise ValueError(f"topology must be one of {TOPOLOGIES}, got {topology!r}")
         return self.edge_dir(k, etype) / f"{topology}_{name}.npy"
 
-    def quant_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE) -> Path:
-        """``name`` (``scale`` or ``offset``) of node type ``ntype``'s int8 quantization of ``x`` in part ``k``."""
+    def quant_file(self, k: int, name: str, ntype: str = DEFAULT_NODE_TYPE, column: str = "x") -> Path:
+        """``name`` (``scale`` or ``offset``) of node type ``ntype``'s int8 quantization of ``column`` (a quantizable
+        stored column: ``x``) in part ``k``."""
         if name not in ("scale", "offset"):
             raise ValueError(f"a quantization file is 'scale' or 'offset', got {name!r}")
-        return self.node_file(k, f"x_q{name}", ntype)
+        return self.node_file(k, f"{column}_q{name}", ntype)
 
     def hard_neg_file(self, k: int, name: str, etype=DEFAULT_EDGE_TYPE) -> Path:
         """``name`` (``src``, ``dst`` or ``list``) of part ``k``'s stored hard negatives of edge type ``etype``."""

@@ -6,7 +6,8 @@ A loader with ``feature_dtype="int8"`` has the servers send ``x`` as int8 (a qua
 range / 255 over the **whole graph**, so every part quantizes alike and a batch mixing rows of several parts
 has one scale per column; the error of a value is at most ``scale / 2``.  ``graphfeed partition`` stores
 them in every part (``x_qscale.npy``, ``x_qoffset.npy``, :meth:`PartitionPaths.quant_file`); a partition
-written before has none and :func:`add_scales` (``graphfeed quantize PARTITION``) adds them in place.
+written before has none and :func:`add_scales` (``graphfeed quantize PARTITION``) adds them in place.  The
+columns with scales are the stored columns marked quantizable (:data:`graphfeed.core.columns.QUANTIZABLE`: ``x``).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import os
 
 import numpy as np
 
-from graphfeed.server.partition.format import PartitionMeta, PartitionPaths, read_meta, save_array
+from graphfeed.core.columns import QUANTIZABLE
+from graphfeed.server.partition.format.layout import PartitionMeta, PartitionPaths, read_meta, save_array
 
 CHUNK_BYTES = 1 << 19         # float64 bytes of rows folded at a time: a few of these is the memory it takes
 LEVELS = 255                  # int8 steps between a column's minimum and maximum
@@ -83,11 +85,12 @@ def is_quantizable(x: np.ndarray | None) -> bool:
     return x is not None and np.issubdtype(x.dtype, np.floating)
 
 
-def write_scales(paths: PartitionPaths, ntype: str, num_parts: int, scale: np.ndarray, offset: np.ndarray) -> None:
-    """Store one node type's ``scale`` and ``offset`` in every part."""
+def write_scales(paths: PartitionPaths, ntype: str, num_parts: int, scale: np.ndarray, offset: np.ndarray,
+                 column: str = "x") -> None:
+    """Store the ``scale`` and ``offset`` of one node type's ``column`` in every part."""
     for k in range(num_parts):
-        save_array(paths.quant_file(k, "scale", ntype), scale)
-        save_array(paths.quant_file(k, "offset", ntype), offset)
+        save_array(paths.quant_file(k, "scale", ntype, column), scale)
+        save_array(paths.quant_file(k, "offset", ntype, column), offset)
 
 
 def add_scales(root: str | os.PathLike, meta: PartitionMeta | None = None) -> dict[str, int]:
@@ -95,16 +98,17 @@ def add_scales(root: str | os.PathLike, meta: PartitionMeta | None = None) -> di
     ``root`` (reading every part's ``x``, memory-mapped, in chunks); returns ``{node type: columns}``."""
     paths = PartitionPaths(root)
     meta = read_meta(root) if meta is None else meta
-    done = {}
+    done: dict[str, int] = {}
     for ntype in meta.node_types:
-        spec = meta.features.get(ntype, {}).get("x")
-        if spec is None or not np.issubdtype(np.dtype(spec["dtype"]), np.floating):
-            continue
-        low = high = None
-        for k in range(meta.num_parts):
-            low, high = file_column_range(paths.node_file(k, "x", ntype), low, high)
-        assert low is not None and high is not None
-        scale, offset = scales_of_range(low, high)
-        write_scales(paths, ntype, meta.num_parts, scale, offset)
-        done[ntype] = int(scale.size)
+        for column in QUANTIZABLE:
+            spec = meta.features.get(ntype, {}).get(column)
+            if spec is None or not np.issubdtype(np.dtype(spec["dtype"]), np.floating):
+                continue
+            low = high = None
+            for k in range(meta.num_parts):
+                low, high = file_column_range(paths.node_file(k, column, ntype), low, high)
+            assert low is not None and high is not None
+            scale, offset = scales_of_range(low, high)
+            write_scales(paths, ntype, meta.num_parts, scale, offset, column)
+            done[ntype] = done.get(ntype, 0) + int(scale.size)
     return done
