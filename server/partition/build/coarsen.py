@@ -207,7 +207,7 @@ def best_of_levels(graph: Weighted, caps: np.ndarray, num_parts: int, cap: int, 
         key = (int(np.maximum(loads - caps[:, None], 0).sum()), cut_weight(graph, parts))
         if best_key is None or key < best_key:
             best, best_key = parts, key
-    assert best is not None
+    assert best is not None and best_key is not None
     log(f"fennel: the best of {tries} multilevel tries cuts {best_key[1] // 2:,} edges of the coarse graph")
     return best
 

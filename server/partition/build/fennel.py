@@ -31,12 +31,12 @@ from graphfeed.server.partition.build import scratch
 from graphfeed.server.partition.build.coarsen import (
     CLUSTER_FRACTION,
     Weighted,
+    best_of_levels,
     cluster_batch,
     coarse_entries,
     dense_labels,
     from_entries,
     merge_entries,
-    best_of_levels,
     relabel_batch,
 )
 from graphfeed.server.partition.build.metis import BALANCE_SLACK
