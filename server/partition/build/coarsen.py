@@ -33,7 +33,8 @@ INITIAL_TRIALS = 8         # Fennel placements of the coarsest graph; the best c
 TRIAL_NODES = 40_000       # fewer trials when the coarsest graph has more nodes than this (one at a time)
 INITIAL_PASSES = 3         # passes of each (a first placement and restreams)
 LEVEL_TRIES = 6            # multilevel partitions of the streamed clusters' graph; the best cut wins ...
-TRIES_ENTRIES = 1 << 24    # ... fewer when it has more entries than this / LEVEL_TRIES (each try in memory)
+TRIES_ENTRIES = 1 << 22    # ... fewer on a coarse graph of more entries than this / LEVEL_TRIES (each try is a whole
+                           # multilevel run in memory)
 
 Log = Callable[[str], None]
 
@@ -198,7 +199,8 @@ def partition_levels(graph: Weighted, caps: np.ndarray, num_parts: int, cap: int
 def best_of_levels(graph: Weighted, caps: np.ndarray, num_parts: int, cap: int, rng, log: Log) -> np.ndarray:
     """The best of :func:`partition_levels` run ``LEVEL_TRIES`` times (fewer on a large coarse graph): fewest cut
     edges among those within the caps (the least overfull if none is).  Each try clusters the coarse levels
-    anew, so a poor early cluster is not locked in: on cora_ml (8 parts) the tries' cuts spread by 15%."""
+    anew, so one poor early cluster does not decide the cut: on cora_ml, 8 parts, one try cut 1.20x METIS's
+    edges, the best of six 1.09x (dblp: 1.11x and 1.01x)."""
     tries = int(np.clip(TRIES_ENTRIES // max(graph.nbrs.size, 1), 1, LEVEL_TRIES))
     best, best_key = None, None
     for t in range(tries):

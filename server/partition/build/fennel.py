@@ -6,7 +6,8 @@ the nodes are first gathered into clusters by size-constrained label propagation
 lists streamed from disk (``plan.fennel_passes`` rounds; a cluster holds at most 1/16 of a part's
 share of the nodes), the clusters are contracted into a weighted coarse graph that fits in memory
 (else the clusters grow fourfold and the rounds go on), and :mod:`coarsen` partitions that graph:
-more levels in memory, restreamed Fennel on the coarsest, balanced refinement on the way back.  The
+more levels in memory, restreamed Fennel on the coarsest, balanced refinement on the way back, the
+best cut of several such tries (:data:`coarsen.LEVEL_TRIES`).  The
 coarse parts are projected onto the nodes, and balanced refinement rounds over the streamed lists
 finish.  The view is homogeneous (all node and edge types, edges taken in both directions).
 
