@@ -33,7 +33,7 @@ INITIAL_TRIALS = 8         # Fennel placements of the coarsest graph; the best c
 TRIAL_NODES = 40_000       # fewer trials when the coarsest graph has more nodes than this (one at a time)
 INITIAL_PASSES = 3         # passes of each (a first placement and restreams)
 LEVEL_TRIES = 6            # multilevel partitions of the streamed clusters' graph; the best cut wins ...
-TRIES_ENTRIES = 1 << 22    # ... fewer on a coarse graph of more entries than this / LEVEL_TRIES (each try is a whole
+TRIES_ENTRIES = 1 << 21    # ... fewer on a coarse graph of more entries than this / LEVEL_TRIES (each try is a whole
                            # multilevel run in memory)
 
 Log = Callable[[str], None]
