@@ -36,7 +36,8 @@ def add_arguments(parser) -> None:
             ("embedding", "typed training with server-held embeddings vs without (accuracy, batch time, push "
                           "throughput)", _add_embedding),
             ("channel", "CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)", _add_channel),
-            ("pyg", "PyG's NeighborLoader over graphfeed's stores vs client.neighbor_loader (seeds/s)", _add_pyg)):
+            ("pyg", "PyG's NeighborLoader over graphfeed's stores vs client.neighbor_loader (seeds/s)", _add_pyg),
+            ("partition", "edge cut, node and training-node balance of each partition method", _add_partition)):
         # a benchmark's own --help: its function's docstring (argparse refills the lines)
         add(sub.add_parser(name, help=help_, description=inspect.cleandoc(add.__doc__ or "")))
 
@@ -201,6 +202,15 @@ def _add_channel(p) -> None:
                         "receive figure is a trainer's off its host; default: loopback")
 
 
+def _add_partition(p) -> None:
+    """For every part count and method, the assignment alone (the bounded path's first stage, nothing written): the
+    edge cut (fraction of directed edges between parts), each method's cut over METIS's, and the largest part's
+    nodes and training nodes over the mean; one line each (graphfeed.bench.partition_quality)."""
+    from graphfeed.bench.partition_quality import add_arguments as add
+
+    add(p)
+
+
 def _run_channel(args) -> int:
     from graphfeed.bench.channel import ChannelBenchConfig, bench_channel
 
@@ -309,6 +319,10 @@ def run(args) -> int:
         return _run_channel(args)
     if command == "pyg":
         return _run_pyg(args)
+    if command == "partition":
+        from graphfeed.bench.partition_quality import run as run_partition
+
+        return run_partition(args)
     if command != "sample":
         raise UsageError("choose a benchmark: `graphfeed bench sample --graph DIR ...`, "
                          "`graphfeed bench remote --servers N --graph DIR ...` or "

@@ -55,6 +55,39 @@ def part_stats(root, meta: PartitionMeta) -> list[PartStats]:
     return out
 
 
+WARN_IMBALANCE = 1.2   # `graphfeed partition` warns when a part holds more than this times the mean of the seeds
+
+
+def imbalance(counts: list[int]) -> float:
+    """The largest count over the mean (1.0: even; also for no counts at all)."""
+    total = sum(counts)
+    return max(counts) * len(counts) / total if total else 1.0
+
+
+def balance_text(meta: PartitionMeta, stats: list[PartStats]) -> str:
+    """The largest part over the mean, for the label type's nodes and its training nodes (each part's
+    training nodes are the table's ``train`` column): a part with more seeds produces more batches."""
+    label = "" if meta.is_homogeneous else f"{meta.label_type} "
+    text = f"largest part / mean: {label}nodes {imbalance([s.nodes for s in stats]):.2f}x"
+    if "train" in meta.split_sizes:
+        text += f", training nodes {imbalance([s.splits['train'] for s in stats]):.2f}x"
+    return text
+
+
+def seed_imbalance_warning(meta: PartitionMeta, stats: list[PartStats]) -> str | None:
+    """A warning when a part holds more than :data:`WARN_IMBALANCE` times the mean of the training nodes (and
+    more than one above an even share: 3 seeds in 2 parts are as even as they can be); None otherwise."""
+    train = [s.splits.get("train", 0) for s in stats]
+    total = sum(train)
+    if not total or max(train) <= max(WARN_IMBALANCE * total / len(train), -(-total // len(train))):
+        return None
+    worst = int(np.argmax(train))
+    fix = ("--method metis or fennel balance them" if meta.method in ("random", "hotness") else
+           "too few of them to spread evenly, or a node type's balance came first")
+    return (f"part {worst} holds {imbalance(train):.2f}x the mean of the training nodes ({train[worst]:,} of "
+            f"{total:,}), so its trainer gets that many more batches per epoch; {fix}")
+
+
 def _main_topology(meta: PartitionMeta) -> tuple[str, str]:
     topo = "csc" if "csc" in meta.topologies else meta.topologies[0]
     return topo, "in-edges" if topo == "csc" else "out-edges"
@@ -155,6 +188,7 @@ def describe(root) -> str:
     else:
         lines += _type_lines(meta)
     lines += _link_extras(root, meta)
+    lines.append(f"  balance         {balance_text(meta, stats)}")
     return "\n".join(lines + [sampler_line(), "", format_table(meta, stats)])
 
 

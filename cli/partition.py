@@ -206,17 +206,24 @@ def _count_accesses(graph, how, seed: int, report: _Reporter):
 
 
 def summary(root, seconds: float) -> str:
-    from graphfeed.cli.info import format_table, part_stats
+    """What a run wrote (the per-part table, cut, balance); a part with too many of the seeds is warned about on
+    stderr, shown even with --quiet."""
+    from graphfeed.cli.info import balance_text, format_table, part_stats, seed_imbalance_warning
     from graphfeed.server.partition.format.layout import read_meta
 
     meta = read_meta(root)
+    stats = part_stats(root, meta)
+    warning = seed_imbalance_warning(meta, stats)
+    if warning:
+        print(f"graphfeed partition: warning: {warning}", file=sys.stderr, flush=True)
     total = sum(meta.num_edges.values())
     cut = f"{meta.edge_cut:,} of {total:,} edges ({100.0 * meta.edge_cut / max(total, 1):.1f}%)"
     return "\n".join([
         f"partitioned {meta.graph_name or 'graph'} into {root}: {meta.num_parts} part(s), method {meta.method}, "
         f"topology {'+'.join(meta.topologies)}",
-        format_table(meta, part_stats(root, meta)),
+        format_table(meta, stats),
         f"edge cut: {cut}",
+        f"balance: {balance_text(meta, stats)}",
         *([f"access mass per part: {', '.join(f'{m:,}' for m in meta.access_mass)}"] if meta.access_mass else []),
         f"time: {seconds:.1f} s",
     ])

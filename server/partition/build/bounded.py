@@ -426,6 +426,21 @@ def partition_chunked(graph: ChunkedGraph, num_parts: int, output: str | os.Path
     return meta
 
 
+def assign_only(graph: ChunkedGraph, num_parts: int, method: str, *, seed: int = 0, memory_limit: int | None = None,
+                fennel_passes: int = 3, log: Log | None = None) -> np.ndarray:
+    """Stage 1 alone: every node's part (homogeneous view) as :func:`partition_chunked` would assign it, its
+    scratch work in a temporary folder and nothing written out (what ``graphfeed bench partition`` measures)."""
+    import tempfile
+
+    memory_limit = memory_limit or default_memory_limit()
+    plan = make_plan(graph, num_parts, method, seed, ("csc",), memory_limit, fennel_passes)
+    report = Reporter(lambda it, desc: it, log or (lambda message: None))
+    with tempfile.TemporaryDirectory(prefix="graphfeed-assign-") as tmp:
+        open_scratch(Path(tmp), plan, report.log)
+        job = Job(dataclasses.replace(graph, splits={}), plan, tmp)
+        return np.array(_assign(job, graph, memory_limit, InProcess(report.progress), report))
+
+
 def _assign(job: Job, graph: ChunkedGraph, memory_limit: int, runner, report: Reporter) -> np.ndarray:
     path = job.root / "parts.npy"
     if path.is_file():

@@ -32,6 +32,9 @@ REFINE_ROUNDS = 8          # refinement rounds per level (each stops early when 
 INITIAL_TRIALS = 8         # Fennel placements of the coarsest graph; the best cut that keeps the caps wins
 TRIAL_NODES = 40_000       # fewer trials when the coarsest graph has more nodes than this (one at a time)
 INITIAL_PASSES = 3         # passes of each (a first placement and restreams)
+LEVEL_TRIES = 6            # multilevel partitions of the streamed clusters' graph; the best cut wins ...
+TRIES_ENTRIES = 1 << 21    # ... fewer on a coarse graph of more entries than this / LEVEL_TRIES (each try is a whole
+                           # multilevel run in memory)
 
 Log = Callable[[str], None]
 
@@ -191,6 +194,24 @@ def partition_levels(graph: Weighted, caps: np.ndarray, num_parts: int, cap: int
         rebalance(fine, parts, loads, caps, rng)
         refine(fine, parts, loads, caps, rng)
     return parts
+
+
+def best_of_levels(graph: Weighted, caps: np.ndarray, num_parts: int, cap: int, rng, log: Log) -> np.ndarray:
+    """The best of :func:`partition_levels` run ``LEVEL_TRIES`` times (fewer on a large coarse graph): fewest cut
+    edges among those within the caps (the least overfull if none is).  Each try clusters the coarse levels
+    anew, so one poor early cluster does not decide the cut: on cora_ml, 8 parts, one try cut 1.20x METIS's
+    edges, the best of six 1.09x (dblp: 1.11x and 1.01x)."""
+    tries = int(np.clip(TRIES_ENTRIES // max(graph.nbrs.size, 1), 1, LEVEL_TRIES))
+    best, best_key = None, None
+    for t in range(tries):
+        parts = partition_levels(graph, caps, num_parts, cap, rng, log if t == 0 else lambda message: None)
+        loads = part_loads(graph, parts, num_parts)
+        key = (int(np.maximum(loads - caps[:, None], 0).sum()), cut_weight(graph, parts))
+        if best_key is None or key < best_key:
+            best, best_key = parts, key
+    assert best is not None and best_key is not None
+    log(f"fennel: the best of {tries} multilevel tries cuts {best_key[1] // 2:,} edges of the coarse graph")
+    return best
 
 
 def part_loads(graph: Weighted, parts: np.ndarray, num_parts: int) -> np.ndarray:

@@ -6,12 +6,15 @@ the nodes are first gathered into clusters by size-constrained label propagation
 lists streamed from disk (``plan.fennel_passes`` rounds; a cluster holds at most 1/16 of a part's
 share of the nodes), the clusters are contracted into a weighted coarse graph that fits in memory
 (else the clusters grow fourfold and the rounds go on), and :mod:`coarsen` partitions that graph:
-more levels in memory, restreamed Fennel on the coarsest, balanced refinement on the way back.  The
+more levels in memory, restreamed Fennel on the coarsest, balanced refinement on the way back, the
+best cut of several such tries (:data:`coarsen.LEVEL_TRIES`).  The
 coarse parts are projected onto the nodes, and balanced refinement rounds over the streamed lists
 finish.  The view is homogeneous (all node and edge types, edges taken in both directions).
 
 Balance as METIS's (:data:`metis.BALANCE_SLACK`): every part holds at most ``(1 + slack)`` times
-its share of each group: the label type's training nodes, its other nodes, and each other node type.
+its share of each group, rounded up (at least one above an even share, so a small group has room to
+move): the label type's training nodes, its other nodes, and each other node type.  80 training
+nodes in 8 parts: at most 11 a part, 1.1x the mean.
 
 Memory: the neighbour lists are bucketed through the scratch folder into blocks of at most
 ``plan.sort_edges`` entries (int32 ids), built by chunk tasks; a pass holds one block and per-node
@@ -29,12 +32,12 @@ from graphfeed.server.partition.build import scratch
 from graphfeed.server.partition.build.coarsen import (
     CLUSTER_FRACTION,
     Weighted,
+    best_of_levels,
     cluster_batch,
     coarse_entries,
     dense_labels,
     from_entries,
     merge_entries,
-    partition_levels,
     relabel_batch,
 )
 from graphfeed.server.partition.build.metis import BALANCE_SLACK
@@ -75,7 +78,7 @@ def _multilevel(lists: _Lists, groups: np.ndarray, caps: np.ndarray, k: int, pla
     labels, coarse = _coarsen_streamed(lists, groups, caps, k, plan, rng, report)
     report.log(f"fennel: {n:,} nodes clustered into {coarse.num_nodes:,} (at most {lists.cap:,} nodes each), "
                f"{coarse.nbrs.size // 2:,} pairs of clusters joined by edges")
-    coarse_parts = partition_levels(coarse, caps, k, lists.cap, rng, report.log).astype(scratch.parts_dtype(k))
+    coarse_parts = best_of_levels(coarse, caps, k, lists.cap, rng, report.log).astype(scratch.parts_dtype(k))
     del coarse
     parts = np.empty(n, dtype=scratch.parts_dtype(k))
     step = 1 << 22
@@ -273,8 +276,8 @@ def _groups(graph, num_parts: int, splits: dict[str, np.ndarray]) -> tuple[np.nd
         groups[offsets[ntype]:offsets[ntype] + t.num_nodes] = i
     train = offsets[graph.label_type] + np.asarray(splits.get("train", np.empty(0)), dtype=np.int64)
     groups[train] = len(graph.nodes)
-    sizes = np.bincount(groups, minlength=len(graph.nodes) + 1)
-    caps = np.ceil(sizes / num_parts * (1 + BALANCE_SLACK)).astype(np.int64) + 1
+    share = np.bincount(groups, minlength=len(graph.nodes) + 1) / num_parts
+    caps = np.maximum(np.ceil(share * (1 + BALANCE_SLACK)), np.ceil(share) + 1).astype(np.int64)
     return groups, caps
 
 

@@ -7,11 +7,14 @@ share of the seeds); a typed graph has one node constraint per node type instead
 ``--method hotness`` replaces these constraints by one: each node's pre-sampled access count
 (+1), see :func:`metis_parts`.
 
-Multi-constraint METIS often misses the per-type targets on typed graphs (3 parts of
-``mag-tiny``: one part got twice its share of papers), so for a graph with several node
-types a greedy pass (:func:`rebalance`) then moves the best-connected nodes until every part
-holds within ``BALANCE_SLACK`` of its share of each node type and of the seeds. A graph with
-one node type keeps METIS's assignment unchanged.
+Multi-constraint METIS often misses the targets of small constraints: 3 parts of ``mag-tiny``
+got one part twice its share of papers, and on real graphs with 80-140 training nodes (dblp,
+cora_ml of ``../shared/data``) it placed them up to 1.8x the mean in one part of 8 (METIS sums a
+constraint's weights through its coarse levels, where a few coarse nodes carry all the seeds).
+So a greedy pass (:func:`rebalance`) then moves the best-connected nodes until every part holds
+within ``BALANCE_SLACK`` of its share of the seeds and of each node type's other nodes; on those
+graphs it moves 5-39 nodes and raises the cut by at most 2.2%.  ``--method hotness`` keeps
+METIS's assignment of its one access-count constraint unchanged.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def metis_parts(graph: GraphInput, num_parts: int, seed: int = 0,
     del vweights
     parts = np.asarray(membership, dtype=np.int64)
     del membership
-    if len(graph.nodes) > 1:
+    if node_weights is None:
         rebalance(xadj, adjncy, parts, _balance_groups(graph, offsets), num_parts)
     return parts
 
