@@ -53,7 +53,8 @@ def _partition_error(capsys, *args) -> str:
 
 
 BAD_INPUTS = {
-    "missing x": (dict(x=None), ["x.npy is missing", "edge_index.npy, x.npy, train_idx.npy"]),
+    "missing x and y": (dict(x=None, y=None), ["node count is unknown", "x.npy [N, F]", "num_nodes.npy"]),
+    "num_nodes disagrees": (dict(x=None, num_nodes=np.int64(N + 1)), ["num_nodes.npy gives 51 nodes", "y.npy"]),
     "missing edges": (dict(edge_index=None), ["edge_index.npy is missing"]),
     "edges [E, 2]": (dict(edge_index=np.zeros((E, 2), dtype=np.int64)), ["shape [2, E]", "transpose"]),
     "edges float": (dict(edge_index=np.zeros((2, E), dtype=np.float32)), ["edge_index.npy", "integer", "int64"]),
@@ -171,7 +172,7 @@ def test_torch_input_errors(tmp_path, capsys):
     out = tmp_path / "out"
     ei = torch.randint(0, N, (2, E))
     cases = {
-        "no_x.pt": (Data(edge_index=ei, y=torch.zeros(N, dtype=torch.long), num_nodes=N), "attribute x is missing"),
+        "no_x.pt": (Data(edge_index=ei, train_mask=torch.ones(N, dtype=torch.bool)), "node count is unknown"),
         "no_train.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long)),
                         "train_mask is missing"),
         "bad_mask.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long),

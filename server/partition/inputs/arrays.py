@@ -116,6 +116,30 @@ def id_range(ids: np.ndarray) -> tuple[int, int] | None:
     return (int(ids.min()), int(ids.max())) if ids.size else None
 
 
+def node_count(sources: list[tuple[str, np.ndarray | int | None]], what: str, hint: str) -> int:
+    """The node count that ``sources`` -- (where, array) pairs of ``x``, ``y`` (their rows) and ``num_nodes`` (a 0-d
+    integer), None where absent -- agree on; InputError when none is given (``hint`` says how to give it) or two
+    disagree (``what`` names the graph or node type)."""
+    counts = [(w, _check_num_nodes(a, w) if name == "num_nodes" else int(np.asarray(a).shape[0]))
+              for name, (w, a) in zip(("x", "y", "num_nodes"), sources) if a is not None]
+    if not counts:
+        raise InputError(f"{what} has no x, y or num_nodes, so its node count is unknown; {hint}")
+    (first, n), *others = counts
+    for w, count in others:
+        if count != n:
+            raise InputError(f"{w} gives {count} nodes but {first} gives {n}: every array of {what} "
+                             f"needs one row per node (same order); fix the one that is wrong")
+    return n
+
+
+def _check_num_nodes(value, w: str) -> int:
+    array = np.asarray(value)
+    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer) or int(array) < 0:
+        raise InputError(f"{w} must be a non-negative integer scalar (0-d int64), got {array.dtype} "
+                         f"{list(array.shape)}; save it with numpy.save(path, numpy.int64(N))")
+    return int(array)
+
+
 def check_x(x: np.ndarray, w: str) -> None:
     if x.ndim != 2:
         raise InputError(f"{w} must have shape [N, F] (one row per node), got {list(x.shape)}; "

@@ -109,10 +109,10 @@ class ChunkedGraph(TypedView):
                  for etype, e in self.edges.items()}
         if self.is_homogeneous:
             n, e = nodes[DEFAULT_NODE_TYPE], edges[DEFAULT_EDGE_TYPE]
-            graph = GraphInput(e.edge_index, n.x if n.x is not None else np.zeros((n.num_nodes, 0), np.float32),
-                               n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
+            graph = GraphInput(e.edge_index, n.x, n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
                                edge_weight=e.edge_weight, edge_time=e.edge_time,
-                               node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS})
+                               node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS},
+                               num_nodes=n.num_nodes)
         else:
             graph = GraphInput.typed(nodes, edges, self.splits, self.label_type, name=self.name,
                                      num_classes=self.num_classes)
@@ -157,7 +157,7 @@ def open_chunked(folder: str | os.PathLike, *, with_fingerprint: bool = True) ->
     else:
         fields = _folder_fields(folder, manifest)
         graph = _assemble({DEFAULT_NODE_TYPE: _node_fields(fields)}, {DEFAULT_EDGE_TYPE: _edge_fields(fields)},
-                          _splits_of(folder, manifest), folder)
+                          _splits_of(folder, manifest), folder, _count_of(folder, manifest))
         graph.dropped = [] if manifest else _unread_files(folder)
     graph.name = _name_of(folder)
     if with_fingerprint:
@@ -306,14 +306,24 @@ def _node_type(ntype: str, fields: dict[str, ArrayChunks], count: int | None) ->
     return ChunkedNodeType(next(iter(sizes.values())), fields)
 
 
+def _count_of(folder: Path, manifest: dict) -> int | None:
+    """A folder's (or manifest's) explicit node count, ``num_nodes.npy`` / ``"num_nodes"``: None when not given."""
+    if "num_nodes" in manifest:
+        return int(manifest["num_nodes"])
+    path = folder / "num_nodes.npy"
+    return int(np.load(path, allow_pickle=False)) if path.is_file() else None
+
+
 def _assemble(nodes_raw: dict[str, dict[str, ArrayChunks]], edges_raw: dict[EdgeType, dict[str, ArrayChunks]],
-              splits: dict[str, np.ndarray], folder: Path) -> ChunkedGraph:
-    if "x" not in nodes_raw[DEFAULT_NODE_TYPE] or "edge_index" not in edges_raw[DEFAULT_EDGE_TYPE]:
+              splits: dict[str, np.ndarray], folder: Path, count: int | None = None) -> ChunkedGraph:
+    node = nodes_raw[DEFAULT_NODE_TYPE]
+    if "edge_index" not in edges_raw[DEFAULT_EDGE_TYPE] or not ("x" in node or "y" in node or count is not None):
         raise InputError(f"chunked input {folder} needs edge_index chunks (edge_index_00000.npy, ... or "
-                         f"edges*.parquet with src, dst) and x chunks (x_00000.npy, ... or nodes*.parquet)")
+                         f"edges*.parquet with src, dst) and x chunks (x_00000.npy, ... or nodes*.parquet; a "
+                         f"featureless graph: y chunks or num_nodes.npy instead)")
     if splits.get("train") is None:
         raise InputError(f"{folder / 'train_idx.npy'} is missing: give the training node ids")
-    nodes = {DEFAULT_NODE_TYPE: _node_type(DEFAULT_NODE_TYPE, nodes_raw[DEFAULT_NODE_TYPE], None)}
+    nodes = {DEFAULT_NODE_TYPE: _node_type(DEFAULT_NODE_TYPE, node, count)}
     return _assemble_typed(nodes, edges_raw, splits, DEFAULT_NODE_TYPE, folder)
 
 
