@@ -31,7 +31,40 @@ def load_npy(file: Path, required: bool, missing_hint: str = "") -> np.ndarray |
     try:
         return np.load(file, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{file} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+        raise InputError(unreadable_npy(file, exc, "re-save it with numpy.save")) from exc
+
+
+def unreadable_npy(file: Path | str, exc: Exception, fix: str) -> str:
+    """Why ``file`` could not be loaded, in one line: an array of Python objects (strings, mixed values) is named as
+    such with the conversion to numbers; anything else with ``exc`` and ``fix``."""
+    dtype = npy_dtype(file)
+    if dtype is not None and dtype.hasobject:
+        return (f"{file} holds Python objects (dtype object), not numbers: graphfeed reads numeric arrays only; "
+                f"convert it and save it again, e.g. numpy.save(path, array.astype('float32')) for features or "
+                f"'int64' for ids and labels")
+    return f"{file} is not a readable .npy array ({exc}); {fix}"
+
+
+def npy_dtype(file: Path | str) -> np.dtype | None:
+    """The dtype in a ``.npy`` file's header, or None when the header cannot be read."""
+    try:
+        with open(file, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            return read(fh)[2]
+    except (ValueError, OSError, EOFError):
+        return None
+
+
+def check_numeric_dtype(dtype, w: str, fix: str) -> None:
+    """InputError unless ``dtype`` is a number or bool type (strings and objects are refused before any work: a
+    partition stores numbers); ``w`` names the file or column, ``fix`` says how to convert it."""
+    dtype = np.dtype(dtype)
+    if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        kind = "strings" if dtype.kind in "US" else "Python objects (e.g. strings)" if dtype.hasobject else \
+            f"{dtype} values"
+        raise InputError(f"{w} holds {kind}, not numbers (dtype {dtype}): graphfeed partitions numeric columns "
+                         f"only; {fix}")
 
 
 def torch_load(file: Path, allow_pickle: bool):

@@ -38,7 +38,7 @@ import numpy as np
 from graphfeed.core.columns import INPUT_COLUMNS, OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, edge_type_dirname
-from graphfeed.server.partition.inputs.arrays import InputError, check_split
+from graphfeed.server.partition.inputs.arrays import InputError, check_split, unreadable_npy
 from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes, hash_chunks, npy_chunks, parquet_fields
 from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, TypedView
 
@@ -202,7 +202,7 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
             if name in NODE_FIELDS + EDGE_FIELDS:
                 paths = [files] if isinstance(files, str) else list(files)
                 fields[name] = npy_chunks(name, [folder / p for p in paths])
-        return fields
+        return _numeric(fields)
     groups: dict[str, list[Path]] = {}
     for p in sorted(folder.glob("*.npy")):
         m = _CHUNK_RE.match(p.name)
@@ -212,6 +212,13 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
             groups.setdefault(p.stem, []).append(p)
     fields = {name: npy_chunks(name, paths) for name, paths in groups.items()}
     fields.update(parquet_fields(folder))
+    return _numeric(fields)
+
+
+def _numeric(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
+    """``fields``, each checked to hold numbers (:meth:`ArrayChunks.check_numeric`)."""
+    for chunks in fields.values():
+        chunks.check_numeric()
     return fields
 
 
@@ -249,7 +256,7 @@ def _splits_of(folder: Path, manifest: dict, named_only: bool = False) -> dict[s
             try:
                 out[split] = np.load(path, allow_pickle=False)
             except (ValueError, OSError, EOFError) as exc:
-                raise InputError(f"{path} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+                raise InputError(unreadable_npy(path, exc, "re-save it with numpy.save")) from exc
         elif parquet.is_file() and not named_only:
             import pyarrow.parquet as pq
             out[split] = pq.read_table(parquet).column(0).to_numpy()
