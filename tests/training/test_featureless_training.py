@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from helpers.shared import serving
 
 import graphfeed.client as gf
 from graphfeed.cli.main import main
 from graphfeed.server.partition.format.layout import read_meta
 from graphfeed.server.partition.format.store import open_parts
-from helpers.shared import serving
 
 CLASSES, PER_CLASS, DIM = 4, 150, 16
 

@@ -109,8 +109,8 @@ class ChunkedGraph(TypedView):
                  for etype, e in self.edges.items()}
         if self.is_homogeneous:
             n, e = nodes[DEFAULT_NODE_TYPE], edges[DEFAULT_EDGE_TYPE]
-            graph = GraphInput(e.edge_index, n.x, n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
-                               edge_weight=e.edge_weight, edge_time=e.edge_time,
+            graph = GraphInput(e.edge_index, n.x, n.y, self.splits, e.edge_attr, name=self.name,
+                               num_classes=self.num_classes, edge_weight=e.edge_weight, edge_time=e.edge_time,
                                node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS},
                                num_nodes=n.num_nodes)
         else:

@@ -56,8 +56,8 @@ from graphfeed.server.partition.inputs.arrays import (
     field_of,
     label_classes,
     load_npy,
-    node_count,
     mask_to_ids,
+    node_count,
     to_numpy,
     torch_load,
 )
