@@ -283,8 +283,12 @@ def run_bounded(args) -> int:
         partition_chunked(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
                           memory_limit=limit, runner=runner, scratch=args.scratch, overwrite=args.overwrite,
                           progress=report.progress, log=report.log, fennel_passes=args.fennel_passes)
+    except FileExistsError:
+        raise    # --output may not be replaced: refused before any work, main's one line says why
     except (InputError, TaskError, OSError) as exc:
         raise UsageError(f"{exc} ({_scratch_left(scratch, not _input_error(exc, InputError))})") from exc
+    except ValueError:
+        raise    # bad parameters (--method, --num-parts), refused before any work
     except BaseException:    # Ctrl-C or a bug: the traceback (or "interrupted") follows this line
         if scratch.exists():
             print(f"graphfeed partition: the run stopped ({_scratch_left(scratch, True)})", file=sys.stderr,

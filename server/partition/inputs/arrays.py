@@ -153,7 +153,7 @@ def node_count(sources: list[tuple[str, np.ndarray | int | None]], what: str, hi
     """The node count that ``sources`` -- (where, array) pairs of ``x``, ``y`` (their rows) and ``num_nodes`` (a 0-d
     integer), None where absent -- agree on; InputError when none is given (``hint`` says how to give it) or two
     disagree (``what`` names the graph or node type)."""
-    counts = [(w, _check_num_nodes(a, w) if name == "num_nodes" else int(np.asarray(a).shape[0]))
+    counts = [(w, _check_num_nodes(a, w) if name == "num_nodes" else _rows(a))
               for name, (w, a) in zip(("x", "y", "num_nodes"), sources) if a is not None]
     if not counts:
         raise InputError(f"{what} has no x, y or num_nodes, so its node count is unknown; {hint}")
@@ -163,6 +163,11 @@ def node_count(sources: list[tuple[str, np.ndarray | int | None]], what: str, hi
             raise InputError(f"{w} gives {count} nodes but {first} gives {n}: every array of {what} "
                              f"needs one row per node (same order); fix the one that is wrong")
     return n
+
+
+def _rows(array) -> int:
+    array = np.asarray(array)
+    return int(array.shape[0]) if array.ndim else 0
 
 
 def _check_num_nodes(value, w: str) -> int:

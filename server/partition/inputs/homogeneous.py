@@ -141,6 +141,10 @@ def read_torch_file(file: str | os.PathLike, *, allow_pickle: bool = False) -> G
         raise InputError(f"{where('edge_index')} is missing: the Data needs edge_index and a train split "
                          f"(train_mask or train_idx); x and y are optional")
     x, y = to_numpy(field_of(obj, "x"), where("x")), to_numpy(field_of(obj, "y"), where("y"))
+    if x is not None:     # its shape first: the masks are checked against its rows
+        check_x(x, where("x"))
+    if y is not None:
+        check_y_dtype(y, where("y"))
     given = field_of(obj, "num_nodes")    # set explicitly (Data stores it only then): a featureless graph's count
     given = given if given is None or isinstance(given, int) else to_numpy(given, where("num_nodes"))
     num_nodes = _node_count(x, y, given, where)
