@@ -74,9 +74,12 @@ def _step(msg: str) -> None:
 
 
 def _graphfeed(*argv: str) -> None:
+    """Run one ``graphfeed`` step; its own error line is above, so a failure is one more line, not a traceback."""
+    from graphfeed.cli.main import UsageError
+
     res = subprocess.run([sys.executable, "-m", "graphfeed.cli", *argv])
     if res.returncode != 0:
-        raise RuntimeError(f"`graphfeed {' '.join(argv)}` failed with exit code {res.returncode}")
+        raise UsageError(f"`graphfeed {' '.join(argv)}` failed with exit code {res.returncode} (its error is above)")
 
 
 def _fresh_dir(path: Path) -> Path:

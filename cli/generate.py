@@ -54,8 +54,9 @@ from graphfeed.server.partition.inputs.synth import (
 from graphfeed.server.partition.inputs.typed import write_typed_folder
 
 HELP = "write a deterministic synthetic graph (.npy layout)"
+HARD_NEG_NPY = "hard_neg_dst.npy"   # written only with --hard-negatives
 LAYOUT_FILES = ("edge_index.npy", "x.npy", "y.npy", "train_idx.npy", "val_idx.npy", "test_idx.npy", "meta.json",
-                "hard_neg_dst.npy")
+                HARD_NEG_NPY)
 TYPED_LAYOUT = (*MAG_NODE_TYPES, *(edge_type_dirname(e) for e in MAG_EDGE_TYPES), "meta.json")
 
 
@@ -80,7 +81,9 @@ def add_arguments(parser) -> None:
                              "linked to the source (-1 padding), for link loaders' num_hard_negatives; one-file "
                              "homogeneous presets")
     parser.add_argument("--skip-existing", action="store_true",
-                        help="leave a folder that already holds this preset and seed alone (exit 0)")
+                        help="leave a folder that already holds this preset and seed alone (exit 0); only what it "
+                             "misses is made (hard_neg_dst.npy for --hard-negatives, or the graph again when one of "
+                             "its files is gone)")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -134,7 +137,7 @@ def _write_homogeneous(tmp: Path, preset: str, seed: int, hard: int = 0) -> dict
     edge_index, x, y, splits = generate_preset(preset, seed=seed)
     np.save(tmp / "edge_index.npy", edge_index)
     if hard > 0:
-        np.save(tmp / "hard_neg_dst.npy", hard_negatives(edge_index, y, hard, seed=seed))
+        np.save(tmp / HARD_NEG_NPY, hard_negatives(edge_index, y, hard, seed=seed))
     np.save(tmp / "x.npy", x)
     np.save(tmp / "y.npy", y)
     for name, idx in splits.items():
@@ -168,24 +171,75 @@ def _umask() -> int:
     return mask
 
 
-def _holds(out: Path, preset: str, seed: int) -> bool:
+def _generated(out: Path, preset: str, seed: int) -> dict | None:
+    """The ``meta.json`` of ``out`` when it says ``out`` was generated from ``preset`` and ``seed``, else None."""
     try:
         meta = json.loads((out / "meta.json").read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    return meta if isinstance(meta, dict) and meta.get("preset") == preset and meta.get("seed") == seed else None
+
+
+def _missing(out: Path, meta: dict, preset: str) -> list[str]:
+    """The files of the generated graph in ``out`` that are gone (``hard_neg_dst.npy`` is optional: only
+    ``--hard-negatives`` writes it)."""
     if meta.get("chunk_edges"):
-        complete = (out / chunk_name("edge_index", 0)).is_file() and (out / "y.npy").is_file()
+        needed: tuple[str, ...] = (chunk_name("edge_index", 0), "y.npy")
     elif preset in MAG_PRESETS:
-        complete = all((out / f).exists() for f in TYPED_LAYOUT)
+        needed = TYPED_LAYOUT
     else:
-        complete = all((out / f).is_file() for f in LAYOUT_FILES)
-    return complete and meta.get("preset") == preset and meta.get("seed") == seed
+        needed = tuple(f for f in LAYOUT_FILES if f != HARD_NEG_NPY)
+    return [f for f in needed if not (out / f).exists()]
+
+
+def _hard_negatives_width(out: Path) -> int:
+    """The width K of ``out/hard_neg_dst.npy`` ([E, K]), 0 when there is none (or it cannot be read)."""
+    try:
+        array = np.load(out / HARD_NEG_NPY, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return 0
+    return int(array.shape[1]) if array.ndim == 2 else 0
+
+
+def _add_hard_negatives(out: Path, k: int, seed: int) -> None:
+    """Write ``out/hard_neg_dst.npy`` of width ``k`` for the graph already there (atomically: a temporary file,
+    then a rename), as ``generate --hard-negatives k`` writes it with the graph."""
+    edge_index, y = np.load(out / "edge_index.npy"), np.load(out / "y.npy")
+    tmp = out / f".{HARD_NEG_NPY}.tmp"
+    with open(tmp, "wb") as fh:
+        np.save(fh, hard_negatives(edge_index, y, k, seed=seed))
+    os.replace(tmp, out / HARD_NEG_NPY)
+
+
+def _skip_existing(out: Path, args) -> bool:
+    """``--skip-existing``: True when ``out`` holds this preset and seed complete (after adding what only a flag
+    makes: hard negatives); False when it must be generated (it then holds an incomplete copy of this graph, made
+    again whole -- generation is deterministic -- or something ``_check_out`` judges)."""
+    meta = _generated(out, args.preset, args.seed)
+    if meta is None:
+        return False
+    missing = _missing(out, meta, args.preset)
+    if missing:
+        print(f"{out} holds preset {args.preset!r} (seed {args.seed}) without {', '.join(missing)}: making it "
+              f"again", file=sys.stderr)
+        args.overwrite = True
+        args.hard_negatives = args.hard_negatives or _hard_negatives_width(out)   # keep what it had
+        return False
+    if args.hard_negatives and _hard_negatives_width(out) != args.hard_negatives:
+        if args.chunk_edges or meta.get("chunk_edges") or args.preset in MAG_PRESETS:
+            raise ValueError(f"--hard-negatives is for one-file homogeneous presets ({', '.join(PRESETS)}), "
+                             f"without --chunk-edges")
+        _add_hard_negatives(out, args.hard_negatives, args.seed)
+        print(f"{out} holds preset {args.preset!r} (seed {args.seed}): added {HARD_NEG_NPY} "
+              f"[E, {args.hard_negatives}]")
+        return True
+    print(f"{out} already holds preset {args.preset!r} (seed {args.seed}): up to date")
+    return True
 
 
 def run(args) -> int:
     out = Path(args.out)
-    if args.skip_existing and _holds(out, args.preset, args.seed):
-        print(f"{out} already holds preset {args.preset!r} (seed {args.seed}): up to date")
+    if args.skip_existing and _skip_existing(out, args):
         return 0
     _check_out(out, args.overwrite)
     print(f"generating preset {args.preset!r} (seed {args.seed}) ...", file=sys.stderr)

@@ -285,14 +285,22 @@ def run_bounded(args) -> int:
         return 0
     runner = (DaskRunner(args.scheduler, args.workers or 2, report.progress) if args.scheduler or args.workers
               else InProcess(report.progress))
+    scratch = Path(args.scratch) if args.scratch else output.parent / f".{output.name}.work"
     try:
         partition_chunked(graph, args.num_parts, output, method=args.method, topologies=topologies, seed=args.seed,
                           memory_limit=limit, runner=runner, scratch=args.scratch, overwrite=args.overwrite,
                           progress=report.progress, log=report.log, fennel_passes=args.fennel_passes)
-    except (InputError, TaskError) as exc:
-        scratch = args.scratch or output.parent / f".{output.name}.work"
-        raise UsageError(f"{exc} (finished chunks are kept in {scratch}: re-run the same command to continue)") \
-            from exc
+    except FileExistsError:
+        raise    # --output may not be replaced: refused before any work, main's one line says why
+    except (InputError, TaskError, OSError) as exc:
+        raise UsageError(f"{exc} ({_scratch_left(scratch, not _input_error(exc, InputError))})") from exc
+    except ValueError:
+        raise    # bad parameters (--method, --num-parts), refused before any work
+    except BaseException:    # Ctrl-C or a bug: the traceback (or "interrupted") follows this line
+        if scratch.exists():
+            print(f"graphfeed partition: the run stopped ({_scratch_left(scratch, True)})", file=sys.stderr,
+                  flush=True)
+        raise
     finally:
         runner.close()
     print(summary(output, time.perf_counter() - report.t0))
@@ -308,6 +316,25 @@ def _edge_time_hint(dropped: list[str]) -> str:
     return (f"edge times are read as edge_time: rename {', '.join(edge_times)} to "
             f"{', '.join(n[:-len('time')] + 'edge_time' for n in edge_times)}, partition again and sample with "
             f"time_attr='edge_time'")
+
+
+def _input_error(exc: BaseException, input_error: type) -> bool:
+    """Whether ``exc`` is (or, a chunk task's failure, was caused by) a problem of the input: re-running the same
+    command fails the same way until the input is fixed."""
+    return isinstance(exc, input_error) or isinstance(exc.__cause__, input_error)
+
+
+def _scratch_left(scratch: Path, resumable: bool) -> str:
+    """What to do after a failed bounded run: re-run it (``resumable``: the failure was not the input's) or fix the
+    input first, and what the run left in ``scratch``."""
+    if not resumable:
+        left = f"; this run left its scratch folder {scratch}: remove it with `rm -r {scratch}`" \
+            if scratch.exists() else ""
+        return f"an input error: re-running the same command fails the same way until the input is fixed{left}"
+    if not scratch.exists():
+        return "re-run the same command to try again"
+    return (f"finished chunks are kept in {scratch}: re-run the same command to continue, or remove them with "
+            f"`rm -r {scratch}`")
 
 
 def _check_link_types(graph, args) -> None:

@@ -5,6 +5,11 @@ sessions open, batches/bytes served, buffered batches/bytes, uptime, sampler).  
 answer is a row saying why; the exit code is 1 when any server is down or not SERVING, else 0.
 Servers are asked in parallel, each call bounded by ``--timeout``.
 
+``--wait SECONDS`` first waits (at most that long) until every server reports SERVING: a daemon just started
+with ``graphfeed serve`` takes a few seconds (maps its part, forms its workers' pool) before it answers, so a
+script that starts servers can follow with ``graphfeed status --wait 60 ...`` instead of sleeping.  At the
+bound it names the servers still not serving (stderr) and prints the table as it is then (exit 1).
+
 Security: ``--token-file``, ``--tls-ca``, ``--tls-cert``/``--tls-key``, the cluster YAML's
 ``token_file:``/``tls:`` and ``GRAPHFEED_TOKEN`` work as for ``graphfeed.client.connect``.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -48,6 +54,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("servers", nargs="+", metavar="HOST:PORT",
                         help="control addresses of the servers (or one cluster YAML with `servers:`)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call to a server (default 5)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to SECONDS for every server to report SERVING (a daemon takes a few "
+                             "seconds after `graphfeed serve` starts); default 0: ask once")
     parser.add_argument("--json", action="store_true", help="one JSON object per server instead of the table")
     parser.add_argument("--token-file", default=None, help="file with the bearer token the servers require")
     parser.add_argument("--tls-ca", default=None, help="PEM CA bundle of the servers' certificates (turns TLS on)")
@@ -58,8 +67,18 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.wait < 0:
+        raise ValueError(f"--wait must be 0 or more seconds, got {args.wait:g}")
     addresses, open_channel = _targets(args)
     with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
+        if args.wait:
+            deadline = time.monotonic() + args.wait
+            late = {a: why for a, why in zip(addresses, pool.map(
+                lambda a: wait_serving(a, open_channel, deadline, args.timeout), addresses)) if why}
+            if late:
+                print(f"graphfeed status: error: not SERVING after --wait {args.wait:g} s: "
+                      f"{'; '.join(f'{a} ({why})' for a, why in late.items())}; check that `graphfeed serve` runs "
+                      f"there and read its log", file=sys.stderr, flush=True)
         rows = list(pool.map(lambda a: probe(a, open_channel, args.timeout), addresses))
     if args.json:
         for row in rows:
@@ -95,6 +114,32 @@ def _targets(args):
             raise UsageError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
     security = from_cluster(cluster, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key)
     return parse_cluster(cluster), security.channel
+
+
+def wait_serving(address: str, open_channel, deadline: float, timeout: float) -> str:
+    """Ask ``address``'s health until it reports SERVING or ``deadline`` (``time.monotonic()``) passes: "" once it
+    serves, else the last reason it did not.  Each try is a fresh channel (it connects at once, not after gRPC's
+    growing reconnect back-off), bounded by ``timeout`` and the deadline."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    why = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return why
+        try:
+            with open_channel(address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=CONTROL_SERVICE), timeout=min(timeout, left, 2.0),
+                    wait_for_ready=True)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return ""
+            why = f"health {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            why = "unreachable" if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                else _rpc_error(exc)[1]
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 def probe(address: str, open_channel, timeout: float) -> ServerRow:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,45 @@ def test_status_bad_address_is_a_usage_error():
     done = _status_cli("not-an-address")
     assert done.returncode == 2
     assert "not host:port" in done.stderr and "Traceback" not in done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_wait_answers_once_a_server_just_started_serves(parts_dir, tmp_path):
+    """``serve`` then at once ``status --wait``: no sleep in between, exit 0 once the daemon serves."""
+    port = _free_port()
+    with open(tmp_path / "serve.log", "w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "graphfeed.cli", "serve", "--partition", str(parts_dir),
+                                   "--part", "0", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                                  env=hermetic_env({"GRAPHFEED_TOKEN": ""}), start_new_session=True)
+    try:
+        done = _status_cli("--wait", "50", f"127.0.0.1:{port}")
+        assert done.returncode == 0, done.stdout + done.stderr + (tmp_path / "serve.log").read_text()[-2000:]
+        row = next(line for line in done.stdout.splitlines() if line.startswith(f"127.0.0.1:{port}"))
+        assert row.split()[1:3] == ["SERVING", "0/2"], row
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        code = server.wait(60)
+    assert code == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def test_status_wait_gives_up_at_its_bound_naming_the_server(capsys):
+    parser = argparse.ArgumentParser()
+    status.add_arguments(parser)
+    address = f"127.0.0.1:{_free_port()}"    # nobody listens there
+    start = time.monotonic()
+    code = status.run(parser.parse_args(["--wait", "1.5", "--timeout", "1", address]))
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 1 and 1.5 <= took < 10, took
+    assert err.startswith("graphfeed status: error: not SERVING after --wait 1.5 s") and address in err
+    assert "unreachable" in err and "graphfeed serve" in err and len(err.strip().splitlines()) == 1, err
+    assert "DOWN" in out and "1 server(s), 1 down" in out
+    with pytest.raises(ValueError, match="--wait must be 0 or more"):
+        status.run(parser.parse_args(["--wait", "-1", address]))

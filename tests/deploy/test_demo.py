@@ -155,3 +155,18 @@ def test_ctrl_c_during_training_exits_130_and_leaves_no_process(tmp_path):
     assert "interrupted" in demo.stderr_path.read_text(errors="replace"), demo.output()
     assert not any(TEST_LINE.match(line) for line in demo.lines), "training must not have finished"
     assert not demo.survivors(), demo.survivors()
+
+
+def test_demo_twice_in_one_workdir_reuses_the_graph_and_partition(tmp_path):
+    """What a newcomer does pasting the README's quick start and then the tour's ``graphfeed demo``."""
+    runs = []
+    for _ in range(2):
+        demo = DemoRun(tmp_path / "demo", *DEMO_ARGS, "--epochs", "1")
+        code = demo.wait(RUN_BOUND_S)
+        assert code == 0, f"demo exit code {code}:\n{demo.output()}"
+        assert sum(1 for line in demo.lines if TEST_LINE.match(line)) == 1, demo.output()
+        assert not demo.survivors(), demo.survivors()
+        runs.append(demo)
+    second = "\n".join(runs[1].lines)
+    assert "already holds preset 'tiny' (seed 0): up to date" in second, runs[1].output()
+    assert "is up to date (same input and parameters); nothing to do" in second, runs[1].output()

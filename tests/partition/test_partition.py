@@ -210,6 +210,30 @@ def test_generate_cli_writes_npy_layout(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_generate_skip_existing_skips_what_exists_and_makes_only_what_is_missing(tmp_path, capsys):
+    """``graphfeed demo`` twice in one clone: its ``generate --skip-existing`` must skip the graph it made."""
+    out = tmp_path / "g"
+    args = ["generate", "--preset", "tiny", "--out", str(out), "--skip-existing"]
+    assert main(args) == 0 and "wrote" in capsys.readouterr().out
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert main(args) == 0 and "up to date" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps, "nothing rewritten"
+    # only the hard negatives are missing: they are added, as generate --hard-negatives writes them
+    assert main([*args, "--hard-negatives", "3"]) == 0 and "added hard_neg_dst.npy" in capsys.readouterr().out
+    assert main(["generate", "--preset", "tiny", "--out", str(tmp_path / "h"), "--hard-negatives", "3"]) == 0
+    assert (out / "hard_neg_dst.npy").read_bytes() == (tmp_path / "h" / "hard_neg_dst.npy").read_bytes()
+    assert main([*args, "--hard-negatives", "3"]) == 0 and "up to date" in capsys.readouterr().out
+    # a file of the graph is gone: the graph is made again (the same bytes: generation is deterministic)
+    before = (out / "x.npy").read_bytes()
+    (out / "val_idx.npy").unlink()
+    assert main(args) == 0
+    assert "without val_idx.npy: making it again" in capsys.readouterr().err
+    assert (out / "val_idx.npy").is_file() and (out / "x.npy").read_bytes() == before
+    # another preset or seed is not skipped, and not replaced without --overwrite
+    assert main([*args[:-1], "--seed", "1", "--skip-existing"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
 def test_cli_end_to_end_subprocess(tiny_graph_dir, tmp_path):
     exe = Path(sys.executable).with_name("graphfeed")
     out = tmp_path / "parts"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from graphfeed.bench.partition_cut import edge_cut
 from graphfeed.cli.main import main
@@ -27,6 +28,7 @@ from graphfeed.server.partition.build.runner import KILL_AFTER_ENV
 from graphfeed.server.partition.format.layout import PartitionPaths, read_meta
 from graphfeed.server.partition.inputs.chunked import chunk_files_of, is_chunked_folder, open_chunked
 from graphfeed.server.partition.inputs.graph import fingerprint
+from graphfeed.server.partition.inputs.reader import read_graph
 from graphfeed.server.partition.inputs.synth import generate_chunked, generate_mag_preset
 from graphfeed.server.partition.inputs.typed import write_typed_folder
 
@@ -112,6 +114,33 @@ def test_bounded_parts_identical_to_in_memory(npy_chunks, reference, tmp_path):
     partition_chunked(graph, 3, out, method="random", topologies=("csc", "csr"), seed=7, memory_limit=limit)
     _same_files(reference, out)
     assert not (tmp_path / ".parts.work").exists()   # the scratch folder is removed after success
+
+
+def test_featureless_chunked_graph_identical_to_the_one_file_layout(tmp_path):
+    """No x chunks (labels give the node count; or num_nodes.npy): the bounded path stores no x, byte-identical
+    to the in-memory path reading the same graph as one-file .npy arrays (and as a torch Data without x)."""
+    arrays = {k: v for k, v in _arrays().items() if k in ("edge_index", "y", "train_idx", "val_idx", "test_idx")}
+    chunks = _write_npy_chunks(tmp_path / "chunks", arrays)
+    graph = open_chunked(chunks)
+    assert graph.num_nodes == N and "x" not in graph.nodes["_N"].fields
+    partition_chunked(graph, 3, tmp_path / "bounded", method="random", seed=7, memory_limit=parse_bytes("200MB"))
+    assert "x" not in read_meta(tmp_path / "bounded").features["_N"]
+    one_file = tmp_path / "one-file"
+    one_file.mkdir()
+    for name, value in arrays.items():
+        np.save(one_file / f"{name}.npy", value)
+    whole = read_graph(one_file)
+    assert whole.x is None and whole.fingerprint == graph.fingerprint
+    partition_graph(whole, 3, tmp_path / "in-memory", method="random", seed=7)
+    _same_files(tmp_path / "in-memory", tmp_path / "bounded")
+    # the count from num_nodes.npy alone (unlabelled), and from a torch Data's num_nodes
+    (one_file / "y.npy").unlink()
+    np.save(one_file / "num_nodes.npy", np.int64(N))
+    assert read_graph(one_file).num_nodes == N and read_graph(one_file).y is None
+    data = {"edge_index": torch.from_numpy(arrays["edge_index"]), "num_nodes": N,
+            "train_idx": torch.from_numpy(arrays["train_idx"])}
+    torch.save(data, tmp_path / "data.pt")
+    assert read_graph(tmp_path / "data.pt").num_nodes == N
 
 
 def test_manifest_and_parquet_layouts_give_the_same_parts(npy_chunks, reference, tmp_path):

@@ -53,7 +53,8 @@ def _partition_error(capsys, *args) -> str:
 
 
 BAD_INPUTS = {
-    "missing x": (dict(x=None), ["x.npy is missing", "edge_index.npy, x.npy, train_idx.npy"]),
+    "missing x and y": (dict(x=None, y=None), ["node count is unknown", "x.npy [N, F]", "num_nodes.npy"]),
+    "num_nodes disagrees": (dict(x=None, num_nodes=np.int64(N + 1)), ["num_nodes.npy gives 51 nodes", "y.npy"]),
     "missing edges": (dict(edge_index=None), ["edge_index.npy is missing"]),
     "edges [E, 2]": (dict(edge_index=np.zeros((E, 2), dtype=np.int64)), ["shape [2, E]", "transpose"]),
     "edges float": (dict(edge_index=np.zeros((2, E), dtype=np.float32)), ["edge_index.npy", "integer", "int64"]),
@@ -171,7 +172,7 @@ def test_torch_input_errors(tmp_path, capsys):
     out = tmp_path / "out"
     ei = torch.randint(0, N, (2, E))
     cases = {
-        "no_x.pt": (Data(edge_index=ei, y=torch.zeros(N, dtype=torch.long), num_nodes=N), "attribute x is missing"),
+        "no_x.pt": (Data(edge_index=ei, train_mask=torch.ones(N, dtype=torch.bool)), "node count is unknown"),
         "no_train.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long)),
                         "train_mask is missing"),
         "bad_mask.pt": (Data(x=torch.zeros(N, 2), edge_index=ei, y=torch.zeros(N, dtype=torch.long),
@@ -233,3 +234,106 @@ def test_crash_mid_write_never_leaves_a_loadable_folder(tmp_path):
     # the next run into the same output removes the dead run's leftovers
     partition_graph(read_graph(folder), 2, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
+
+
+# ---------------------------------------------------------------------------------- non-numeric columns, scratch
+
+def _chunked_folder(folder, x):
+    """A small chunked graph (two edge chunks) whose ``x`` chunk is ``x``."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    edge_index = rng.integers(0, N, (2, E)).astype(np.int64)
+    np.save(folder / "edge_index_00000.npy", edge_index[:, :E // 2])
+    np.save(folder / "edge_index_00001.npy", edge_index[:, E // 2:])
+    np.save(folder / "x_00000.npy", x, allow_pickle=True)
+    np.save(folder / "train_idx.npy", np.arange(10))
+    return folder
+
+
+def _parquet_strings(folder):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    folder.mkdir()
+    edge_index = np.random.default_rng(0).integers(0, N, (2, E))
+    pq.write_table(pa.table({"src": edge_index[0], "dst": edge_index[1]}), folder / "edges-0.parquet")
+    pq.write_table(pa.table({"x": [f"{i}.0" for i in range(N)], "y": np.zeros(N, np.int64)}),
+                   folder / "nodes-0.parquet")
+    np.save(folder / "train_idx.npy", np.arange(10))
+    return folder
+
+
+def _npy_objects(folder):
+    _write_graph(folder, x=None)
+    np.save(folder / "x.npy", np.array([[object()]] * N), allow_pickle=True)
+
+
+NON_NUMERIC = {
+    "parquet x of strings": (_parquet_strings, ["nodes-0.parquet: column x holds", "not numbers", "float32"]),
+    "npy x of objects": (_npy_objects, ["x.npy holds Python objects", "astype('float32')"]),
+    "x chunk of strings": (lambda f: _chunked_folder(f, np.array([["a"]] * N)),
+                           ["x_00000.npy of x holds strings", "astype('float32')"]),
+    "x chunk of objects": (lambda f: _chunked_folder(f, np.array([[object()]] * N)),
+                           ["x_00000.npy holds Python objects", "astype('float32')"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NON_NUMERIC))
+def test_non_numeric_column_fails_before_any_work(tmp_path, capsys, case):
+    write, expected = NON_NUMERIC[case]
+    write(tmp_path / "in")
+    err = _partition_error(capsys, tmp_path / "in", "-p", 2, "-o", tmp_path / "out")
+    for text in expected:
+        assert text in err, (text, err)
+    assert "re-run" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], "no output and no scratch folder"
+
+
+def _bounded_error(capsys, folder, out) -> str:
+    return _partition_error(capsys, folder, "-p", 2, "-o", out, "--method", "random", "--memory-limit", "200MB")
+
+
+def test_input_error_found_mid_run_says_to_fix_the_input_and_names_the_scratch(tmp_path, capsys):
+    edge_index = np.random.default_rng(0).integers(0, N, (2, E))
+    edge_index[1, E - 3] = N + 5                                     # in the second chunk
+    folder = _chunked_folder(tmp_path / "in", np.zeros((N, 2), np.float32))
+    np.save(folder / "edge_index_00001.npy", edge_index[:, E // 2:])
+    err = _bounded_error(capsys, folder, tmp_path / "out")
+    scratch = tmp_path / ".out.work"
+    assert "edge_index_00001.npy" in err and str(N + 5) in err
+    assert "fails the same way until the input is fixed" in err and "re-run the same command to continue" not in err
+    assert f"rm -r {scratch}" in err and scratch.is_dir()
+
+
+def test_resumable_failure_says_re_run_names_the_scratch_and_the_re_run_finishes(tmp_path, capsys, monkeypatch):
+    from graphfeed.server.partition.build import bounded
+
+    folder = _chunked_folder(tmp_path / "in", np.zeros((N, 2), np.float32))
+    real = bounded.write_rows
+
+    def full_disk(path, row, array):
+        if "orig_id" in str(path):
+            raise OSError(28, "No space left on device (simulated)")
+        real(path, row, array)
+
+    monkeypatch.setattr(bounded, "write_rows", full_disk)
+    err = _bounded_error(capsys, folder, tmp_path / "out")
+    scratch = tmp_path / ".out.work"
+    assert "No space left on device" in err
+    assert f"finished chunks are kept in {scratch}: re-run the same command to continue" in err
+    assert f"rm -r {scratch}" in err and scratch.is_dir()
+    monkeypatch.setattr(bounded, "write_rows", real)
+    assert main(["partition", str(folder), "-p", "2", "-o", str(tmp_path / "out"), "--method", "random",
+                 "--memory-limit", "200MB", "-q"]) == 0
+    assert read_meta(tmp_path / "out").num_parts == 2 and not scratch.exists()
+
+
+def test_a_run_stopped_by_an_unexpected_error_names_its_scratch(tmp_path, capsys, monkeypatch):
+    from graphfeed.server.partition.build import bounded
+
+    folder = _chunked_folder(tmp_path / "in", np.zeros((N, 2), np.float32))
+    monkeypatch.setattr(bounded, "write_rows", lambda *a: (_ for _ in ()).throw(RuntimeError("a bug (simulated)")))
+    with pytest.raises(RuntimeError, match="simulated"):
+        main(["partition", str(folder), "-p", "2", "-o", str(tmp_path / "out"), "--method", "random",
+              "--memory-limit", "200MB", "-q"])
+    scratch = tmp_path / ".out.work"
+    assert f"the run stopped (finished chunks are kept in {scratch}" in capsys.readouterr().err

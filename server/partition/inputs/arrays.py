@@ -31,7 +31,40 @@ def load_npy(file: Path, required: bool, missing_hint: str = "") -> np.ndarray |
     try:
         return np.load(file, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{file} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+        raise InputError(unreadable_npy(file, exc, "re-save it with numpy.save")) from exc
+
+
+def unreadable_npy(file: Path | str, exc: Exception, fix: str) -> str:
+    """Why ``file`` could not be loaded, in one line: an array of Python objects (strings, mixed values) is named as
+    such with the conversion to numbers; anything else with ``exc`` and ``fix``."""
+    dtype = npy_dtype(file)
+    if dtype is not None and dtype.hasobject:
+        return (f"{file} holds Python objects (dtype object), not numbers: graphfeed reads numeric arrays only; "
+                f"convert it and save it again, e.g. numpy.save(path, array.astype('float32')) for features or "
+                f"'int64' for ids and labels")
+    return f"{file} is not a readable .npy array ({exc}); {fix}"
+
+
+def npy_dtype(file: Path | str) -> np.dtype | None:
+    """The dtype in a ``.npy`` file's header, or None when the header cannot be read."""
+    try:
+        with open(file, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            return read(fh)[2]
+    except (ValueError, OSError, EOFError):
+        return None
+
+
+def check_numeric_dtype(dtype, w: str, fix: str) -> None:
+    """InputError unless ``dtype`` is a number or bool type (strings and objects are refused before any work: a
+    partition stores numbers); ``w`` names the file or column, ``fix`` says how to convert it."""
+    dtype = np.dtype(dtype)
+    if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        kind = "strings" if dtype.kind in "US" else "Python objects (e.g. strings)" if dtype.hasobject else \
+            f"{dtype} values"
+        raise InputError(f"{w} holds {kind}, not numbers (dtype {dtype}): graphfeed partitions numeric columns "
+                         f"only; {fix}")
 
 
 def torch_load(file: Path, allow_pickle: bool):
@@ -114,6 +147,35 @@ def check_edge_index_shape(edge_index: np.ndarray, w: str) -> np.ndarray:
 
 def id_range(ids: np.ndarray) -> tuple[int, int] | None:
     return (int(ids.min()), int(ids.max())) if ids.size else None
+
+
+def node_count(sources: list[tuple[str, np.ndarray | int | None]], what: str, hint: str) -> int:
+    """The node count that ``sources`` -- (where, array) pairs of ``x``, ``y`` (their rows) and ``num_nodes`` (a 0-d
+    integer), None where absent -- agree on; InputError when none is given (``hint`` says how to give it) or two
+    disagree (``what`` names the graph or node type)."""
+    counts = [(w, _check_num_nodes(a, w) if name == "num_nodes" else _rows(a))
+              for name, (w, a) in zip(("x", "y", "num_nodes"), sources) if a is not None]
+    if not counts:
+        raise InputError(f"{what} has no x, y or num_nodes, so its node count is unknown; {hint}")
+    (first, n), *others = counts
+    for w, count in others:
+        if count != n:
+            raise InputError(f"{w} gives {count} nodes but {first} gives {n}: every array of {what} "
+                             f"needs one row per node (same order); fix the one that is wrong")
+    return n
+
+
+def _rows(array) -> int:
+    array = np.asarray(array)
+    return int(array.shape[0]) if array.ndim else 0
+
+
+def _check_num_nodes(value, w: str) -> int:
+    array = np.asarray(value)
+    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer) or int(array) < 0:
+        raise InputError(f"{w} must be a non-negative integer scalar (0-d int64), got {array.dtype} "
+                         f"{list(array.shape)}; save it with numpy.save(path, numpy.int64(N))")
+    return int(array)
 
 
 def check_x(x: np.ndarray, w: str) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from graphfeed.core.columns import INPUT_COLUMNS, OTHER_INPUT_COLUMNS
 from graphfeed.core.constants import SPLITS
 from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, DEFAULT_NODE_TYPE, edge_type_dirname
-from graphfeed.server.partition.inputs.arrays import InputError, check_split
+from graphfeed.server.partition.inputs.arrays import InputError, check_split, unreadable_npy
 from graphfeed.server.partition.inputs.chunks import ArrayChunks, chunk_classes, hash_chunks, npy_chunks, parquet_fields
 from graphfeed.server.partition.inputs.graph import EdgeType, EdgeTypeInput, GraphInput, NodeTypeInput, TypedView
 
@@ -109,10 +109,10 @@ class ChunkedGraph(TypedView):
                  for etype, e in self.edges.items()}
         if self.is_homogeneous:
             n, e = nodes[DEFAULT_NODE_TYPE], edges[DEFAULT_EDGE_TYPE]
-            graph = GraphInput(e.edge_index, n.x if n.x is not None else np.zeros((n.num_nodes, 0), np.float32),
-                               n.y, self.splits, e.edge_attr, name=self.name, num_classes=self.num_classes,
-                               edge_weight=e.edge_weight, edge_time=e.edge_time,
-                               node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS})
+            graph = GraphInput(e.edge_index, n.x, n.y, self.splits, e.edge_attr, name=self.name,
+                               num_classes=self.num_classes, edge_weight=e.edge_weight, edge_time=e.edge_time,
+                               node_columns={c.name: n.column(c.name) for c in OTHER_INPUT_COLUMNS},
+                               num_nodes=n.num_nodes)
         else:
             graph = GraphInput.typed(nodes, edges, self.splits, self.label_type, name=self.name,
                                      num_classes=self.num_classes)
@@ -157,7 +157,7 @@ def open_chunked(folder: str | os.PathLike, *, with_fingerprint: bool = True) ->
     else:
         fields = _folder_fields(folder, manifest)
         graph = _assemble({DEFAULT_NODE_TYPE: _node_fields(fields)}, {DEFAULT_EDGE_TYPE: _edge_fields(fields)},
-                          _splits_of(folder, manifest), folder)
+                          _splits_of(folder, manifest), folder, _count_of(folder, manifest))
         graph.dropped = [] if manifest else _unread_files(folder)
     graph.name = _name_of(folder)
     if with_fingerprint:
@@ -202,7 +202,7 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
             if name in NODE_FIELDS + EDGE_FIELDS:
                 paths = [files] if isinstance(files, str) else list(files)
                 fields[name] = npy_chunks(name, [folder / p for p in paths])
-        return fields
+        return _numeric(fields)
     groups: dict[str, list[Path]] = {}
     for p in sorted(folder.glob("*.npy")):
         m = _CHUNK_RE.match(p.name)
@@ -212,6 +212,13 @@ def _folder_fields(folder: Path, manifest: dict) -> dict[str, ArrayChunks]:
             groups.setdefault(p.stem, []).append(p)
     fields = {name: npy_chunks(name, paths) for name, paths in groups.items()}
     fields.update(parquet_fields(folder))
+    return _numeric(fields)
+
+
+def _numeric(fields: dict[str, ArrayChunks]) -> dict[str, ArrayChunks]:
+    """``fields``, each checked to hold numbers (:meth:`ArrayChunks.check_numeric`)."""
+    for chunks in fields.values():
+        chunks.check_numeric()
     return fields
 
 
@@ -249,7 +256,7 @@ def _splits_of(folder: Path, manifest: dict, named_only: bool = False) -> dict[s
             try:
                 out[split] = np.load(path, allow_pickle=False)
             except (ValueError, OSError, EOFError) as exc:
-                raise InputError(f"{path} is not a readable .npy array ({exc}); re-save it with numpy.save") from exc
+                raise InputError(unreadable_npy(path, exc, "re-save it with numpy.save")) from exc
         elif parquet.is_file() and not named_only:
             import pyarrow.parquet as pq
             out[split] = pq.read_table(parquet).column(0).to_numpy()
@@ -306,14 +313,24 @@ def _node_type(ntype: str, fields: dict[str, ArrayChunks], count: int | None) ->
     return ChunkedNodeType(next(iter(sizes.values())), fields)
 
 
+def _count_of(folder: Path, manifest: dict) -> int | None:
+    """A folder's (or manifest's) explicit node count, ``num_nodes.npy`` / ``"num_nodes"``: None when not given."""
+    if "num_nodes" in manifest:
+        return int(manifest["num_nodes"])
+    path = folder / "num_nodes.npy"
+    return int(np.load(path, allow_pickle=False)) if path.is_file() else None
+
+
 def _assemble(nodes_raw: dict[str, dict[str, ArrayChunks]], edges_raw: dict[EdgeType, dict[str, ArrayChunks]],
-              splits: dict[str, np.ndarray], folder: Path) -> ChunkedGraph:
-    if "x" not in nodes_raw[DEFAULT_NODE_TYPE] or "edge_index" not in edges_raw[DEFAULT_EDGE_TYPE]:
+              splits: dict[str, np.ndarray], folder: Path, count: int | None = None) -> ChunkedGraph:
+    node = nodes_raw[DEFAULT_NODE_TYPE]
+    if "edge_index" not in edges_raw[DEFAULT_EDGE_TYPE] or not ("x" in node or "y" in node or count is not None):
         raise InputError(f"chunked input {folder} needs edge_index chunks (edge_index_00000.npy, ... or "
-                         f"edges*.parquet with src, dst) and x chunks (x_00000.npy, ... or nodes*.parquet)")
+                         f"edges*.parquet with src, dst) and x chunks (x_00000.npy, ... or nodes*.parquet; a "
+                         f"featureless graph: y chunks or num_nodes.npy instead)")
     if splits.get("train") is None:
         raise InputError(f"{folder / 'train_idx.npy'} is missing: give the training node ids")
-    nodes = {DEFAULT_NODE_TYPE: _node_type(DEFAULT_NODE_TYPE, nodes_raw[DEFAULT_NODE_TYPE], None)}
+    nodes = {DEFAULT_NODE_TYPE: _node_type(DEFAULT_NODE_TYPE, node, count)}
     return _assemble_typed(nodes, edges_raw, splits, DEFAULT_NODE_TYPE, folder)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from graphfeed.core.columns import INPUT_COLUMNS
-from graphfeed.server.partition.inputs.arrays import InputError
+from graphfeed.server.partition.inputs.arrays import InputError, check_numeric_dtype, unreadable_npy
 
 HASH_ROWS_BYTES = 1 << 26   # bytes of rows read at a time by the passes over a whole field (hash, classes)
 
@@ -44,6 +44,21 @@ class ArrayChunks:
     @property
     def rows(self) -> int:
         return sum(f.rows for f in self.files)
+
+    def check_numeric(self) -> None:
+        """InputError naming the first file (and Parquet column) unless the field holds numbers: checked when the
+        graph is opened, so a string column fails before any work (and before a scratch folder exists)."""
+        first = self.files[0] if self.files else None
+        if first is None:
+            return
+        if first.column:
+            w = f"chunk {first.path}: column {first.column}"
+            fix = (f"convert column {first.column} to numbers in every file (features float32: a list<float32> "
+                   f"column or one x0, x1, ... column per feature; ids and labels int64) and re-export")
+        else:
+            w = f"chunk {first.path} of {self.name}"
+            fix = f"save every {self.name} chunk as numbers, e.g. numpy.save(path, chunk.astype('float32'))"
+        check_numeric_dtype(self.dtype, w, fix)
 
     @property
     def is_edge_index(self) -> bool:
@@ -157,7 +172,7 @@ def npy_chunks(name: str, paths: list[Path]) -> ArrayChunks:
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"chunk {path} of {name} is not a readable .npy array ({exc}); re-export it") from exc
+            raise InputError(f"chunk {unreadable_npy(path, exc, 're-export it')} (field {name})") from exc
         if name == "edge_index":
             if array.ndim != 2 or array.shape[0] != 2 or not np.issubdtype(array.dtype, np.integer):
                 raise InputError(f"chunk {path} of edge_index has shape {list(array.shape)} and dtype {array.dtype}; "

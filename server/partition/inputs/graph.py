@@ -128,15 +128,21 @@ class _OnlyType(Generic[T]):
 class GraphInput(TypedView):
     """A graph to partition (see the module docstring); original ids are per-type row positions."""
 
-    def __init__(self, edge_index: np.ndarray, x: np.ndarray, y: np.ndarray | None, splits: dict[str, np.ndarray],
+    def __init__(self, edge_index: np.ndarray, x: np.ndarray | None, y: np.ndarray | None,
+                 splits: dict[str, np.ndarray],
                  edge_attr: np.ndarray | None = None, name: str = "", fingerprint: str = "", num_classes: int = 0,
                  edge_weight: np.ndarray | None = None, node_time: np.ndarray | None = None,
-                 edge_time: np.ndarray | None = None, node_columns: dict[str, np.ndarray | None] | None = None):
-        """The homogeneous graph: ``x`` [N, F], ``y`` [N, ...] or None (unlabelled), ``edge_index`` [2, E],
+                 edge_time: np.ndarray | None = None, node_columns: dict[str, np.ndarray | None] | None = None,
+                 num_nodes: int | None = None):
+        """The homogeneous graph: ``x`` [N, F] or None (featureless: ``num_nodes`` gives N), ``y`` [N, ...] or None
+        (unlabelled), ``edge_index`` [2, E],
         ``splits`` of node ids; optional sampling weights ``edge_weight`` [E] and timestamps ``node_time`` [N]
         and ``edge_time`` [E] (int64); ``node_columns``: other stored node columns by name."""
         given = {name: a for name, a in (node_columns or {}).items() if a is not None}
-        node = NodeTypeInput(int(x.shape[0]), x, y, **{TIME: node_time, **given})
+        count = int(x.shape[0]) if x is not None else num_nodes
+        if count is None:
+            raise ValueError("a featureless graph (x=None) needs num_nodes")
+        node = NodeTypeInput(count, x, y, **{TIME: node_time, **given})
         self._set({DEFAULT_NODE_TYPE: node},
                   {DEFAULT_EDGE_TYPE: EdgeTypeInput(edge_index, edge_attr, edge_weight, edge_time)},
                   splits, DEFAULT_NODE_TYPE, name, fingerprint, num_classes)

@@ -259,26 +259,9 @@ def _check_node_type(ntype: str, raw: RawNodeType) -> tuple[NodeTypeInput, dict[
 
 def _node_count(ntype: str, raw: RawNodeType) -> int:
     """The type's node count: rows of x, entries of y and num_nodes must agree (one of them is required)."""
-    sources = [(raw.where(name), int(a.shape[0])) for name, a in (("x", raw.x), ("y", raw.y)) if a is not None]
-    if raw.num_nodes is not None:
-        sources.append((raw.where("num_nodes"), _check_num_nodes(raw.num_nodes, raw.where("num_nodes"))))
-    if not sources:
-        raise InputError(f"node type {ntype!r} has no x, y or num_nodes, so its node count is unknown; "
-                         f"{raw.num_nodes_hint}")
-    (first, n), *others = sources
-    for w, count in others:
-        if count != n:
-            raise InputError(f"{w} gives {count} nodes but {first} gives {n}: every array of node type {ntype!r} "
-                             f"needs one row per node (same order); fix the one that is wrong")
-    return n
-
-
-def _check_num_nodes(value, w: str) -> int:
-    array = np.asarray(value)
-    if array.ndim != 0 or not np.issubdtype(array.dtype, np.integer) or int(array) < 0:
-        raise InputError(f"{w} must be a non-negative integer scalar (0-d int64), got {array.dtype} "
-                         f"{list(array.shape)}; save it with numpy.save(path, numpy.int64(N))")
-    return int(array)
+    return arrays.node_count([(raw.where(name), a) for name, a in (("x", raw.x), ("y", raw.y),
+                                                                  ("num_nodes", raw.num_nodes))],
+                             f"node type {ntype!r}", raw.num_nodes_hint)
 
 
 def _check_edge_type(etype: EdgeType, raw: RawEdgeType, counts: dict[str, int]) -> EdgeTypeInput:
