@@ -20,8 +20,10 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
+from graphfeed.client.served import ServersServed
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
 from graphfeed.core.compat import check_not_graph, take_loader_extras
+from graphfeed.core.data_check import check_data, take_data_check
 from graphfeed.core.embedding import EmbeddingSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
@@ -169,12 +171,14 @@ class Client:
         (documented there once: ``batch_size``, ``shuffle``, ``replace``, ``feature_dtype``, ``ordered``,
         ``feature_cache_mb``, ...).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
         With ``shuffle=False`` over ids or every node the seeds come in input order, as PyG's
-        (``ordered=None``).  A ``Data`` as first argument (PyG's ``NeighborLoader(data, ...)``) is a
-        TypeError saying to drop it.
+        (``ordered=None``).  ``data=data`` (the script's ``Data``/``HeteroData``, PyG's first argument) is
+        checked against what the servers serve (:mod:`graphfeed.core.data_check`; ``verify=False`` warns
+        instead of refusing); a ``Data`` as first argument is a TypeError saying where it goes.
         """
         check_not_graph(input_nodes, "neighbor_loader's first argument (input_nodes)",
                         "NeighborLoader(data, num_neighbors=..., input_nodes=X) is "
-                        "client.neighbor_loader(input_nodes=X, num_neighbors=...)")
+                        "client.neighbor_loader(input_nodes=X, num_neighbors=..., data=data) (data= is checked "
+                        "against the servers' graph)")
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
@@ -182,14 +186,15 @@ class Client:
         spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
         return self.open_loader(spec, **own)
 
-    def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
+    def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index=None,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
                              num_hard_negatives: int | None = None,
                              **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``, or the edge
-        type alone / ``(edge type, None)`` for every edge of the type (listed by the servers); or a link
+        type alone / ``(edge type, None)`` for every edge of the type (listed by the servers); None (PyG's
+        default): every edge of the graph's one edge type; or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge,
@@ -198,7 +203,7 @@ class Client:
         ValueError (one line, naming the argument) for bad input."""
         check_not_graph(num_neighbors, "link_neighbor_loader's first argument (num_neighbors)",
                         "LinkNeighborLoader(data, num_neighbors=..., edge_label_index=...) is "
-                        "client.link_neighbor_loader(num_neighbors=..., edge_label_index=...)")
+                        "client.link_neighbor_loader(num_neighbors=..., edge_label_index=..., data=data)")
         self._check_usable()
         if num_neighbors is None:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
@@ -269,6 +274,9 @@ class Client:
         how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`)."""
         self._check_usable()
         options = dict(options)
+        data, verify = take_data_check(options)
+        if data is not None:   # the script's own copy of the graph, against what the servers serve
+            check_data(data, ServersServed(self), transform=options.get("transform"), verify=verify)
         transforms = take_loader_extras(options, spec.kind or "nodes")   # transform=, num_workers=, ...
         self._close_orphans()
         try:
