@@ -32,7 +32,7 @@ Rules (see docs/concepts.md, "Epoch contract"):
 
 ``pack_partial`` (a loader's default; not with ``ordered=False`` given by name, which keeps every batch on one
 part): without ``drop_last`` too, the partial chunks (each part's remainder) are packed as ``drop_last``
-packs them, and the seeds left over make one last, smaller batch.  An epoch then has PyG's
+packs them, and the seeds left over make the last batch of the order (the one smaller batch, as PyG's).  An epoch then has PyG's
 ``ceil(T / batch_size)`` batches (not ``sum over parts of ceil(T_p / batch_size)``), and with ``W`` ranks
 each rank PyG's ``ceil(ceil(T / W) / batch_size)`` (splitting, as above, where ``W`` does not divide them);
 at most ``P`` batches take seeds of several parts.
@@ -134,13 +134,15 @@ def _drop_last_plan(chunks: list[Piece], batch_size: int, world_size: int, num_p
 
 def _packed_plan(chunks: list[Piece], batch_size: int, world_size: int, num_parts: int, *, seed: int, epoch: int,
                  shuffle: bool) -> list[BatchSpec]:
-    """The ``pack_partial`` plan without ``drop_last`` (module doc): the full chunks, the partial ones packed
-    into full batches and one last partial batch, shuffled, then split until ``W`` divides their number."""
+    """The ``pack_partial`` plan without ``drop_last`` (module doc): the full chunks and the partial ones packed
+    into full batches (shuffled), then the seeds left over as the last batch (as PyG's last batch is the
+    partial one), then split until ``W`` divides their number."""
     batches: list[tuple[Piece, ...]] = [(c,) for c in chunks if c[2] - c[1] == batch_size]
     packed, left = _pack([c for c in chunks if c[2] - c[1] < batch_size], batch_size)
-    batches += packed + ([tuple(left)] if left else [])
+    batches += packed
     if shuffle and batches:
         batches = _shuffled(batches, seed, epoch)
+    batches += [tuple(left)] if left else []
     total = sum(_seeds_in(b) for b in batches)
     wanted = -(-len(batches) // world_size) * world_size
     if wanted > total:  # splitting would have to create empty batches
