@@ -69,8 +69,8 @@ def test_len_is_pyg_s_for_hierarchical_sampling_s_arguments(shared_graph, shared
                                                            batch_size):
     """hierarchical_sampling.py: ``input_nodes=data.train_mask, shuffle=True`` (there 1 batch, not 1 per part)."""
     mask = _mask(shared_graph)
+    want = _pyg_len(shared_graph, input_nodes=mask, batch_size=batch_size, shuffle=True)
     args = dict(batch_size=batch_size, shuffle=True, seed=1)
-    want = _pyg_len(shared_graph, input_nodes=mask, **args)
     local = LocalNeighborLoader(shared_parts, FANOUTS, input_nodes=mask, **args)
     with connect([s.address for s in shared_cluster], timeout=60) as client:
         remote = client.neighbor_loader(mask, FANOUTS, **args)
