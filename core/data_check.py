@@ -15,7 +15,7 @@ remote loader's reads ``node_rows`` on every server, the local loader's reads it
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 
@@ -34,7 +34,7 @@ class DataMismatchWarning(UserWarning):
 class ServedGraph(Protocol):
     """What a loader serves, as far as the check reads it."""
 
-    node_types: Sequence[str]
+    node_types: list[str]
     label_type: str
 
     def num_nodes(self, ntype: str) -> int: ...

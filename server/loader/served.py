@@ -26,11 +26,13 @@ class PartsServed:
     def rows(self, ntype: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stored ``x``/``y`` of original ids ``ids`` (in order), gathered part by part."""
         out: dict[str, torch.Tensor] = {}
-        for part, source in zip(self.graph.parts, self.graph.sources):
-            mask, gids = part.nodes(ntype).to_global(ids)
+        for held in (s.held() for s in self.graph.sources):
+            if held is None:
+                continue
+            mask, gids = held.part.nodes(ntype).to_global(ids)
             if not bool(mask.any()):
                 continue
-            for name, rows in source.gather(ntype, gids).items():
+            for name, rows in held.gather(ntype, gids).items():
                 if rows is None or name == "n_id":
                     continue
                 if name not in out:
