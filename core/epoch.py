@@ -60,7 +60,7 @@ Piece = tuple[int, int, int]   # (part, start, stop): seeds ``order[start:stop]`
 @dataclass(frozen=True)
 class BatchSpec:
     """One batch of an epoch: seeds ``order[start:stop]`` of partition ``part``'s input list, or for a
-    packed ``drop_last`` batch the seeds of every piece of ``packed`` in turn (``part`` produces it;
+    packed batch (``drop_last``, ``pack_partial``) the seeds of every piece of ``packed`` in turn (``part`` produces it;
     ``start`` and ``stop`` are then 0)."""
 
     index: int   # position in the epoch's global order
