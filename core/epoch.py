@@ -31,11 +31,11 @@ Rules (see docs/concepts.md, "Epoch contract"):
   without any batch raises ``ValueError``.
 
 ``pack_partial`` (a loader's default; not with ``ordered=False`` given by name, which keeps every batch on one
-part, nor with hard negatives, read from the producing part's stored lists): without ``drop_last`` too, the
-partial chunks (each part's remainder) are packed as ``drop_last`` packs them, and the seeds left over make
-the last batch of the order (the one smaller batch, as PyG's).  An epoch then has PyG's
-``ceil(T / batch_size)`` batches (not ``sum over parts of ceil(T_p / batch_size)``), and with ``W`` ranks
-each rank PyG's ``ceil(ceil(T / W) / batch_size)`` (splitting, as above, where ``W`` does not divide
+part, nor where a batch reads what only its part holds: hard negatives, stored seed times): without
+``drop_last`` too, the partial chunks (each part's remainder) are packed as ``drop_last`` packs them, and
+the seeds left over make the last batch of the order (the one smaller batch, as PyG's).  An epoch then has
+PyG's ``ceil(T / batch_size)`` batches (not ``sum over parts of ceil(T_p / batch_size)``), and with ``W``
+ranks each rank PyG's ``ceil(ceil(T / W) / batch_size)`` (splitting, as above, where ``W`` does not divide
 them); at most ``P`` batches take seeds of several parts.
 
 ``ordered`` (a loader's ``ordered=True``, never shuffled): the input is one list -- every part's

@@ -856,7 +856,8 @@ class LoaderSpec:
     ordered: bool = False
     # the parts' partial batches packed into batches across parts (as drop_last packs them), so an epoch has
     # PyG's ceil(T / batch_size) batches; False keeps every batch's seeds on one part (graphfeed.core.epoch).
-    # LoaderSpec.of sets it unless ordered=False is given by name, or with drop_last or hard negatives.
+    # LoaderSpec.of sets it unless ordered=False is given by name, with drop_last, and where a batch reads what
+    # only its part holds (hard negatives; seed node times without input_time).
     pack_partial: bool = False
     # the trainer's hot-feature cache (graphfeed.core.feature_cache): the servers leave these nodes' x
     # rows out of every batch and the client fills them in; None = no cache.  Batches are the same either way.
@@ -965,15 +966,19 @@ class LoaderSpec:
         by_name = rest.get("ordered") is not None   # ordered=False by name keeps every batch on one part
         if not by_name:
             rest["ordered"] = default_ordered(seeds, bool(rest.get("shuffle", False)))
-        pack = not by_name and not rest["ordered"] and not rest.get("drop_last", False) and not _hard(seeds)
+        pack = not by_name and not rest["ordered"] and not rest.get("drop_last", False) \
+            and not _reads_own_part(seeds, sampling)
         return cls(sampling, seeds, rank=rank, world_size=world_size, pack_partial=pack, **rest)
 
 
-def _hard(seeds: SeedInput) -> bool:
-    """Whether a link loader draws hard negatives: those come from the lists of the part producing a batch,
-    so its batches stay on one part (no ``pack_partial``)."""
+def _reads_own_part(seeds: SeedInput, sampling: SamplingSpec) -> bool:
+    """Whether a batch reads what only its seeds' own part holds, so batches stay on one part (no
+    ``pack_partial``): a link loader's hard negatives (the producing part's stored lists), a temporal node
+    loader's seed times without ``input_time`` (the seeds' stored node times)."""
     neg = getattr(seeds, "neg", None)
-    return neg is not None and neg.num_hard > 0
+    if neg is not None and neg.num_hard > 0:
+        return True
+    return isinstance(seeds, NodeInput) and sampling.temporal and seeds.time is None
 
 
 def default_ordered(seeds: SeedInput, shuffle: bool) -> bool:
