@@ -23,7 +23,7 @@ from graphfeed.client.security import from_cluster
 from graphfeed.client.served import ServersServed
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
 from graphfeed.core.compat import check_not_graph, take_loader_extras
-from graphfeed.core.data_check import check_data, take_data_check
+from graphfeed.core.data_check import check_data
 from graphfeed.core.embedding import EmbeddingSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, RemoteLoaderOptions, check_link_ids, split_options
 from graphfeed.proto import control_pb2 as pb
@@ -160,8 +160,8 @@ class Client:
             _OPEN.append(self)
 
 
-    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None,
-                        **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
+    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *, data=None,
+                        verify: bool = True, **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -184,11 +184,11 @@ class Client:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         own, spec_options = split_options(options, RemoteLoaderOptions, "neighbor_loader")
         spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
-        return self.open_loader(spec, **own)
+        return self.open_loader(spec, data=data, verify=verify, **own)
 
     def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index=None,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
-                             num_hard_negatives: int | None = None,
+                             num_hard_negatives: int | None = None, data=None, verify: bool = True,
                              **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
@@ -217,7 +217,7 @@ class Client:
         spec.check_schema(self.node_types, self.edge_types)
         if link.index is not None:
             check_link_ids(link, self.num_nodes_of)
-        return self.open_loader(spec, **own)
+        return self.open_loader(spec, data=data, verify=verify, **own)
 
     def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
                direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
@@ -267,14 +267,16 @@ class Client:
                              f"are {', '.join(map(repr, self.node_types))}")
         return int(self.num_nodes_by_type[ntype])
 
-    def open_loader(self, spec: LoaderSpec, **options) -> RemoteNeighborLoader:
+    def open_loader(self, spec: LoaderSpec, *, data=None, verify: bool = True, **options) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``options`` are the loader's
         own keywords of :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``prefetch``: pulls in flight per
         server; ``feature_cache_mb``: the loader's feature cache, MiB, None/0 = off; ``pin_memory`` / ``device``:
-        how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`)."""
+        how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`).  ``data``: the script's own
+        ``Data``/``HeteroData``, checked against what the servers serve before the sessions open
+        (:func:`graphfeed.core.data_check.check_data`: ValueError naming the difference and the fix;
+        ``verify=False`` warns instead)."""
         self._check_usable()
         options = dict(options)
-        data, verify = take_data_check(options)
         if data is not None:   # the script's own copy of the graph, against what the servers serve
             check_data(data, ServersServed(self), transform=options.get("transform"), verify=verify)
         transforms = take_loader_extras(options, spec.kind or "nodes")   # transform=, num_workers=, ...

@@ -177,8 +177,3 @@ def _describe(name: str, node: int, given: torch.Tensor, served: torch.Tensor) -
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
-
-
-def take_data_check(own: dict) -> tuple[Any, bool]:
-    """Pop a loader's ``data`` and ``verify`` keywords from ``own`` (``(None, True)`` when not given)."""
-    return own.pop("data", None), bool(own.pop("verify", True))

@@ -856,8 +856,8 @@ class LoaderSpec:
     ordered: bool = False
     # the parts' partial batches packed into batches across parts (as drop_last packs them), so an epoch has
     # PyG's ceil(T / batch_size) batches; False keeps every batch's seeds on one part (graphfeed.core.epoch).
-    # LoaderSpec.of sets it unless ordered=False is given by name, with drop_last, and where a batch reads what
-    # only its part holds (hard negatives; seed node times without input_time).
+    # LoaderSpec.of sets it unless ordered=False is given by name; off where it changes nothing (ordered,
+    # drop_last) and where a batch reads what only its part holds (hard negatives; seed times without input_time)
     pack_partial: bool = False
     # the trainer's hot-feature cache (graphfeed.core.feature_cache): the servers leave these nodes' x
     # rows out of every batch and the client fills them in; None = no cache.  Batches are the same either way.
@@ -874,8 +874,10 @@ class LoaderSpec:
             raise ValueError(f"seed must be an integer in 0..2**64-1, got {self.seed!r}")
         if len(self.kind) > MAX_KIND_LENGTH:
             raise ValueError(f"kind is longer than {MAX_KIND_LENGTH} characters")
-        for name in ("shuffle", "drop_last", "pack_partial"):
+        for name in ("shuffle", "drop_last"):
             object.__setattr__(self, name, bool(getattr(self, name)))
+        object.__setattr__(self, "pack_partial", bool(self.pack_partial) and not self.ordered and not self.drop_last
+                           and not _reads_own_part(self.input, self.sampling))
         for name in ("batch_size", "seed", "rank", "world_size"):
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
@@ -966,9 +968,7 @@ class LoaderSpec:
         by_name = rest.get("ordered") is not None   # ordered=False by name keeps every batch on one part
         if not by_name:
             rest["ordered"] = default_ordered(seeds, bool(rest.get("shuffle", False)))
-        pack = not by_name and not rest["ordered"] and not rest.get("drop_last", False) \
-            and not _reads_own_part(seeds, sampling)
-        return cls(sampling, seeds, rank=rank, world_size=world_size, pack_partial=pack, **rest)
+        return cls(sampling, seeds, rank=rank, world_size=world_size, pack_partial=not by_name, **rest)
 
 
 def _reads_own_part(seeds: SeedInput, sampling: SamplingSpec) -> bool:
@@ -1080,11 +1080,6 @@ class LocalLoaderOptions(LoaderOptions, total=False):
     * ``embeddings`` (None): learnable tables (``client.embedding(...)``; the local loader's
       ``LocalEmbedding``), at most one per node type; each batch carries their rows of its nodes as a leaf
       tensor that requires grad (:mod:`graphfeed.core.embedding`).  Node loaders.
-    * ``data`` (None): the script's in-memory ``Data``/``HeteroData`` (what PyG's loaders take first): checked
-      against the served graph before any batch -- node counts, a sample of ``x``/``y`` rows (through
-      ``transform``), the edge count -- and refused in one line naming each difference and the fix
-      (:mod:`graphfeed.core.data_check`).  Never sampled from: the servers' partition is.
-    * ``verify`` (True): False turns a ``data`` difference into a warning (``DataMismatchWarning``).
     """
 
     pin_memory: bool
@@ -1096,8 +1091,6 @@ class LocalLoaderOptions(LoaderOptions, total=False):
     prefetch_factor: int | None
     dequantize: bool
     embeddings: Sequence[Any] | None
-    data: Any
-    verify: bool
 
 
 class RemoteLoaderOptions(LocalLoaderOptions, total=False):

@@ -14,7 +14,6 @@ import torch
 from typing_extensions import Unpack
 
 from graphfeed.core.compat import take_loader_extras
-from graphfeed.core.data_check import take_data_check
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, LocalLoaderOptions, split_options
@@ -54,12 +53,12 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     def __init__(self, parts: str | os.PathLike | PartitionedGraph | None = None,
                  num_neighbors: Sequence[int] | None = None, *, edge_label_index=None, edge_label=None,
                  neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
-                 num_hard_negatives: int | None = None, **options: Unpack[LocalLoaderOptions]):
+                 num_hard_negatives: int | None = None, data=None, verify: bool = True,
+                 **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "links")
         if own.pop("embeddings", None):
             raise ValueError("embedding tables ride node loaders' batches so far, not link loaders'")
-        data, verify = take_data_check(own)
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph, data = open_graph(parts, data, type(self).__name__)
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,

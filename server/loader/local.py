@@ -14,7 +14,7 @@ from typing_extensions import Unpack
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.compat import check_not_graph, take_loader_extras
-from graphfeed.core.data_check import check_data, take_data_check
+from graphfeed.core.data_check import check_data
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.embedding import check_tables, hand_out_rows, rows_dtype
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
@@ -38,7 +38,10 @@ class LocalNeighborLoader:
     """Iterate PyG mini-batches sampled from a partitioned graph: ``Data`` for a homogeneous graph,
     ``HeteroData`` for a typed one.
 
-    Arguments follow PyG's ``NeighborLoader``.  ``input_nodes`` is a split name
+    Arguments follow PyG's ``NeighborLoader``; the first is the partition folder (or a :class:`PartitionedGraph`).
+    ``data``: the script's own ``Data``/``HeteroData`` (PyG's first argument), checked against the parts
+    before any batch (:func:`graphfeed.core.data_check.check_data`: ValueError naming the difference and the
+    fix; ``verify=False`` warns instead); batches always come from the parts.  ``input_nodes`` is a split name
     (``"train"``, ``"val"``, ``"test"``), a tensor of original node ids, ``None`` (all nodes),
     or for a typed graph a tuple ``(node_type, split | ids | None)`` (a bare split or ``None``
     means the label type).  ``num_neighbors`` is one list of per-hop fanouts for every edge
@@ -65,11 +68,10 @@ class LocalNeighborLoader:
     feature_cache = None
 
     def __init__(self, parts: str | os.PathLike | PartitionedGraph | None = None, num_neighbors=None, *,
-                 input_nodes="train", **options: Unpack[LocalLoaderOptions]):
+                 input_nodes="train", data=None, verify: bool = True, **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "nodes")
         embeddings = own.pop("embeddings", None)
-        data, verify = take_data_check(own)
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
         graph, data = open_graph(parts, data, type(self).__name__)
         self._setup(graph, LoaderSpec.of(input_nodes, num_neighbors, **spec_options))
