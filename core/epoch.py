@@ -33,7 +33,8 @@ Rules (see docs/concepts.md, "Epoch contract"):
 ``pack_partial`` (a loader's default; not with ``ordered=False`` given by name, which keeps every batch on one
 part, nor where a batch reads what only its part holds: hard negatives, stored seed times): without
 ``drop_last`` too, the partial chunks (each part's remainder) are packed as ``drop_last`` packs them, and
-the seeds left over make the last batch of the order (the one smaller batch, as PyG's).  An epoch then has
+the seeds left over make the last batch of the order (the one smaller batch, as PyG's); with one partial
+chunk or none the plan is the one above (it has PyG's count already).  An epoch then has
 PyG's ``ceil(T / batch_size)`` batches (not ``sum over parts of ceil(T_p / batch_size)``), and with ``W``
 ranks each rank PyG's ``ceil(ceil(T / W) / batch_size)`` (splitting, as above, where ``W`` does not divide
 them); at most ``P`` batches take seeds of several parts.
@@ -98,7 +99,7 @@ def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed:
     if drop_last:
         return _drop_last_plan(chunks, batch_size, world_size, len(counts), seed=seed, epoch=epoch, shuffle=shuffle,
                                ordered=ordered)
-    if pack_partial and not ordered:
+    if pack_partial and not ordered and sum(e - s < batch_size for _, s, e in chunks) > 1:   # else: as PyG's already
         return _packed_plan(chunks, batch_size, world_size, len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
     if shuffle and chunks:
         chunks = _shuffled(chunks, seed, epoch)

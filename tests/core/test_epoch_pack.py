@@ -36,7 +36,7 @@ def test_packed_plan_has_pyg_s_length_and_every_seed_once(shuffle):
         assert all(1 <= b.size <= bs for b in plan)
         assert all(b.part == max(b.pieces, key=lambda c: c[2] - c[1])[0] for b in plan)
         assert [len(rank_batches(plan, r, w)) for r in range(w)] == [len(plan) // w] * w
-        if w == 1:
+        if w == 1 and sum(n % bs > 0 for n in counts) > 1:   # packed: the leftover seeds come last
             assert all(b.size == bs for b in plan[:-1]), "only the last batch is partial, as PyG's"
         checked += 1
     assert checked > 150
