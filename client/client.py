@@ -22,9 +22,11 @@ from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
+from graphfeed.client.served import ServersServed
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
 from graphfeed.client.settings import ConnectSettings
 from graphfeed.core.compat import check_not_graph, take_loader_extras
+from graphfeed.core.data_check import check_data
 from graphfeed.core.embedding import EmbeddingSpec
 from graphfeed.core.spec import (
     LinkInput,
@@ -194,8 +196,8 @@ class Client:
             _OPEN.append(self)
 
 
-    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None,
-                        **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
+    def neighbor_loader(self, input_nodes="train", num_neighbors: Sequence[int] | None = None, *, data=None,
+                        verify: bool = True, **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` (one session per server) -- see its docstring.
 
         Arguments as PyG's ``NeighborLoader``: ``input_nodes`` is a split name, a tensor of
@@ -205,14 +207,16 @@ class Client:
         (documented there once: ``batch_size``, ``shuffle``, ``replace``, ``feature_dtype``, ``ordered``,
         ``feature_cache_mb``, ...).  They become one :class:`LoaderSpec` (:meth:`open_loader`).
         With ``shuffle=False`` over ids or every node the seeds come in input order, as PyG's
-        (``ordered=None``).  A ``Data`` as first argument (PyG's ``NeighborLoader(data, ...)``) is a
-        TypeError saying to drop it.
+        (``ordered=None``).  ``data=data`` (the script's ``Data``/``HeteroData``, PyG's first argument) is
+        checked against what the servers serve (:mod:`graphfeed.core.data_check`; ``verify=False`` warns
+        instead of refusing); a ``Data`` as first argument is a TypeError saying where it goes.
         """
         own, spec_options = self._loader_options(
             "neighbor_loader", (input_nodes, "input_nodes", "NeighborLoader(data, num_neighbors=..., input_nodes=X) "
-                                "is client.neighbor_loader(input_nodes=X, num_neighbors=...)"), num_neighbors, options)
+                                "is client.neighbor_loader(input_nodes=X, num_neighbors=..., data=data) (data= is "
+                                "checked against the servers' graph)"), num_neighbors, options)
         spec = LoaderSpec.of(input_nodes, num_neighbors, **spec_options)
-        return self.open_loader(spec, **own)
+        return self.open_loader(spec, data=data, verify=verify, **own)
 
     def _loader_options(self, name: str, first: tuple, num_neighbors,
                         options: Mapping) -> tuple[dict, LoaderOptions]:
@@ -226,14 +230,15 @@ class Client:
             raise ValueError("num_neighbors is required: one fanout per hop, e.g. num_neighbors=[15, 10]")
         return split_options(options, RemoteLoaderOptions, name)
 
-    def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index,
+    def link_neighbor_loader(self, num_neighbors: Sequence[int] | None = None, *, edge_label_index=None,
                              edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
-                             num_hard_negatives: int | None = None,
+                             num_hard_negatives: int | None = None, data=None, verify: bool = True,
                              **options: Unpack[RemoteLoaderOptions]) -> RemoteNeighborLoader:
         """A link loader through the servers, arguments and batches as PyG's ``LinkNeighborLoader`` and
         :class:`graphfeed.server.loader.link.LocalLinkNeighborLoader` (which it equals batch for batch):
         ``edge_label_index`` ([2, E] original node ids; on a typed graph ``((src, rel, dst), index)``, or the edge
-        type alone / ``(edge type, None)`` for every edge of the type (listed by the servers); or a link
+        type alone / ``(edge type, None)`` for every edge of the type (listed by the servers); None (PyG's
+        default): every edge of the graph's one edge type; or a link
         split stored at partition time: ``"train"``/``"val"``/``"test"``, resolved by the servers),
         ``edge_label``, ``neg_sampling`` (``"binary"``, ``"triplet"``, a dict with
         ``mode``/``amount``/``strict``) or ``neg_sampling_ratio``, ``edge_label_time`` one time per seed edge,
@@ -243,7 +248,7 @@ class Client:
         own, spec_options = self._loader_options(
             "link_neighbor_loader", (num_neighbors, "num_neighbors", "LinkNeighborLoader(data, num_neighbors=..., "
                                      "edge_label_index=...) is client.link_neighbor_loader(num_neighbors=..., "
-                                     "edge_label_index=...)"), num_neighbors, options)
+                                     "edge_label_index=..., data=data)"), num_neighbors, options)
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
                             edge_types=self.edge_types, num_hard_negatives=num_hard_negatives)
         spec = LoaderSpec.of(link, num_neighbors, **spec_options)
@@ -253,7 +258,7 @@ class Client:
         spec.check_schema(self.node_types, self.edge_types)
         if link.index is not None:
             check_link_ids(link, self.num_nodes_of)
-        return self.open_loader(spec, **own)
+        return self.open_loader(spec, data=data, verify=verify, **own)
 
     def sample(self, node_ids, num_neighbors: Sequence[int] | None = None, *, seed: int = 0, replace: bool = False,
                direction: str = "in", weight_attr: str | None = None, feature_dtype=None):
@@ -303,13 +308,18 @@ class Client:
                              f"are {', '.join(map(repr, self.node_types))}")
         return int(self.num_nodes_by_type[ntype])
 
-    def open_loader(self, spec: LoaderSpec, **options) -> RemoteNeighborLoader:
+    def open_loader(self, spec: LoaderSpec, *, data=None, verify: bool = True, **options) -> RemoteNeighborLoader:
         """A :class:`RemoteNeighborLoader` for a ready-made :class:`LoaderSpec`; ``options`` are the loader's
         own keywords of :class:`~graphfeed.core.spec.RemoteLoaderOptions` (``prefetch``: pulls in flight per
         server; ``feature_cache_mb``: the loader's feature cache, MiB, None/0 = off; ``pin_memory`` / ``device``:
-        how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`)."""
+        how batches are handed over, :class:`~graphfeed.core.delivery.Delivery`).  ``data``: the script's own
+        ``Data``/``HeteroData``, checked against what the servers serve before the sessions open
+        (:func:`graphfeed.core.data_check.check_data`: ValueError naming the difference and the fix;
+        ``verify=False`` warns instead)."""
         self._check_usable()
         options = dict(options)
+        if data is not None:   # the script's own copy of the graph, against what the servers serve
+            check_data(data, ServersServed(self), transform=options.get("transform"), verify=verify)
         transforms = take_loader_extras(options, spec.kind or "nodes")   # transform=, num_workers=, ...
         self._close_orphans()
         try:

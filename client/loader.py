@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Generator, Iterator
 from graphfeed.client.embedding import attach_tables
 from graphfeed.client.errors import NotFound, ServerError
 from graphfeed.client.feature_cache import check_budget, load_feature_cache
-from graphfeed.client.metrics import LoaderStats
 from graphfeed.client.sessions import SessionSet
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
 from graphfeed.core.compat import BatchTransforms
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.embedding import check_tables, hand_out_rows
 from graphfeed.core.epoch import EpochPlan
+from graphfeed.core.loader_stats import LoaderStats
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb

@@ -65,8 +65,9 @@ def settings_fingerprint(spec: LoaderSpec) -> int:
     without its input set, ``rank`` and metrics label."""
     fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
               if f.name not in _NOT_HASHED and f.name != "input"}
-    if not spec.ordered:   # the default: left out, so checkpoints from before the field still load
-        del fields["ordered"]
+    for name in ("ordered", "pack_partial"):
+        if not fields[name]:   # left out when off, so checkpoints from before the field still load
+            del fields[name]
     return _fingerprint(sorted(fields.items()))
 
 

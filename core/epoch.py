@@ -30,6 +30,15 @@ Rules (see docs/concepts.md, "Epoch contract"):
   first batches (as ``DistributedSampler`` pads its input to a multiple of ``W``).  An epoch left
   without any batch raises ``ValueError``.
 
+``pack_partial`` (a loader's default; not with ``ordered=False`` given by name, which keeps every batch on one
+part, nor where a batch reads what only its part holds: hard negatives, stored seed times): without
+``drop_last`` too, the partial chunks (each part's remainder) are packed as ``drop_last`` packs them, and
+the seeds left over make the last batch of the order (the one smaller batch, as PyG's); with one partial
+chunk or none the plan is the one above (it has PyG's count already).  An epoch then has
+PyG's ``ceil(T / batch_size)`` batches (not ``sum over parts of ceil(T_p / batch_size)``), and with ``W``
+ranks each rank PyG's ``ceil(ceil(T / W) / batch_size)`` (splitting, as above, where ``W`` does not divide
+them); at most ``P`` batches take seeds of several parts.
+
 ``ordered`` (a loader's ``ordered=True``, never shuffled): the input is one list -- every part's
 seeds in the order the loader was given them -- cut into chunks of ``batch_size`` in that order,
 so the epoch delivers the input in order (rank ``r`` its batches ``r, r + W, ...``).  A batch's
@@ -53,7 +62,7 @@ Piece = tuple[int, int, int]   # (part, start, stop): seeds ``order[start:stop]`
 @dataclass(frozen=True)
 class BatchSpec:
     """One batch of an epoch: seeds ``order[start:stop]`` of partition ``part``'s input list, or for a
-    packed ``drop_last`` batch the seeds of every piece of ``packed`` in turn (``part`` produces it;
+    packed batch (``drop_last``, ``pack_partial``) the seeds of every piece of ``packed`` in turn (``part`` produces it;
     ``start`` and ``stop`` are then 0)."""
 
     index: int   # position in the epoch's global order
@@ -74,8 +83,9 @@ class BatchSpec:
 
 
 def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed: int, epoch: int,
-               shuffle: bool, drop_last: bool, ordered: bool = False) -> list[BatchSpec]:
-    """The global batch order of one epoch (all ranks), ``len`` a multiple of ``world_size``."""
+               shuffle: bool, drop_last: bool, ordered: bool = False, pack_partial: bool = False) -> list[BatchSpec]:
+    """The global batch order of one epoch (all ranks), ``len`` a multiple of ``world_size``; ``pack_partial``:
+    the parts' partial chunks are packed (module doc), so there are PyG's ``ceil(T / batch_size)`` batches."""
     check_loader_args(batch_size, world_size, 0)
     total = sum(counts)
     if total < world_size and not drop_last:
@@ -89,6 +99,8 @@ def plan_epoch(counts: Sequence[int], batch_size: int, world_size: int, *, seed:
     if drop_last:
         return _drop_last_plan(chunks, batch_size, world_size, len(counts), seed=seed, epoch=epoch, shuffle=shuffle,
                                ordered=ordered)
+    if pack_partial and not ordered and sum(e - s < batch_size for _, s, e in chunks) > 1:   # else: as PyG's already
+        return _packed_plan(chunks, batch_size, world_size, len(counts), seed=seed, epoch=epoch, shuffle=shuffle)
     if shuffle and chunks:
         chunks = _shuffled(chunks, seed, epoch)
     chunks = _split_until_divisible(chunks, world_size)
@@ -119,6 +131,37 @@ def _drop_last_plan(chunks: list[Piece], batch_size: int, world_size: int, num_p
         raise ValueError(f"drop_last=True leaves no batch: {total} input node(s) do not fill one batch of "
                          f"{batch_size} per rank for {world_size} rank(s); use a smaller batch_size, fewer ranks "
                          f"or drop_last=False")
+    return _specs(batches, num_parts, seed=seed, epoch=epoch, ordered=ordered)
+
+
+def _packed_plan(chunks: list[Piece], batch_size: int, world_size: int, num_parts: int, *, seed: int, epoch: int,
+                 shuffle: bool) -> list[BatchSpec]:
+    """The ``pack_partial`` plan without ``drop_last`` (module doc): the full chunks and the partial ones packed
+    into full batches (shuffled), then the seeds left over as the last batch (as PyG's last batch is the
+    partial one), then split until ``W`` divides their number."""
+    batches: list[tuple[Piece, ...]] = [(c,) for c in chunks if c[2] - c[1] == batch_size]
+    packed, left = _pack([c for c in chunks if c[2] - c[1] < batch_size], batch_size)
+    batches += packed
+    if shuffle and batches:
+        batches = _shuffled(batches, seed, epoch)
+    batches += [tuple(left)] if left else []
+    total = sum(_seeds_in(b) for b in batches)
+    wanted = -(-len(batches) // world_size) * world_size
+    if wanted > total:  # splitting would have to create empty batches
+        raise ValueError(f"{total} input node(s) in {len(batches)} batch(es) cannot be split into a multiple of "
+                         f"{world_size} non-empty batches (every rank needs the same number of batches and no "
+                         f"node may repeat); use drop_last=True, a larger batch_size or fewer ranks")
+    while len(batches) % world_size:
+        i = max(range(len(batches)), key=lambda j: _seeds_in(batches[j]))
+        halves, rest = _pack(batches[i], (_seeds_in(batches[i]) + 1) // 2)   # the first half takes the odd seed
+        batches[i:i + 1] = [*halves, *([tuple(rest)] if rest else [])]
+    return _specs(batches, num_parts, seed=seed, epoch=epoch, ordered=False)
+
+
+def _specs(batches: Sequence[tuple[Piece, ...]], num_parts: int, *, seed: int, epoch: int,
+           ordered: bool) -> list[BatchSpec]:
+    """The plan's records of ``batches`` (each its pieces, in order): one piece is a plain batch of its part,
+    several a packed batch produced where most of its seeds are (or, ``ordered``, by part ``i mod P``)."""
     plan = []
     for i, pieces in enumerate(batches):
         s = batch_seed(seed, epoch, i)
@@ -128,7 +171,7 @@ def _drop_last_plan(chunks: list[Piece], batch_size: int, world_size: int, num_p
         elif len(pieces) == 1:
             plan.append(BatchSpec(i, *pieces[0], s))
         else:         # produced where most of its seeds are (the first such part)
-            plan.append(BatchSpec(i, max(pieces, key=lambda c: c[2] - c[1])[0], 0, 0, s, pieces))
+            plan.append(BatchSpec(i, max(pieces, key=lambda c: c[2] - c[1])[0], 0, 0, s, tuple(pieces)))
     return plan
 
 
@@ -221,7 +264,8 @@ class EpochPlan:
     def __init__(self, spec: LoaderSpec, counts: Sequence[int], epoch: int):
         self.spec, self.epoch = spec, int(epoch)
         plan = plan_epoch(counts, spec.batch_size, spec.world_size, seed=spec.seed, epoch=self.epoch,
-                          shuffle=spec.shuffle, drop_last=spec.drop_last, ordered=spec.ordered)
+                          shuffle=spec.shuffle, drop_last=spec.drop_last, ordered=spec.ordered,
+                          pack_partial=spec.pack_partial)
         self.entries = rank_batches(plan, spec.rank, spec.world_size)
 
     def __len__(self) -> int:

@@ -654,6 +654,8 @@ class LinkInput:
         ``edge_types`` to name exactly one edge type from ``src`` to ``dst``), or PyG's "every edge of the
         type" forms: ``(src, rel, dst)`` (or ``(src, dst)``) alone, ``((src, rel, dst), None)``."""
         etype, edge_label_index = _typed_edge_label_index(edge_label_index, edge_types)
+        if edge_label_index is None and etype is None and edge_types is not None:
+            etype = _only_edge_type(edge_types)   # PyG's default: every edge of the graph's one edge type
         if edge_label_index is None and etype is not None:   # every edge of the type
             return cls(None, edge_label, NegativeSampling.of(neg_sampling, neg_sampling_ratio), etype, edge_label_time)
         if edge_label_index is None:
@@ -737,6 +739,17 @@ def _check_link_split(link: LinkInput) -> None:
     if link.label is not None:
         raise ValueError(f"edge_label cannot be given with edge_label_index={link.split!r} (a stored split's "
                          f"edges are positives); pass edge_label_index as a tensor to label the edges yourself")
+
+
+def _only_edge_type(edge_types) -> EdgeType:
+    """The graph's one edge type (what PyG's ``edge_label_index=None`` takes every edge of); ValueError
+    naming the graph's edge types when it has several."""
+    types = [tuple(e) for e in edge_types]
+    if len(types) != 1:
+        raise ValueError(f"edge_label_index=None means every edge of the graph's one edge type (as PyG), but this "
+                         f"graph has {len(types)} ({', '.join(map(str, types))}): pass (edge type, None) for every "
+                         f"edge of one of them, or ((src, rel, dst), index)")
+    return edge_type(types[0])
 
 
 def _is_type_name(value) -> bool:
@@ -841,6 +854,11 @@ class LoaderSpec:
     # seeds in the order of the input: batches are consecutive slices of the whole input, not of one
     # partition's list (see graphfeed.core.epoch); ids or every node (original id order), no shuffle
     ordered: bool = False
+    # the parts' partial batches packed into batches across parts (as drop_last packs them), so an epoch has
+    # PyG's ceil(T / batch_size) batches; False keeps every batch's seeds on one part (graphfeed.core.epoch).
+    # LoaderSpec.of sets it unless ordered=False is given by name; off where it changes nothing (ordered,
+    # drop_last) and where a batch reads what only its part holds (hard negatives; seed times without input_time)
+    pack_partial: bool = False
     # the trainer's hot-feature cache (graphfeed.core.feature_cache): the servers leave these nodes' x
     # rows out of every batch and the client fills them in; None = no cache.  Batches are the same either way.
     feature_cache: CachedIds | None = dataclasses.field(default=None, compare=False)
@@ -858,6 +876,8 @@ class LoaderSpec:
             raise ValueError(f"kind is longer than {MAX_KIND_LENGTH} characters")
         for name in ("shuffle", "drop_last"):
             object.__setattr__(self, name, bool(getattr(self, name)))
+        object.__setattr__(self, "pack_partial", bool(self.pack_partial) and not self.ordered and not self.drop_last
+                           and not _reads_own_part(self.input, self.sampling))
         for name in ("batch_size", "seed", "rank", "world_size"):
             object.__setattr__(self, name, int(getattr(self, name)))
         if not self.kind:
@@ -945,9 +965,20 @@ class LoaderSpec:
             input_nodes = NodeInput.of(input_nodes, input_time)
         rest["kind"] = rest.get("kind") or ""
         seeds = seed_input(input_nodes)
-        if rest.get("ordered") is None:
+        by_name = rest.get("ordered") is not None   # ordered=False by name keeps every batch on one part
+        if not by_name:
             rest["ordered"] = default_ordered(seeds, bool(rest.get("shuffle", False)))
-        return cls(sampling, seeds, rank=rank, world_size=world_size, **rest)
+        return cls(sampling, seeds, rank=rank, world_size=world_size, pack_partial=not by_name, **rest)
+
+
+def _reads_own_part(seeds: SeedInput, sampling: SamplingSpec) -> bool:
+    """Whether a batch reads what only its seeds' own part holds, so batches stay on one part (no
+    ``pack_partial``): a link loader's hard negatives (the producing part's stored lists), a temporal node
+    loader's seed times without ``input_time`` (the seeds' stored node times)."""
+    neg = getattr(seeds, "neg", None)
+    if neg is not None and neg.num_hard > 0:
+        return True
+    return isinstance(seeds, NodeInput) and sampling.temporal and seeds.time is None
 
 
 def default_ordered(seeds: SeedInput, shuffle: bool) -> bool:
@@ -1013,7 +1044,10 @@ class LoaderOptions(SamplingOptions, total=False):
       dequantizes (``dequantize=False`` keeps int8 ``x`` with ``x_scale``/``x_offset``).
     * ``ordered`` (None = :func:`default_ordered`: True for a node loader without ``shuffle`` over ids or every
       node, as PyG orders them; node loaders, with ``shuffle=False`` and ids or None as input): seeds in input
-      order; ``False`` asks for part-by-part order (each batch's seeds from one server: fewer remote hops).
+      order; ``False`` asks for part-by-part order (each batch's seeds from one server: fewer remote hops, and
+      ``sum over parts of ceil(T_p / batch_size)`` batches an epoch).  Left at None, an epoch has PyG's
+      ``ceil(T / batch_size)`` batches either way: the parts' partial batches are packed together
+      (``LoaderSpec.pack_partial``, :mod:`graphfeed.core.epoch`).
     * ``input_time`` (None; node loaders): one seed time per input id for temporal sampling (default: the
       seeds' stored node times).  A link loader takes ``edge_label_time`` with its seed edges instead.
     """

@@ -17,8 +17,7 @@ from graphfeed.core.compat import take_loader_extras
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.epoch import BatchSpec
 from graphfeed.core.spec import LinkInput, LoaderSpec, LocalLoaderOptions, split_options
-from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition.format.store import open_parts
+from graphfeed.server.loader.local import LocalNeighborLoader, open_graph
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 
@@ -29,7 +28,8 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     Arguments follow PyG's ``LinkNeighborLoader``: ``edge_label_index`` ([2, E] original node
     ids, row 0 = sources; on a typed graph ``((src, rel, dst), index)``, rows of the source / destination
     type's original ids, batches then ``HeteroData`` with the link fields on the edge type as PyG's; the edge
-    type alone or ``(edge type, None)``: every edge of the type, as its input ``edge_index`` would; or a
+    type alone or ``(edge type, None)``: every edge of the type, as its input ``edge_index`` would; None
+    (PyG's default): every edge of the graph's one edge type (ValueError naming them when it has several); or a
     link split stored by ``graphfeed partition --link-split``: ``"train"``, ``"val"``, ``"test"``, each
     part's seed edges one part after another),
     ``edge_label`` ([E] or None), ``neg_sampling`` (``"binary"``,
@@ -50,18 +50,21 @@ class LocalLinkNeighborLoader(LocalNeighborLoader):
     reverses are not sampled (see :mod:`graphfeed.server.sampling.link`).
     """
 
-    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors: Sequence[int], *,
-                 edge_label_index, edge_label=None, neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
-                 num_hard_negatives: int | None = None, **options: Unpack[LocalLoaderOptions]):
+    def __init__(self, parts: str | os.PathLike | PartitionedGraph | None = None,
+                 num_neighbors: Sequence[int] | None = None, *, edge_label_index=None, edge_label=None,
+                 neg_sampling=None, neg_sampling_ratio=None, edge_label_time=None,
+                 num_hard_negatives: int | None = None, data=None, verify: bool = True,
+                 **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "links")
         if own.pop("embeddings", None):
             raise ValueError("embedding tables ride node loaders' batches so far, not link loaders'")
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
-        graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+        graph, data = open_graph(parts, data, type(self).__name__)
         link = LinkInput.of(edge_label_index, edge_label, neg_sampling, neg_sampling_ratio, edge_label_time,
                             edge_types=graph.edge_types, num_hard_negatives=num_hard_negatives)
         self._setup(graph, LoaderSpec.of(link, num_neighbors, **spec_options))
+        self._check_data(data, verify)
         self.delivery = delivery
         self.seeds = LinkSeeds(link).resolve(graph, torch.cat(self.inputs))
 

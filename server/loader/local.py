@@ -13,10 +13,12 @@ from typing_extensions import Unpack
 
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.agreement import check_ranks_agree, inputs_fingerprint, settings_fingerprint
-from graphfeed.core.compat import take_loader_extras
+from graphfeed.core.compat import check_not_graph, take_loader_extras
+from graphfeed.core.data_check import check_data
 from graphfeed.core.delivery import Delivery
 from graphfeed.core.embedding import check_tables, hand_out_rows, rows_dtype
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
+from graphfeed.core.loader_stats import LoaderStats
 from graphfeed.core.progress import EpochProgress, check_cursor
 from graphfeed.core.spec import (
     LinkInput,
@@ -25,6 +27,7 @@ from graphfeed.core.spec import (
     SeedInput,
     split_options,
 )
+from graphfeed.server.loader.served import PartsServed
 from graphfeed.server.partition.format.store import Partition, open_parts, resolve_original_ids
 from graphfeed.server.sampling.graph import PartitionedGraph
 from graphfeed.server.sampling.producer import node_seed_time, planned_batches, produce_batch
@@ -35,7 +38,10 @@ class LocalNeighborLoader:
     """Iterate PyG mini-batches sampled from a partitioned graph: ``Data`` for a homogeneous graph,
     ``HeteroData`` for a typed one.
 
-    Arguments follow PyG's ``NeighborLoader``.  ``input_nodes`` is a split name
+    Arguments follow PyG's ``NeighborLoader``; the first is the partition folder (or a :class:`PartitionedGraph`).
+    ``data``: the script's own ``Data``/``HeteroData`` (PyG's first argument), checked against the parts
+    before any batch (:func:`graphfeed.core.data_check.check_data`: ValueError naming the difference and the
+    fix; ``verify=False`` warns instead); batches always come from the parts.  ``input_nodes`` is a split name
     (``"train"``, ``"val"``, ``"test"``), a tensor of original node ids, ``None`` (all nodes),
     or for a typed graph a tuple ``(node_type, split | ids | None)`` (a bare split or ``None``
     means the label type).  ``num_neighbors`` is one list of per-hop fanouts for every edge
@@ -54,15 +60,22 @@ class LocalNeighborLoader:
     """
 
     embeddings: list | None   # LocalEmbedding tables of a node loader (None: none; link loaders refuse them)
+    # what the remote loader has and an in-process loader has not: no client, no sessions on servers,
+    # no read-ahead (each batch is made when asked), no feature cache (every row is in this process)
+    client = None
+    session_set = None
+    prefetch = 0
+    feature_cache = None
 
-    def __init__(self, data: str | os.PathLike | PartitionedGraph, num_neighbors, *, input_nodes="train",
-                 **options: Unpack[LocalLoaderOptions]):
+    def __init__(self, parts: str | os.PathLike | PartitionedGraph | None = None, num_neighbors=None, *,
+                 input_nodes="train", data=None, verify: bool = True, **options: Unpack[LocalLoaderOptions]):
         own, spec_options = split_options(options, LocalLoaderOptions, type(self).__name__)
         self.transforms = take_loader_extras(own, "nodes")
         embeddings = own.pop("embeddings", None)
         delivery = Delivery(**own)   # first: a bad device fails before the parts are opened
-        graph = data if isinstance(data, PartitionedGraph) else PartitionedGraph.in_process(open_parts(data)[1])
+        graph, data = open_graph(parts, data, type(self).__name__)
         self._setup(graph, LoaderSpec.of(input_nodes, num_neighbors, **spec_options))
+        self._check_data(data, verify)
         self.delivery = delivery
         self.embeddings = check_tables(embeddings, graph.node_types)   # LocalEmbedding tables
 
@@ -77,6 +90,8 @@ class LocalNeighborLoader:
         self.inputs = part_inputs(self.graph.parts, self.spec.input)
         self.counts = [t.numel() for t in self.inputs]
         self._progress = EpochProgress()
+        self._stats = LoaderStats(self.spec.kind, graph.num_parts)
+        self._closed = False
         self.delivery = Delivery()   # as produced (the node loader's pin_memory / device replace it)
         self.embeddings = None   # the node loader's tables (link loaders refuse them)
         check_ranks_agree(self.spec, self.counts)
@@ -90,8 +105,28 @@ class LocalNeighborLoader:
             self.inputs = [whole] * len(self.counts)
             self.positions = [torch.arange(whole.numel())] * len(self.counts)
 
+    def _check_data(self, data, verify: bool) -> None:
+        """``data=``: the script's graph against this loader's parts (:mod:`graphfeed.core.data_check`)."""
+        if data is not None:
+            check_data(data, PartsServed(self.graph), transform=self.transforms.transform, verify=verify)
+
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)
+
+    @property
+    def batch_size(self) -> int:
+        """Seeds (seed edges) per batch, as PyG's ``loader.batch_size``."""
+        return self.spec.batch_size
+
+    @property
+    def dataset(self) -> range:
+        """``range(number of input nodes or seed edges)``, every rank's together, as PyG's ``loader.dataset``."""
+        return range(sum(self.counts))
+
+    @property
+    def sessions(self) -> list[str]:
+        """Session ids on servers: none (the remote loader has one per server)."""
+        return []
 
     def _plan(self, epoch: int) -> EpochPlan:
         return EpochPlan(self.spec, self.counts, epoch)
@@ -101,11 +136,14 @@ class LocalNeighborLoader:
 
     def __iter__(self) -> Iterator:
         """The next epoch's batches (a loaded state's epoch from its cursor); RuntimeError while an
-        earlier iterator is live; collective under DDP (:mod:`graphfeed.core.agreement`)."""
+        earlier iterator is live or after :meth:`close`; collective under DDP (:mod:`graphfeed.core.agreement`)."""
+        if self._closed:
+            raise RuntimeError("this loader was closed")
         epoch, start = self._progress.begin()
         plan = self._plan(epoch)
         check_cursor(epoch, start, len(plan))
         check_ranks_agree(self.spec, self.counts, epoch=epoch)
+        self._stats.start_epoch(epoch)
         batches = self._batches(plan, start)
         self._progress.attach(batches, epoch, start, len(plan))
         return batches
@@ -116,10 +154,39 @@ class LocalNeighborLoader:
             for data in self.delivery(self._produced(plan, start)):
                 progress.delivered += 1
                 yield hand_out_rows(data, self.embeddings) if self.embeddings else data
+        self._stats.end_epoch()
 
     def _produced(self, plan: EpochPlan, start: int) -> Iterator:
         for seq, entry, seeds, input_id in planned_batches(plan, self.inputs, self.positions, start):
-            yield self.transforms.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
+            data = self.transforms.to_pyg(self._produce(plan.epoch, seq, entry, seeds, input_id))
+            self._stats.delivered(entry.part)
+            yield data
+            self._stats.asked()
+
+    def stats(self) -> dict:
+        """The remote loader's figures (:mod:`graphfeed.client.metrics`) for this loader: wait is the time
+        a batch took to make here; ``batches_by_server`` counts by producing part; no feature cache."""
+        stats = self._stats.snapshot()
+        stats["feature_cache"] = {"rows": 0, "bytes": 0, "rows_filled": 0, "bytes_filled": 0}
+        return stats
+
+    def fail_pulls(self, server: str, reason: str) -> None:
+        """Nothing is pulled from a server in process: nothing to fail (the remote loader's hook)."""
+
+    def close(self) -> None:
+        """Stop a live epoch; a closed loader starts no epoch (the parts stay open for other loaders)."""
+        if self._closed:
+            return
+        self._closed = True
+        live = self._progress._gen() if self._progress._gen is not None else None
+        if live is not None:
+            live.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _produce(self, epoch: int, seq: int, entry: BatchSpec, seeds: torch.Tensor,
                  input_id: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -149,6 +216,22 @@ class LocalNeighborLoader:
 
     def _fingerprints(self) -> tuple[int, int]:
         return settings_fingerprint(self.spec), inputs_fingerprint(self.spec, self.counts)
+
+
+def open_graph(parts, data, loader: str) -> tuple[PartitionedGraph, object]:
+    """``(graph of the parts, the script's data)`` of a local loader's first argument and ``data=``.
+
+    ``parts``: a partition folder or a :class:`PartitionedGraph`; the older spelling ``data=folder`` (the
+    first argument was named ``data``) still works.  TypeError naming the fix for a PyG graph passed first."""
+    if parts is None and isinstance(data, (str, os.PathLike, PartitionedGraph)):
+        parts, data = data, None
+    if parts is None:
+        raise TypeError(f"{loader}() needs the partition folder first (graphfeed partition's output)")
+    if isinstance(parts, PartitionedGraph):
+        return parts, data
+    check_not_graph(parts, f"{loader}'s first argument", "pass the partition folder first and the script's "
+                                                         "Data as data= (checked against the partition)")
+    return PartitionedGraph.in_process(open_parts(parts)[1]), data
 
 
 def sample_nodes(data: str | os.PathLike | PartitionedGraph, node_ids, num_neighbors, *, seed: int = 0,

@@ -40,8 +40,9 @@ also carry the session's secret.
 * ``has_edges(pairs, kind)`` / ``to_global(orig_ids)`` -- a link loader's peer workers check
   drawn negatives against this part's edges / resolve seed edges' endpoints to global ids.
 * ``edge_attr(pairs, kind)`` -- peer workers read the features of edges this part sampled.
-* ``input_seeds(seed_input)`` -- a peer producing a packed ``drop_last`` batch (seeds of several parts,
-  :mod:`graphfeed.core.epoch`) reads this part's input nodes of a loader (:func:`.session.part_input_seeds`).
+* ``input_seeds(seed_input)`` -- a peer producing a packed batch (seeds of several parts, ``drop_last`` or
+  ``pack_partial``: :mod:`graphfeed.core.epoch`) reads this part's input nodes of a loader
+  (:func:`.session.part_input_seeds`).
 * ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
   that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
 * ``emb_create(spec)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` / ``emb_push(name, gids,

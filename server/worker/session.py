@@ -24,7 +24,7 @@ from graphfeed.server.sampling.adhoc import produce_for_seeds
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
-from graphfeed.server.worker.commands import BadRequest, ServedCounts, SessionRow
+from graphfeed.server.worker.commands import BadRequest, ServedCounts, SessionRow, WorkerError
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport.pending import Pending
 
@@ -165,9 +165,9 @@ class Session:
 
     def _peer_input(self, part: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Part ``part``'s input nodes and positions (as this part's ``inputs`` and ``positions``), for the
-        packed ``drop_last`` batches this part produces with seeds of that part: read in this process when
-        its files are (colocated), else asked of its worker once per session (``rpc_api.input_seeds``); a
-        link split's seed edges join this session's :class:`LinkSeeds`."""
+        packed batches (``drop_last``, ``pack_partial``) this part produces with seeds of that part: read in
+        this process when its files are (colocated), else asked of its worker once per session
+        (``rpc_api.input_seeds``); a link split's seed edges join this session's :class:`LinkSeeds`."""
         if part not in self._peer_inputs:
             source = self.graph.sources[part]
             held = source.held()
@@ -177,9 +177,12 @@ class Session:
                 else:
                     inputs, given, ends = source.calls.call_sync(part, "input_seeds", (self.spec.input,),
                                                                  source.rpc_timeout)
-            except Exception as exc:  # noqa: BLE001 -- the epoch cannot start: its cause reaches the trainer
-                raise BadRequest(f"part {part}'s input for this loader's packed drop_last batches could not be "
-                                 f"read: {type(exc).__name__}: {exc}") from None
+            except ValueError as exc:   # the loader's input itself is refused
+                raise BadRequest(f"part {part}'s input for this loader's packed batches could not be "
+                                 f"read: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 -- a lost or silent peer: the epoch cannot start (internal)
+                raise WorkerError(f"reading this loader's input on peer worker part{part} (for the packed batches "
+                                  f"that take its seeds) failed: {type(exc).__name__}: {exc}") from None
             if self._link_seeds is not None and ends is not None:
                 self._link_seeds.add(inputs, ends)
             elif self._link_seeds is not None:

@@ -146,7 +146,7 @@ SAVE_THEN_RESUME = textwrap.dedent("""
     import json, sys, torch, graphfeed.client as gf
     mode, servers, state_path, out_path = sys.argv[1:5]
     with gf.connect(servers.split(","), timeout=60) as client:
-        loader = client.neighbor_loader("train", [4, 2], batch_size=24, shuffle=True, seed=5)
+        loader = client.neighbor_loader("train", [4, 2], batch_size=16, shuffle=True, seed=5)
         got = []
         if mode == "save":
             it = iter(loader)
@@ -175,7 +175,7 @@ def test_remote_state_dict_round_trip_in_a_fresh_trainer_process(cluster, parts_
         runs.append(json.loads(out.read_text()))
     saved, resumed = runs
     assert torch.load(state)["cursor"] == 4
-    ref = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=24, input_nodes="train", shuffle=True, seed=5))
+    ref = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=16, input_nodes="train", shuffle=True, seed=5))
     got = saved + resumed
     assert [b["seq"] for b in got] == list(range(len(ref)))
     for g, r in zip(got, ref):

@@ -233,9 +233,9 @@ def test_native_equals_reference_for_disjoint_and_temporal_batches(parts_dir, mo
 
     if dispatch._NATIVE is None:
         pytest.skip("the native ops are not loaded")
-    native = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=64, shuffle=True, seed=9, **kw))
+    native = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=32, shuffle=True, seed=9, **kw))
     monkeypatch.setattr(dispatch, "_NATIVE", None)     # the pure-torch reference from here on
-    reference = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=64, shuffle=True, seed=9, **kw))
+    reference = list(LocalNeighborLoader(parts_dir, FANOUTS, batch_size=32, shuffle=True, seed=9, **kw))
     assert len(native) == len(reference) > 1
     for a, b in zip(native, reference, strict=True):
         assert_same_batch(a, b)

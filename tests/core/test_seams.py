@@ -62,7 +62,8 @@ def test_loader_spec_of_routes_options_and_keeps_defaults_and_errors():
                          world_size=1, disjoint=True, kind=None)
     assert spec.sampling == SamplingSpec((3, 2), replace=True, direction="out", disjoint=True)
     assert (spec.batch_size, spec.shuffle, spec.kind) == (8, True, "train")
-    assert LoaderSpec.of("train", [3], rank=0, world_size=1) == LoaderSpec(SamplingSpec((3,)), spec.input)
+    assert LoaderSpec.of("train", [3], rank=0, world_size=1) == LoaderSpec(SamplingSpec((3,)), spec.input,
+                                                                         pack_partial=True)   # PyG's len
     with pytest.raises(ValueError, match="direction must be 'in' or 'out'"):
         LoaderSpec.of("train", [3], direction="up", rank=0, world_size=1)
     with pytest.raises(ValueError, match="batch_size must be an integer"):
