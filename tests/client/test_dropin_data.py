@@ -20,7 +20,8 @@ import graphfeed.client as gf
 from graphfeed.core.data_check import DataMismatchWarning
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
-from graphfeed.server.partition import builder, synth
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster
 
 FANOUTS = [5, 3]
