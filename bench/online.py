@@ -14,14 +14,12 @@ import math
 import os
 import statistics
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from graphfeed.bench.remote import check_servers, server_logs
-from graphfeed.testing.cluster import LocalCluster
+from graphfeed.bench.remote import check_servers, through_servers
 
 DEFAULT_SIZES = (1, 64, 1024)
 
@@ -41,9 +39,6 @@ class OnlineBenchConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
-        if isinstance(self.servers, int) and not os.path.isdir(os.fspath(self.graph)):
-            raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
-                                    f"create one with `graphfeed partition ... --output {self.graph}`")
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"--sizes must be positive seed counts, got {list(self.sizes)}")
         if self.requests < 1 or self.warmup < 0:
@@ -89,17 +84,9 @@ def measure(addresses: Sequence[str], cfg: OnlineBenchConfig) -> dict:
 
 def bench_online(cfg: OnlineBenchConfig) -> dict:
     """Measure online sampling latency; returns the JSON-ready result (see the module doc)."""
-    from graphfeed.bench.remote import _check_parts
     from graphfeed.server.sampling import dispatch
 
-    with ExitStack() as stack:
-        if isinstance(cfg.servers, int):
-            _check_parts(cfg.graph or "", cfg.servers)
-            log_dir = stack.enter_context(server_logs("graphfeed-bench-online-"))
-            local = stack.enter_context(LocalCluster(cfg.graph or "", cfg.servers, log_dir=log_dir))
-            result = measure(local.addresses, cfg)
-        else:
-            result = measure(cfg.servers, cfg)
+    result = through_servers(cfg.servers, cfg.graph, "online", lambda addresses: measure(addresses, cfg))
     result.update({
         "implementation": dispatch.IMPLEMENTATION,
         "servers": cfg.servers if isinstance(cfg.servers, int) else len(cfg.servers),

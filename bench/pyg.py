@@ -17,14 +17,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from graphfeed.bench.remote import _check_parts, check_servers, server_logs
-from graphfeed.testing.cluster import LocalCluster
+from graphfeed.bench.remote import check_servers, through_servers
 
 
 @dataclass(frozen=True)
@@ -44,9 +42,6 @@ class PygBenchConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "servers", check_servers(self.servers, self.graph))
-        if isinstance(self.servers, int) and not os.path.isdir(os.fspath(self.graph)):
-            raise FileNotFoundError(f"--graph {self.graph}: no such partition folder; "
-                                    f"create one with `graphfeed partition ... --output {self.graph}`")
         for name in ("batch_size", "input_count", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -110,14 +105,7 @@ def measure(addresses: Sequence[str], cfg: PygBenchConfig) -> dict:
 def bench_pyg(cfg: PygBenchConfig) -> dict:
     """Measure both paths; returns the JSON-ready result (see the module doc)."""
     load_before = os.getloadavg()
-    with ExitStack() as stack:
-        if isinstance(cfg.servers, int):
-            _check_parts(cfg.graph or "", cfg.servers)
-            log_dir = stack.enter_context(server_logs("graphfeed-bench-pyg-"))
-            local = stack.enter_context(LocalCluster(cfg.graph or "", cfg.servers, log_dir=log_dir))
-            result = measure(local.addresses, cfg)
-        else:
-            result = measure(cfg.servers, cfg)
+    result = through_servers(cfg.servers, cfg.graph, "pyg", lambda addresses: measure(addresses, cfg))
     result.update({
         "servers": cfg.servers if isinstance(cfg.servers, int) else len(cfg.servers),
         "graph": None if cfg.graph is None else os.fspath(cfg.graph), "num_neighbors": list(cfg.num_neighbors),

@@ -63,18 +63,34 @@ from graphfeed.transport import registry
 
 def check_servers(servers, graph) -> int | tuple[str, ...]:
     """``--servers`` as a bench takes it: a count N >= 1 of servers to start over the partition folder
-    ``graph`` (which must then be given), or a non-empty sequence of ``host:port`` (as a tuple);
-    ValueError naming the flag otherwise.  Shared by ``bench remote`` and ``bench online``."""
+    ``graph`` (which must then be given and exist), or a non-empty sequence of ``host:port`` (as a tuple);
+    ValueError (FileNotFoundError for a missing folder) naming the flag otherwise.  Shared by every bench that
+    runs through servers."""
     if isinstance(servers, int) and not isinstance(servers, bool):
         if servers < 1:
             raise ValueError(f"--servers must be at least 1 (or a host:port list), got {servers}")
         if graph is None:
             raise ValueError("--servers N starts N servers over a partition folder: give --graph DIR")
+        if not os.path.isdir(os.fspath(graph)):
+            raise FileNotFoundError(f"--graph {graph}: no such partition folder; "
+                                    f"create one with `graphfeed partition ... --output {graph}`")
         return servers
     servers = tuple(servers)
     if not servers:
         raise ValueError("--servers: give a number of servers to start or a host:port list")
     return servers
+
+
+def through_servers(servers: int | tuple[str, ...], graph, name: str, measure: Callable[[Sequence[str]], dict]) -> dict:
+    """``measure(addresses)`` through ``servers`` (:func:`check_servers`'s form): a count starts that many local
+    daemons over ``graph`` for the run (their logs in a temporary folder named after the bench ``name``), a
+    ``host:port`` list is used as it is."""
+    if not isinstance(servers, int):
+        return measure(servers)
+    _check_parts(os.fspath(graph or ""), servers)
+    with server_logs(f"graphfeed-bench-{name}-") as log_dir, \
+            LocalCluster(os.fspath(graph or ""), servers, log_dir=log_dir) as local:
+        return measure(local.addresses)
 
 
 @dataclass(frozen=True)

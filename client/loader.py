@@ -27,7 +27,7 @@ from graphfeed.core.delivery import Delivery
 from graphfeed.core.embedding import check_tables, hand_out_rows
 from graphfeed.core.epoch import EpochPlan
 from graphfeed.core.loader_stats import LoaderStats
-from graphfeed.core.progress import EpochProgress, check_cursor
+from graphfeed.core.progress import EpochProgress, PygLoaderFace, check_cursor
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
@@ -59,7 +59,7 @@ class PullFailed(Exception):
         self.where = where
 
 
-class RemoteNeighborLoader:
+class RemoteNeighborLoader(PygLoaderFace):
     """Iterate PyG ``Data`` mini-batches sampled by the cluster's servers.
 
     Made by :meth:`graphfeed.client.Client.neighbor_loader` (arguments as PyG's
@@ -130,19 +130,6 @@ class RemoteNeighborLoader:
         return open_session_request(self.spec, self.client.group.group_id)
 
     # ---- epochs ---------------------------------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        self._progress.set_epoch(epoch)
-
-    @property
-    def batch_size(self) -> int:
-        """Seeds (seed edges) per batch, as PyG's ``loader.batch_size``."""
-        return self.spec.batch_size
-
-    @property
-    def dataset(self) -> range:
-        """``range(number of input nodes or seed edges)``, every rank's together, as PyG's ``loader.dataset``."""
-        return range(sum(self.counts))
 
     def _plan(self, epoch: int) -> EpochPlan:
         return EpochPlan(self.spec, self.counts, epoch)

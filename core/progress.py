@@ -130,3 +130,26 @@ def check_cursor(epoch: int, start: int, total: int) -> None:
     if not 0 <= start <= total:
         raise ValueError(f"the loaded state resumes epoch {epoch} at batch {start}, but this rank's epoch has "
                          f"{total} batches: the state belongs to another rank or world size")
+
+
+class PygLoaderFace:
+    """What PyG's loaders expose that both of graphfeed's loaders answer alike (mixed into each): the epoch a
+    DDP script sets, the batch size and the dataset.  The loader holds ``spec`` (its ``LoaderSpec``),
+    ``counts`` (every part's input count) and ``_progress`` (its :class:`EpochProgress`)."""
+
+    spec: Any
+    counts: list[int]
+    _progress: EpochProgress
+
+    def set_epoch(self, epoch: int) -> None:
+        self._progress.set_epoch(epoch)
+
+    @property
+    def batch_size(self) -> int:
+        """Seeds (seed edges) per batch, as PyG's ``loader.batch_size``."""
+        return self.spec.batch_size
+
+    @property
+    def dataset(self) -> range:
+        """``range(number of input nodes or seed edges)``, every rank's together, as PyG's ``loader.dataset``."""
+        return range(sum(self.counts))

@@ -19,7 +19,7 @@ from graphfeed.core.delivery import Delivery
 from graphfeed.core.embedding import check_tables, hand_out_rows, rows_dtype
 from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.loader_stats import LoaderStats
-from graphfeed.core.progress import EpochProgress, check_cursor
+from graphfeed.core.progress import EpochProgress, PygLoaderFace, check_cursor
 from graphfeed.core.spec import (
     LinkInput,
     LoaderSpec,
@@ -34,7 +34,7 @@ from graphfeed.server.sampling.producer import node_seed_time, planned_batches, 
 from graphfeed.server.sampling.producer import sample_nodes as _sample_nodes
 
 
-class LocalNeighborLoader:
+class LocalNeighborLoader(PygLoaderFace):
     """Iterate PyG mini-batches sampled from a partitioned graph: ``Data`` for a homogeneous graph,
     ``HeteroData`` for a typed one.
 
@@ -109,19 +109,6 @@ class LocalNeighborLoader:
         """``data=``: the script's graph against this loader's parts (:mod:`graphfeed.core.data_check`)."""
         if data is not None:
             check_data(data, PartsServed(self.graph), transform=self.transforms.transform, verify=verify)
-
-    def set_epoch(self, epoch: int) -> None:
-        self._progress.set_epoch(epoch)
-
-    @property
-    def batch_size(self) -> int:
-        """Seeds (seed edges) per batch, as PyG's ``loader.batch_size``."""
-        return self.spec.batch_size
-
-    @property
-    def dataset(self) -> range:
-        """``range(number of input nodes or seed edges)``, every rank's together, as PyG's ``loader.dataset``."""
-        return range(sum(self.counts))
 
     @property
     def sessions(self) -> list[str]:
