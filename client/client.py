@@ -46,7 +46,9 @@ RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the gr
 WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
 # what a pull's error says when the peer process went away (TensorPipe / torch RPC wording)
 LOST_CONNECTION = ("eof", "end of file", "connection reset", "econnreset", "broken pipe", "epipe", "pipe closed",
-                   "connection refused", "connection closed", "peer closed")
+                   "connection refused", "connection closed", "peer closed",
+                   # TensorPipe's same-host channel reading a peer process that is gone (a worker killed mid-call)
+                   "process_vm_readv: no such process")
 
 
 def _lost_connection(exc: BaseException | None) -> bool:
