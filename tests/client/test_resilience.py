@@ -360,3 +360,33 @@ def test_chaos_kills_at_random_points_the_epoch_completes_exactly_once(parts_dir
     report = run_chaos(parts_dir, kills=CHAOS_KILLS, seed=11, batch_size=16, log_dir=tmp_path)
     assert len(report.kills) == CHAOS_KILLS
     assert 1 <= report.reconnects <= CHAOS_KILLS and 1 <= report.resumes <= report.reconnects, str(report)
+
+
+def test_pygs_loader_over_graphfeeds_stores_resumes_after_a_server_kill(parts_dir, graph, tmp_path):
+    """PyG's own NeighborLoader over graphfeed's stores (its batches started ahead on the servers): a server
+    killed mid-epoch and restarted on its port, the same epoch finishes equal to graphfeed's own loader."""
+    from torch_geometric.loader import NeighborLoader
+
+    from graphfeed.pyg import GraphfeedFeatureStore, GraphfeedGraphStore
+
+    ids = torch.as_tensor(graph[3]["test"])
+    with running_cluster(parts_dir, log_dir=tmp_path) as servers:
+        victim = servers[1]
+        with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
+            want = list(client.neighbor_loader(input_nodes=ids, num_neighbors=FANOUTS, batch_size=48, shuffle=False))
+            loader = NeighborLoader((GraphfeedFeatureStore(client), GraphfeedGraphStore(client)),
+                                    num_neighbors=FANOUTS, input_nodes=ids, batch_size=48, shuffle=False)
+            it = iter(loader)
+            got = [next(it) for _ in range(3)]
+            _kill(victim)
+            restarted: list = []
+            thread = _restart_later(parts_dir, 1, victim.port, tmp_path / "restart", 1.0, restarted)
+            got += list(it)
+            thread.join(60)
+            servers[1] = restarted[0]
+            assert client.reconnects == 1
+            assert len(got) == len(want)
+            for a, b in zip(got, want):   # the batches of an uninterrupted run, seeds first
+                for key in ("x", "y", "edge_index"):
+                    assert torch.equal(a[key], b[key]), key
+            loader.node_sampler.close()
