@@ -199,8 +199,11 @@ def test_client_metrics_endpoint_and_names_match_the_contract():
     from graphfeed.client import metrics as cm
 
     assert cm.CLIENT_METRICS is metric_names.CLIENT_METRICS   # one list, in core, for client and server
+    # a name no other test uses: LOADERS holds every live loader of this process (another
+    # test's "val" loader not yet collected would add its batches to the same series)
+    NAME = "contract-test-loader"
     clock = FakeClock()
-    stats = cm.LoaderStats("val", num_servers=1, clock=clock)
+    stats = cm.LoaderStats(NAME, num_servers=1, clock=clock)
     stats.start_epoch(0)
     clock.now += 1.0
     stats.delivered(0)
@@ -214,12 +217,12 @@ def test_client_metrics_endpoint_and_names_match_the_contract():
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert {name for name, _ in samples} <= m.series_names(metric_names.CLIENT_METRICS)
-    assert value(samples, "graphfeed_client_batches_total", loader="val") == 1
+    assert value(samples, "graphfeed_client_batches_total", loader=NAME) == 1
     # the ratios are PromQL's to derive: wait and wall as counters, per-batch waits as a histogram
-    assert value(samples, "graphfeed_client_wait_seconds_total", loader="val") == pytest.approx(1.0)
-    assert value(samples, "graphfeed_client_wall_seconds_total", loader="val") == pytest.approx(4.0)
-    assert value(samples, "graphfeed_client_batch_wait_seconds_count", loader="val") == 1
-    assert value(samples, "graphfeed_client_batch_wait_seconds_sum", loader="val") == pytest.approx(1.0)
-    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader="val", le="0.5") == 0
-    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader="val", le="1.0") == 1
+    assert value(samples, "graphfeed_client_wait_seconds_total", loader=NAME) == pytest.approx(1.0)
+    assert value(samples, "graphfeed_client_wall_seconds_total", loader=NAME) == pytest.approx(4.0)
+    assert value(samples, "graphfeed_client_batch_wait_seconds_count", loader=NAME) == 1
+    assert value(samples, "graphfeed_client_batch_wait_seconds_sum", loader=NAME) == pytest.approx(1.0)
+    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader=NAME, le="0.5") == 0
+    assert value(samples, "graphfeed_client_batch_wait_seconds_bucket", loader=NAME, le="1.0") == 1
     assert not any(spec.type == "gauge" for spec in metric_names.CLIENT_METRICS.values())
