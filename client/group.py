@@ -37,6 +37,7 @@ from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.channel import BatchChannel, CallsChannel
 from graphfeed.transport.path import GroupError, TlsFiles, first_line
 from graphfeed.transport.registry import Route
+from graphfeed.transport.secure.keys import group_root, session_secret
 
 log = logging.getLogger(__name__)
 _ACTIVE_LOCK = threading.Lock()
@@ -76,9 +77,11 @@ class DataGroup:
         self.opened: list[ServerConn] = []
         self._channel: BatchChannel | None = None   # opened once the group formed
         self.group_key = secrets.token_bytes(GROUP_KEY_BYTES)
+        token = getattr(self.servers[0].security, "token", None) if self.servers else None
+        self._secret_root = group_root(self.group_key, token)   # its session secrets derive from it
         self.path = self._data_path()
         self.data_path = self.path.name
-        self.end = self.path.trainer(self.group_key)
+        self.end = self.path.trainer(self.group_key, token)
         self.endpoints: dict[int, str] = {}          # part -> its worker's listener (a path whose workers listen)
         self._calls: DataCalls | None = None
 
@@ -86,6 +89,10 @@ class DataGroup:
         if self.route.data_path != registry.AUTO:
             return registry.data_path(self.route.data_path)
         return registry.agreed(getattr(s.info, "data_path", "") for s in self.servers if s.info is not None)
+
+    def session_secret(self, part: int, session_id: str) -> bytes:
+        """The secret of session ``session_id`` on ``part`` (derived as its daemon does; never on the wire)."""
+        return session_secret(self._secret_root, part, session_id)
 
     @property
     def rendezvous(self) -> str:

@@ -64,12 +64,19 @@ class SessionSet:
         first server's error (:class:`ServerError`, or the control plane's class for a refused spec)."""
         generation, replies = self._open_all()
         self._set_ids(tuple(r.session_id for r in replies))
-        self.secrets = tuple(bytes(r.session_secret) for r in replies)
+        self.secrets = self._secrets(replies)
         self.counts = tuple(int(r.local_input_nodes) for r in replies)
         self.generation = generation
         if self._track:
             self.client.track(self)
         return self
+
+    def _secrets(self, replies: list[pb.OpenSessionReply]) -> tuple[bytes, ...]:
+        """Each session's secret, in part order: derived from the group's key as the daemons derive them (a server
+        that still sends one in its reply: that one)."""
+        group = self.client.group
+        return tuple(bytes(r.session_secret) or group.session_secret(s.part, r.session_id)
+                     for s, r in zip(self.client.servers, replies))
 
     def _open_all(self) -> tuple[int, list[pb.OpenSessionReply]]:
         client = self.client
@@ -119,7 +126,7 @@ class SessionSet:
                               f"after the restart the servers report input counts {list(counts)}, before "
                               f"{list(before)}: the partition changed; cannot resume")
         self._set_ids(tuple(r.session_id for r in replies))
-        self.secrets = tuple(bytes(r.session_secret) for r in replies)
+        self.secrets = self._secrets(replies)
         self.counts, self.generation = counts, generation
 
     def close(self) -> None:

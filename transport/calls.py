@@ -27,10 +27,12 @@ Handler = Callable[..., Any]
 
 @dataclass(frozen=True)
 class Function:
-    """A function a worker's listener answers: ``fn(*args)``; ``is_async``: it returns a :class:`Pending` at once."""
+    """A function a worker's listener answers: ``fn(*args)``; ``is_async``: it returns a :class:`Pending` at once;
+    ``peers``: the group's other workers may call it too (otherwise only the trainer may)."""
 
     fn: Handler
     is_async: bool = False
+    peers: bool = False
 
 
 class DataCalls(ABC):

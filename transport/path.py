@@ -55,7 +55,7 @@ class WorkerPlace:
 
     part_id: int
     group_id: str
-    group_key: bytes = field(repr=False)
+    group_key: Any = field(repr=False)   # what DataPath.worker_key made of the group key (bytes, or a key ring)
     data_address: str = "127.0.0.1"   # the interface the worker's end binds to
     rendezvous: str = ""              # "host:port" the trainer reserved (paths that need one)
     rank: int = 0
@@ -64,6 +64,7 @@ class WorkerPlace:
     join_timeout: float = 60.0
     tls_cert: str | None = None       # the daemon's certificate and key (PEM paths), when it has TLS
     tls_key: str | None = None
+    tls_client_ca: str | None = None  # the CA of the daemon's mTLS clients: its data listener asks for certificates
 
     def say(self, line: str) -> str:
         """A log line of this worker (the daemon's log: the worker's stderr)."""
@@ -146,8 +147,13 @@ class DataPath(ABC):
         """A session worker's end (in the worker process)."""
 
     @abstractmethod
-    def trainer(self, group_key: bytes) -> TrainerEnd:
-        """The trainer's end of a group with key ``group_key``."""
+    def trainer(self, group_key: bytes, token: str | None = None) -> TrainerEnd:
+        """The trainer's end of a group with key ``group_key`` (``token``: the control plane's, when it has one)."""
+
+    def worker_key(self, group_key: bytes, token: str | None, part: int, num_parts: int) -> Any:
+        """What the daemon hands part ``part``'s worker as its key of the group (:attr:`WorkerPlace.group_key`):
+        by default the group key itself."""
+        return group_key
 
     def not_joinable(self) -> str:
         """What a worker says to JoinPeers on a path whose workers do not listen."""

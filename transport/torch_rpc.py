@@ -165,7 +165,7 @@ class TorchRpc(DataPath):
     def worker(self, place: WorkerPlace) -> WorkerEnd:
         return TorchRpcWorker(place)
 
-    def trainer(self, group_key: bytes) -> TrainerEnd:
+    def trainer(self, group_key: bytes, token: str | None = None) -> TrainerEnd:
         return TorchRpcTrainer(group_key)
 
 

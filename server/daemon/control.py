@@ -13,7 +13,6 @@ import collections
 import functools
 import ipaddress
 import math
-import secrets
 import time
 import uuid
 from importlib import metadata
@@ -51,6 +50,7 @@ from graphfeed.server.worker.commands import (
 )
 from graphfeed.transport import registry
 from graphfeed.transport.path import DataPath
+from graphfeed.transport.secure.keys import group_root, session_secret
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfeed.control.v1.Control"
 MAX_EPOCH = 1 << 40
@@ -232,7 +232,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
                          data_address=c.effective_data_address, budget=c.work_budget, data_path=path.name,
-                         group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key, **settings)
+                         group_key=path.worker_key(bytes(request.group_key), c.token, part, num_parts),
+                         tls_cert=c.tls_cert, tls_key=c.tls_key, tls_client_ca=c.tls_client_ca, **settings)
         return spec, float(lease)
 
     def _data_path(self, asked: str) -> DataPath:
@@ -275,7 +276,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise
         member = worker_name(spec.part_id)
         group = Group(group_id=spec.group_id, handle=handle, peer=context.peer(), lease_seconds=lease,
-                      deadline=self.registry.clock() + lease, worker_name=member)
+                      deadline=self.registry.clock() + lease, worker_name=member,
+                      secret_root=group_root(bytes(request.group_key), self.config.token))
         self.registry.add_group(group)
         endpoint = str(getattr(handle, "endpoint", "") or "")
         self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
@@ -403,7 +405,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         group.renew(self.registry.clock())
         self.registry.reserve_session(group)
         session_id = uuid.uuid4().hex
-        secret = secrets.token_bytes(SESSION_SECRET_BYTES)
+        # derived, never sent: the trainer derives the same secret from its group key (keys.session_secret)
+        secret = session_secret(group.secret_root, self.served.part_id, session_id)
         try:
             opened = await self._call(group, OpenSession(session_id, secret, spec))
         finally:
@@ -417,7 +420,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.log.info("session_open", session=session_id, group=group.group_id, peer=context.peer(),
                       kind=spec.kind, input=spec.input.describe(), batch_size=spec.batch_size,
                       local_input_nodes=local)
-        return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local, session_secret=secret)
+        return pb.OpenSessionReply(session_id=session_id, local_input_nodes=local)
 
     @rpc
     async def StartEpoch(self, request, context):

@@ -64,6 +64,7 @@ class Group:
     deadline: float                  # monotonic time the lease lapses
     worker_name: str
     sessions: dict[str, Session] = field(default_factory=dict)
+    secret_root: bytes = field(default=b"", repr=False)   # keys.group_root: the group's session secrets derive from it
 
     def renew(self, now: float) -> None:
         self.deadline = now + self.lease_seconds

@@ -52,9 +52,12 @@ class GroupSpec(WorkerSettings):
     # the data path: a name of graphfeed.transport.registry (a path with a rendezvous joins the trainer's group
     # there; one whose workers listen binds ``data_address`` for holders of ``group_key``, TLS with ``tls_cert``)
     data_path: str = TORCH_RPC
-    group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
+    # the trainer group's key as the data path gives it to a worker (DataPath.worker_key: the secure path's is this
+    # part's ring of pair keys, not the group's key; never logged)
+    group_key: Any = field(default=b"", repr=False)
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_client_ca: str | None = None   # the daemon's mTLS client CA: its worker's listener asks for certificates
 
 
 # ---- errors ---------------------------------------------------------------------------------------

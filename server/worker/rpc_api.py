@@ -400,8 +400,9 @@ _TORCH_INTERNAL = "torch.distributed.rpc.api"   # _gather_to_leader, _broadcast_
 
 
 def listener_functions() -> dict[str, Function]:
-    """What the worker's secure listener answers: the same functions, async ones answering with a Pending."""
-    table = {f.__name__: Function(f) for f in ALLOWED}
+    """What the worker's secure listener answers: the same functions, async ones answering with a Pending; peer
+    workers may call only ``rpc_group.PEER_FUNCTIONS`` (the listener knows who called: the pair-key proof)."""
+    table = {f.__name__: Function(f, peers=f.__name__ in rpc_group.PEER_FUNCTIONS) for f in ALLOWED}
     table.update(pull=Function(pull_pending, True), pull_into=Function(pull_into_pending, True),
                  sample=Function(sample_pending, True), sample_seeds=Function(sample_seeds_pending, True))
     return table

@@ -14,18 +14,21 @@ from graphfeed.transport import registry, wire
 from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
-from graphfeed.transport.secure.handshake import Refused, check_key, client_handshake, close_socket, leave_tls
+from graphfeed.transport.secure.handshake import Refused, client_handshake, close_socket, leave_tls
+from graphfeed.transport.secure.keys import PartyKeys, party_keys
 
 CONNECT_TIMEOUT = 10.0
 SWEEP_INTERVAL = 0.25         # seconds between checks for calls past their timeout
 
 
 class SecureClient:
-    """One authenticated connection to a worker's :class:`SecureServer`; calls are multiplexed on it."""
+    """One authenticated connection to a worker's :class:`SecureServer` (party ``party``: the part it serves);
+    calls are multiplexed on it.  ``key``: this end's :class:`PartyKeys` (bytes: a group root, as the trainer)."""
 
-    def __init__(self, address: str, key: bytes, *, where: str, tls: ssl.SSLContext | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT):
-        self.address, self.key, self.where, self.tls = address, check_key(key), where, tls
+    def __init__(self, address: str, key: bytes | PartyKeys, *, where: str, tls: ssl.SSLContext | None = None,
+                 connect_timeout: float = CONNECT_TIMEOUT, party: int = 0):
+        self.address, self.keys, self.where, self.tls = address, party_keys(key), where, tls
+        self.party = int(party)
         self.connect_timeout = float(connect_timeout)
         self._ids = itertools.count(1)
         self._calls: dict[int, tuple[Pending, float]] = {}
@@ -47,7 +50,7 @@ class SecureClient:
                 sock = self.tls.wrap_socket(raw, server_side=False)
                 der = sock.getpeercert(binary_form=True)
                 binding = hashlib.sha256(der or b"").digest()
-            recv_key, send_key = client_handshake(sock, self.key, binding, f"{self.where} at {self.address}")
+            agreed = client_handshake(sock, self.keys, self.party, binding, f"{self.where} at {self.address}")
             suite = None
             if isinstance(sock, ssl.SSLSocket):
                 suite = sock.cipher()
@@ -59,8 +62,8 @@ class SecureClient:
             close_socket(sock)
             raise ConnectionError(f"{self.where}'s data path at {self.address}: {exc}") from None
         sock.settimeout(None)
-        conn = Connection(sock, recv_key, send_key, mac=self.tls is None, seal=self.tls is not None,
-                          where=f"{self.where} ({self.address})")
+        conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True,
+                          where=f"{self.where} ({self.address})", party=agreed.party)
         conn.tls_suite = suite
         threading.Thread(target=self._read, args=(conn,), name=f"graphfeed-dp-{self.where}", daemon=True).start()
         return conn
@@ -151,10 +154,10 @@ class SecureCalls(DataCalls):
     kind = registry.SECURE
     label = "the secure data path"
 
-    def __init__(self, key: bytes, endpoints: Mapping[int, str] | None = None, *,
+    def __init__(self, key: bytes | PartyKeys, endpoints: Mapping[int, str] | None = None, *,
                  tls: ssl.SSLContext | None = None, name: Callable[[int], str] = lambda p: f"part{p}"):
         super().__init__()
-        self.key, self.tls, self.name = check_key(key), tls, name
+        self.keys, self.tls, self.name = party_keys(key), tls, name
         self._clients: dict[int, SecureClient] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -169,8 +172,8 @@ class SecureCalls(DataCalls):
                 if old is None or old.address != address:
                     if old is not None:
                         old.close()
-                    self._clients[int(part)] = SecureClient(address, self.key, where=self.name(int(part)),
-                                                            tls=self.tls)
+                    self._clients[int(part)] = SecureClient(address, self.keys, where=self.name(int(part)),
+                                                            tls=self.tls, party=int(part))
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="graphfeed-dp-sweep", daemon=True)
                 self._sweeper.start()

@@ -33,18 +33,31 @@ from graphfeed.transport.secure.frames import (
     _send_pieces,
 )
 from graphfeed.transport.secure.handshake import MAC, recv_exact
+from graphfeed.transport.secure.keys import REKEY_BYTES, REKEY_FRAMES, TRAINER, ratchet
 
 CHUNK = 16 << 20              # bytes per recv_into
 RECV_LOWAT = 4 << 20          # bytes a frame's reader waits for per wake-up (SO_RCVLOWAT; capped at tcp_rmem[2] / 2)
 
 
 class Connection:
-    """One authenticated socket: :meth:`send` (thread-safe) and :meth:`recv` (one reader thread)."""
+    """One authenticated socket: :meth:`send` (thread-safe) and :meth:`recv` (one reader thread).
 
-    def __init__(self, sock, recv_key: bytes, send_key: bytes, mac: bool, where: str, seal: bool = False):
+    ``party``: the other end's party (:mod:`.keys`), proven at the set-up.  Each direction's key is replaced by
+    :func:`~.keys.ratchet` of it after :attr:`rekey_frames` frames or :attr:`rekey_bytes` bytes (header and body
+    lengths, which both ends read from the prefixes): the sender after the frame that reaches the limit, the
+    receiver after reading that frame -- the same frame, no message about it."""
+
+    rekey_frames = REKEY_FRAMES
+    rekey_bytes = REKEY_BYTES
+
+    def __init__(self, sock, recv_key: bytes, send_key: bytes, mac: bool, where: str, seal: bool = False,
+                 party: int = TRAINER):
         if mac and seal:
-            raise ValueError("a connection's frames are MACed (no TLS) or sealed (TLS), not both")
-        self.sock, self.where, self.mac, self.seal = sock, where, mac, seal
+            raise ValueError("a connection's frames are MACed or sealed, not both")
+        self.sock, self.where, self.mac, self.seal, self.party = sock, where, mac, seal, party
+        self._sent = [0, 0]       # frames, bytes under the current send key
+        self._received = [0, 0]   # frames, bytes under the current receive key
+        self.rekeys = [0, 0]      # keys replaced: sending, receiving
         self.tls_suite: tuple | None = None   # (name, protocol, bits) of the TLS set-up, on a client's connection
         self._recv_key, self._send_key = recv_key, send_key
         self._recv_body_key, self._send_body_key = _body_key(recv_key), _body_key(send_key)
@@ -103,6 +116,7 @@ class Connection:
                 pieces.append(hmac.digest(self._send_key, seq + b"h" + prefix + header, "sha256"))
                 body.append(_body_tag(self._send_body_key, seq, body))
             self._send_seq += 1
+            self._count_sent(len(header) + body_len)
             _send_pieces(self.sock, pieces + body)
 
     def recv(self) -> tuple[dict, Any]:
@@ -130,6 +144,7 @@ class Connection:
             if not hmac.compare_digest(got, mac.tag):
                 raise FrameError("a frame's body failed its MAC (tampered)")
         self._recv_seq += 1
+        self._count_received(header_len + body_len)
         return _decoded(header, body, body_len)
 
     # ---- sealed frames (TLS configured: AES-256-GCM under keys agreed inside TLS) -------------------------
@@ -151,6 +166,7 @@ class Connection:
             sealer.finalize()
             out.raw(sealer.tag)
             out.flush()
+            self._count_sent(sum(PREFIX.unpack(prefix)))
 
     def _recv_sealed(self, prefix: bytes, header_len: int, body_len: int) -> tuple[bytes, torch.Tensor]:
         """The header (its tag checked before it is parsed) and the body (its tag checked before it is decoded),
@@ -179,7 +195,35 @@ class Connection:
         except InvalidTag:
             raise FrameError("a frame's body failed its tag (tampered)") from None
         self._recv_seq += 1
+        self._count_received(header_len + body_len)
         return header, whole[:body_len]
+
+    # ---- rekey -----------------------------------------------------------------------------------------
+
+    def _due(self, counts: list[int], nbytes: int) -> bool:
+        counts[0] += 1
+        counts[1] += nbytes
+        if counts[0] < self.rekey_frames and counts[1] < self.rekey_bytes:
+            return False
+        counts[0] = counts[1] = 0
+        return True
+
+    def _count_sent(self, nbytes: int) -> None:
+        """After a frame went out (under the send lock): the next send key when this frame reached a limit."""
+        if self._due(self._sent, nbytes):
+            self._send_key = ratchet(self._send_key)
+            self._send_body_key = _body_key(self._send_key)
+            if self.seal:
+                self._send_seal = _seal_key(self._send_key)
+            self.rekeys[0] += 1
+
+    def _count_received(self, nbytes: int) -> None:
+        if self._due(self._received, nbytes):
+            self._recv_key = ratchet(self._recv_key)
+            self._recv_body_key = _body_key(self._recv_key)
+            if self.seal:
+                self._recv_seal = _seal_key(self._recv_key)
+            self.rekeys[1] += 1
 
     def _recv_into(self, view: memoryview, each: Callable[[memoryview], Any] | None = None) -> None:
         """Fill ``view`` (part of a frame whose length the prefix announced) from the socket.

@@ -1,4 +1,5 @@
-"""The secure data path's connection set-up: the group-key handshake, bound to the TLS certificate when there is one.
+"""The secure data path's connection set-up: an X25519 exchange authenticated by the two parties' pair key, bound to
+the TLS certificate when there is one (:mod:`.keys` says who holds which key).
 
 See :mod:`graphfeed.transport.secure` for the protocol.  Only these few fixed-size messages are read from
 a sender before it has proved the group's key.
@@ -10,13 +11,21 @@ import hmac
 import secrets
 import socket
 import ssl
-from dataclasses import dataclass
-from typing import Any
+import struct
+from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from graphfeed.transport.secure.keys import PartyKeys, hkdf, party_name
 
 MAGIC = b"GFDP"
-VERSION = 3   # 3: with TLS, sealed frames after the set-up; compact batches (2: TLS records; 1: HMAC bodies)
+VERSION = 4   # 4: X25519 per connection, pair keys, sealed frames, rekey (3: group-key HMAC; 2: TLS records)
 NONCE = 32
-HELLO = len(MAGIC) + 1 + NONCE
+SHARE = 32                    # an X25519 public key
+_PARTIES = struct.Struct("!ii")   # the sender's party, the party it asks for
+HELLO = len(MAGIC) + 1 + _PARTIES.size + NONCE + SHARE
+REPLY = len(MAGIC) + 1 + NONCE + SHARE
 MAC = 32
 KEY_BYTES = 32
 HANDSHAKE_TIMEOUT = 10.0      # seconds an unauthenticated sender has to finish the set-up
@@ -30,26 +39,26 @@ def new_group_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-def check_key(key: Any) -> bytes:
-    if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
-        raise ValueError("a data-path group key must be at least 16 random bytes")
-    return bytes(key)
-
-
 # ---- TLS ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TlsServer:
-    """A worker's TLS: its daemon's certificate and key (PEM paths)."""
+    """A worker's TLS: its daemon's certificate and key (PEM paths); ``client_ca``: the CA that must have signed a
+    connecting party's certificate (the daemon's ``tls_client_ca``: mTLS on the control plane, so here too)."""
 
     cert: str
     key: str
+    client_ca: str | None = None
 
     def context(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3   # AEAD suites only, no renegotiation
         ctx.load_cert_chain(self.cert, self.key)
-        ctx.verify_mode = ssl.CERT_NONE   # clients prove the group key, bound to this certificate
+        if self.client_ca:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(self.client_ca)
+        else:
+            ctx.verify_mode = ssl.CERT_NONE   # clients prove their pair key, bound to this certificate
         ctx.num_tickets = 0               # no session resumption, and nothing sent over TLS after the set-up
         return ctx
 
@@ -69,7 +78,7 @@ def client_tls(ca: str | None = None, cert: str | None = None, key: str | None =
     when ``verify`` (host names are not checked: a data address need not be in the certificate; the
     group proofs are bound to the certificate the client saw).  ``cert``/``key``: a client certificate."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False
     if verify:
         ctx.verify_mode = ssl.CERT_REQUIRED
@@ -85,8 +94,34 @@ def client_tls(ca: str | None = None, cert: str | None = None, key: str | None =
 
 
 # ---- handshake ---------------------------------------------------------------------------------------
-def _proof(key: bytes, label: bytes, cn: bytes, sn: bytes, binding: bytes) -> bytes:
-    return hmac.new(key, label + cn + sn + binding, hashlib.sha256).digest()
+
+@dataclass(frozen=True)
+class Agreed:
+    """What a finished set-up gives one end: its direction keys and the party at the other end."""
+
+    recv_key: bytes = field(repr=False)
+    send_key: bytes = field(repr=False)
+    party: int            # the other end's party (keys.TRAINER or a part number), proven by its pair key
+
+
+def _hello(me: int, them: int, nonce: bytes, public: bytes) -> bytes:
+    return MAGIC + bytes([VERSION]) + _PARTIES.pack(me, them) + nonce + public
+
+
+def _ephemeral() -> tuple[X25519PrivateKey, bytes]:
+    private = X25519PrivateKey.generate()
+    return private, private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _master(private: X25519PrivateKey, their_public: bytes, pair: bytes, transcript: bytes) -> bytes:
+    """The connection's master key: the X25519 secret, salted with the pair key, bound to the transcript (both
+    hellos and the TLS certificate's hash).  ValueError when the other end's public key is degenerate."""
+    shared = private.exchange(X25519PublicKey.from_public_bytes(their_public))
+    return hkdf(shared, salt=pair, info=b"graphfeed handshake v4" + hashlib.sha256(transcript).digest())
+
+
+def _proof(master: bytes, label: bytes) -> bytes:
+    return hmac.new(master, label, hashlib.sha256).digest()
 
 
 def recv_exact(sock, n: int) -> bytes:
@@ -100,37 +135,55 @@ def recv_exact(sock, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock, key: bytes, binding: bytes) -> tuple[bytes, bytes]:
+def server_handshake(sock, keys: PartyKeys, binding: bytes) -> Agreed:
+    """The listener's side: read the fixed-size hello, answer with this end's share and proof, check the
+    client's proof.  Refused when the client is not a party holding a pair key with this worker, or fails."""
     hello = recv_exact(sock, HELLO)
     if hello[:len(MAGIC)] != MAGIC:
         raise Refused("not a graphfeed data-path hello")
     if hello[len(MAGIC)] != VERSION:
         raise Refused(f"data-path protocol version {hello[len(MAGIC)]} (this worker speaks {VERSION})")
-    cn, sn = hello[len(MAGIC) + 1:], secrets.token_bytes(NONCE)
-    sock.sendall(MAGIC + bytes([VERSION]) + sn + _proof(key, b"server", cn, sn, binding))
-    got = recv_exact(sock, MAC)
-    if not hmac.compare_digest(got, _proof(key, b"client", cn, sn, binding)):
-        raise Refused("wrong group proof (the sender does not hold this trainer group's key)")
-    return _direction_keys(key, cn, sn, binding)
+    client, server = _PARTIES.unpack_from(hello, len(MAGIC) + 1)
+    if server != keys.me:
+        raise Refused(f"the sender asked for {party_name(server)}; this listener is {party_name(keys.me)}")
+    pair = keys.key(client)
+    if pair is None:
+        raise Refused(f"the sender claims to be {party_name(client)}, which is no party of this group")
+    private, public = _ephemeral()
+    reply = MAGIC + bytes([VERSION]) + secrets.token_bytes(NONCE) + public
+    master = _master(private, hello[-SHARE:], pair, hello + reply + binding)
+    sock.sendall(reply + _proof(master, b"server"))
+    if not hmac.compare_digest(recv_exact(sock, MAC), _proof(master, b"client")):
+        raise Refused(f"wrong proof from a sender claiming to be {party_name(client)} (it does not hold that "
+                      f"party's key of this trainer group)")
+    return Agreed(_direction(master, b"c2s"), _direction(master, b"s2c"), client)
 
 
-def client_handshake(sock, key: bytes, binding: bytes, where: str) -> tuple[bytes, bytes]:
-    cn = secrets.token_bytes(NONCE)
-    sock.sendall(MAGIC + bytes([VERSION]) + cn)
-    reply = recv_exact(sock, HELLO + MAC)
+def client_handshake(sock, keys: PartyKeys, server: int, binding: bytes, where: str) -> Agreed:
+    """The connecting side: prove this party (``keys.me``) to party ``server`` and check that it is that party."""
+    pair = keys.key(server)
+    if pair is None:
+        raise Refused(f"{party_name(keys.me)} holds no key for {where} ({party_name(server)})")
+    private, public = _ephemeral()
+    hello = _hello(keys.me, server, secrets.token_bytes(NONCE), public)
+    sock.sendall(hello)
+    reply = recv_exact(sock, REPLY + MAC)
     if reply[:len(MAGIC)] != MAGIC or reply[len(MAGIC)] != VERSION:
         raise Refused(f"{where} is not a graphfeed data-path listener of protocol version {VERSION}")
-    sn, proof = reply[len(MAGIC) + 1:HELLO], reply[HELLO:]
-    if not hmac.compare_digest(proof, _proof(key, b"server", cn, sn, binding)):
-        raise Refused(f"{where} failed the group proof: it does not hold this trainer group's key, or a "
-                      f"man in the middle terminated TLS")
-    sock.sendall(_proof(key, b"client", cn, sn, binding))
-    c2s, s2c = _direction_keys(key, cn, sn, binding)
-    return s2c, c2s   # (receive key, send key) of the client
+    try:
+        master = _master(private, reply[REPLY - SHARE:REPLY], pair, hello + reply[:REPLY] + binding)
+    except ValueError:
+        raise Refused(f"{where} sent a degenerate key share") from None
+    if not hmac.compare_digest(reply[REPLY:], _proof(master, b"server")):
+        raise Refused(f"{where} failed the group proof: it is not {party_name(server)} of this trainer group, or "
+                      f"a man in the middle terminated TLS")
+    sock.sendall(_proof(master, b"client"))
+    return Agreed(_direction(master, b"s2c"), _direction(master, b"c2s"), server)
 
 
-def _direction_keys(key: bytes, cn: bytes, sn: bytes, binding: bytes) -> tuple[bytes, bytes]:
-    return _proof(key, b"c2s", cn, sn, binding), _proof(key, b"s2c", cn, sn, binding)
+def _direction(master: bytes, label: bytes) -> bytes:
+    return hkdf(master, info=b"graphfeed direction " + label)
+
 
 def leave_tls(sock: ssl.SSLSocket) -> socket.socket:
     """The TCP socket under ``sock`` once the set-up is done over TLS: the frames that follow are sealed with keys

@@ -9,6 +9,7 @@ listens on nothing.
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Callable, Mapping, Sequence
 
 from graphfeed.transport import registry, rpc_group
@@ -16,6 +17,7 @@ from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.path import DataPath, GroupError, TlsFiles, TrainerEnd, WorkerEnd, WorkerHooks, WorkerPlace
 from graphfeed.transport.secure.client import SecureCalls
 from graphfeed.transport.secure.handshake import TlsServer, client_tls
+from graphfeed.transport.secure.keys import PartyKeys, group_root
 from graphfeed.transport.secure.server import RefusalLog, SecureServer
 
 
@@ -26,14 +28,12 @@ class SecureWorker(WorkerEnd):
 
     def __init__(self, place: WorkerPlace):
         super().__init__(place)
-        # peers verify nothing about this end but the group key (no CA here for their certificates)
-        tls = client_tls(verify=False) if place.tls_cert else None
-        self.calls = SecureCalls(place.group_key, tls=tls, name=rpc_group.worker_name)
+        self.calls = SecureCalls(place.group_key, tls=peer_tls(place), name=rpc_group.worker_name)
         self.server: SecureServer | None = None
 
     def listen(self, hooks: WorkerHooks) -> str:
         p = self.place
-        tls = TlsServer(p.tls_cert, p.tls_key) if p.tls_cert and p.tls_key else None
+        tls = TlsServer(p.tls_cert, p.tls_key, p.tls_client_ca) if p.tls_cert and p.tls_key else None
         refused = RefusalLog(say=hooks.say, count=hooks.refused)
         self.server = SecureServer(p.data_address, p.group_key, hooks.functions(), name=f"part{p.part_id}-dp",
                                    tls=tls, on_refused=refused).start()
@@ -58,11 +58,21 @@ class SecureWorker(WorkerEnd):
         self.calls.close()
 
 
-class SecureTrainer(TrainerEnd):
-    """The trainer notes each worker's listener, then connects to each and proves the key."""
+def peer_tls(place: WorkerPlace) -> ssl.SSLContext | None:
+    """A worker's TLS towards its peers: with mTLS (``tls_client_ca``) it checks their certificates against that CA
+    and shows its daemon's; with TLS only it checks none -- the pair-key proof is bound to the certificate it saw."""
+    if not place.tls_cert:
+        return None
+    if place.tls_client_ca:
+        return client_tls(ca=place.tls_client_ca, cert=place.tls_cert, key=place.tls_key)
+    return client_tls(verify=False)
 
-    def __init__(self, group_key: bytes, name: str):
-        self.group_key, self.name = group_key, name
+
+class SecureTrainer(TrainerEnd):
+    """The trainer notes each worker's listener, then connects to each and proves it is the trainer."""
+
+    def __init__(self, group_key: bytes, name: str, token: str | None = None):
+        self.group_key, self.name = PartyKeys.of_root(group_root(group_key, token)), name
 
     def opened(self, part: int, data_path: str, endpoint: str) -> str | None:
         if data_path != self.name or not endpoint:
@@ -93,8 +103,12 @@ class Secure(DataPath):
     def worker(self, place: WorkerPlace) -> WorkerEnd:
         return SecureWorker(place)
 
-    def trainer(self, group_key: bytes) -> TrainerEnd:
-        return SecureTrainer(group_key, self.name)
+    def trainer(self, group_key: bytes, token: str | None = None) -> TrainerEnd:
+        return SecureTrainer(group_key, self.name, token)
+
+    def worker_key(self, group_key: bytes, token: str | None, part: int, num_parts: int) -> PartyKeys:
+        """Part ``part``'s ring: its pair keys with the trainer and the other parts -- never the group's root."""
+        return PartyKeys.of_worker(group_root(group_key, token), part, num_parts)
 
 
 PATH = Secure()

@@ -18,11 +18,11 @@ from graphfeed.transport.secure.handshake import (
     HANDSHAKE_TIMEOUT,
     Refused,
     TlsServer,
-    check_key,
     close_socket,
     leave_tls,
     server_handshake,
 )
+from graphfeed.transport.secure.keys import TRAINER, PartyKeys, party_keys, party_name
 
 REFUSAL_LOG_INTERVAL = 60.0   # seconds between two log lines about refused connections
 
@@ -55,12 +55,14 @@ class RefusalLog:
 
 
 class SecureServer:
-    """A listener on ``host`` (port 0 unless given) answering :class:`Function` calls from holders of ``key``."""
+    """A listener on ``host`` (port 0 unless given) answering :class:`Function` calls from the parties ``key`` shares
+    a pair key with (:class:`PartyKeys`; bytes: a group root, this listener being part 0): the trainer may call every
+    function, a peer worker only those marked ``peers``."""
 
-    def __init__(self, host: str, key: bytes, functions: Mapping[str, Function], *, name: str,
+    def __init__(self, host: str, key: bytes | PartyKeys, functions: Mapping[str, Function], *, name: str,
                  tls: TlsServer | None = None, on_refused: Callable[[str, str], None] | None = None,
                  threads: int = 16, port: int = 0):
-        self.key, self.functions, self.name = check_key(key), dict(functions), name
+        self.keys, self.functions, self.name = party_keys(key, me=0), dict(functions), name
         self.tls = tls
         self._ctx = tls.context() if tls is not None else None
         self._binding = tls.binding() if tls is not None else b""
@@ -97,7 +99,7 @@ class SecureServer:
         try:
             if self._ctx is not None:
                 sock = self._ctx.wrap_socket(sock, server_side=True)
-            recv_key, send_key = server_handshake(sock, self.key, self._binding)
+            agreed = server_handshake(sock, self.keys, self._binding)
             if isinstance(sock, ssl.SSLSocket):
                 sock = leave_tls(sock)
         except (Refused, OSError, ssl.SSLError, ValueError) as exc:
@@ -109,7 +111,7 @@ class SecureServer:
                 self.on_refused(peer, reason)
             return
         sock.settimeout(None)
-        conn = Connection(sock, recv_key, send_key, mac=self._ctx is None, seal=self._ctx is not None, where=peer)
+        conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True, where=peer, party=agreed.party)
         conn.start_sender(f"{self.name}-send")
         with self._lock:
             if self._closed:
@@ -139,6 +141,11 @@ class SecureServer:
             allowed = ", ".join(sorted(self.functions))
             _reply_error(conn, call_id, PermissionError(
                 f"{name!r} is not callable on a graphfeed session worker (allowed: {allowed})"))
+            return
+        if conn.party != TRAINER and not func.peers:
+            allowed = ", ".join(sorted(n for n, f in self.functions.items() if f.peers))
+            _reply_error(conn, call_id, PermissionError(
+                f"{name!r} is the trainer's to call; {party_name(conn.party)} (a peer worker) may call: {allowed}"))
             return
         args = value if isinstance(value, (list, tuple)) else ()
         if func.is_async:
