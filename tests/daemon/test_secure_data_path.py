@@ -8,8 +8,9 @@
 * Nothing else listens: no torch RPC agent, no TensorPipe, no TCPStore in the trainer or the
   workers; the workers listen only on the data address.
 * With TLS, a loopback proxy between every pair (trainer -> worker and worker -> worker) captures
-  an epoch's bytes: no feature row, session id, session secret or token appears in clear (and
-  without TLS the same capture does show them: the capture is real).
+  an epoch's bytes: no feature row, session id, session secret or token appears in clear.  With a
+  token and no TLS, proxies on the control ports too: the group key crosses in clear (the capture is
+  real) but no key derived from it, no session secret and no row; the group key alone opens nothing.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
 from graphfeed.transport import rpc_group
+from graphfeed.transport.secure import SecureCalls
+from graphfeed.transport.secure.keys import TRAINER, group_root, pair_key
 
 TOKEN = "gf-secure-test-token-0123456789abcdef"
 FANOUTS = [4, 2]
@@ -57,7 +60,7 @@ def parts_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def token_cluster(parts_dir, tmp_path_factory):
-    """A token, no TLS: the data path is authenticated (HMAC per frame), not encrypted."""
+    """A token, no TLS: the data path's keys come from an X25519 exchange per connection behind the pair keys."""
     with running_cluster(parts_dir, args=("--metrics-port", "0"), env={"GRAPHFEED_TOKEN": TOKEN},
                          log_dir=tmp_path_factory.mktemp("logs")) as servers:
         yield servers
@@ -119,8 +122,8 @@ ATTACKER = textwrap.dedent('''
             got = b""
             try:
                 if then:   # a forged handshake: read the server's hello, answer with a guessed proof
-                    while len(got) < 69:
-                        chunk = s.recv(69 - len(got))
+                    while len(got) < 101:
+                        chunk = s.recv(101 - len(got))
                         if not chunk:
                             return "closed"
                         got += chunk
@@ -137,8 +140,8 @@ ATTACKER = textwrap.dedent('''
                 return "timeout"
 
     results = {}
-    hello = b"GFDP\\x01" + secrets.token_bytes(32)
-    for part, address in endpoints.items():
+    for part, address in endpoints.items():   # a version-4 hello as the trainer, with a random key share
+        hello = b"GFDP\\x04" + struct.pack("!ii", -1, int(part)) + secrets.token_bytes(64)
         out = [attempt(address, PAYLOAD), attempt(address, frame("gather")),
                attempt(address, hello, PAYLOAD)]
         out += [attempt(address, hello, frame(name)) for name in names]
@@ -316,8 +319,10 @@ class _Proxy:
             t.join(10)
 
 
-def _captured_epoch(servers, monkeypatch, **connect) -> tuple[bytes, list, list[str], list[bytes]]:
-    """An epoch with every data-path connection (trainer -> worker, worker -> worker) through a recording proxy."""
+def _captured_epoch(servers, monkeypatch, addresses=None, during=None,
+                   **connect) -> tuple[bytes, list, list[str], list[bytes]]:
+    """An epoch with every data-path connection (trainer -> worker, worker -> worker) through a recording proxy;
+    ``addresses``: the control ports to connect to (default the servers'); ``during(client)``: run before it closes."""
     sink, lock, proxies = bytearray(), threading.Lock(), []
     real = client_group.DataGroup._join_peers
 
@@ -329,11 +334,14 @@ def _captured_epoch(servers, monkeypatch, **connect) -> tuple[bytes, list, list[
 
     monkeypatch.setattr(client_group.DataGroup, "_join_peers", proxied)
     try:
-        with gf.connect([s.address for s in servers], token=TOKEN, timeout=60, channel="rpc", **connect) as client:
+        with gf.connect(addresses or [s.address for s in servers], token=TOKEN, timeout=60, channel="rpc",
+                        **connect) as client:
             loader = client.neighbor_loader("train", FANOUTS, **KW)
             batches = list(loader)
             _seeds_once(batches, client.split_sizes["train"])
             sessions, secrets = list(loader.sessions), list(loader.session_set.secrets)
+            if during is not None:
+                during(client)
     finally:
         for p in proxies:
             p.close()
@@ -361,11 +369,38 @@ def test_with_tls_an_epoch_shows_nothing_in_clear(tls_cluster, pki, monkeypatch)
         assert health_status(s.address, tls=_tls(pki)) == SERVING
 
 
-def test_without_tls_the_same_capture_shows_the_rows(token_cluster, monkeypatch):
-    """The control: the capture above is real (authenticated, not encrypted, without TLS)."""
-    data, batches, sessions, _ = _captured_epoch(token_cluster, monkeypatch)
-    assert [r for r in _rows(batches) if r in data]
-    assert sessions[0].encode() in data
+def test_token_only_a_capture_of_both_planes_holds_no_key_secret_or_row(token_cluster, monkeypatch):
+    """A token and no TLS, every control call and every data-path connection through a recording proxy: the group
+    key crosses in clear (in OpenGroup: the capture is real), but no key made from it, no session secret, session id
+    or feature row does; and while the group is open, the group key alone passes no worker's handshake."""
+    control, lock = bytearray(), threading.Lock()
+    fronts = [_Proxy(s.address, control, lock) for s in token_cluster]
+    seen: dict = {}
+
+    def replay(client) -> None:
+        group_key = seen["group_key"] = client.group.group_key
+        for part, address in client.group.endpoints.items():
+            for guess in (group_key, group_root(group_key, None)):
+                outsider = SecureCalls(guess, {part: address})
+                with pytest.raises(ConnectionError, match="failed the group proof"):
+                    outsider.call_sync(part, "part_identity", (), 10)
+                outsider.close()
+
+    try:
+        data, batches, sessions, secrets = _captured_epoch(token_cluster, monkeypatch, [f.address for f in fronts],
+                                                           during=replay)
+    finally:
+        for f in fronts:
+            f.close()
+    root = group_root(seen["group_key"], TOKEN)
+    assert seen["group_key"] in control and sessions[0].encode() in control   # what plain gRPC carries
+    made = [root, *(pair_key(root, TRAINER, p) for p in range(2)), pair_key(root, 0, 1), *secrets]
+    assert len(secrets) == 2 and all(len(k) == 32 for k in made)
+    for capture in (control, data):
+        assert not [k for k in made if k in capture]
+    assert not [r for r in _rows(batches) if r in data] and not [s for s in sessions if s.encode() in data]
+    for s in token_cluster:
+        assert health_status(s.address) == SERVING
 
 
 def _tls(pki):

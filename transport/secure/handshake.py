@@ -138,11 +138,12 @@ def recv_exact(sock, n: int) -> bytes:
 def server_handshake(sock, keys: PartyKeys, binding: bytes) -> Agreed:
     """The listener's side: read the fixed-size hello, answer with this end's share and proof, check the
     client's proof.  Refused when the client is not a party holding a pair key with this worker, or fails."""
-    hello = recv_exact(sock, HELLO)
+    hello = recv_exact(sock, len(MAGIC) + 1)   # refused at once when it is no hello of this version
     if hello[:len(MAGIC)] != MAGIC:
         raise Refused("not a graphfeed data-path hello")
     if hello[len(MAGIC)] != VERSION:
         raise Refused(f"data-path protocol version {hello[len(MAGIC)]} (this worker speaks {VERSION})")
+    hello += recv_exact(sock, HELLO - len(hello))
     client, server = _PARTIES.unpack_from(hello, len(MAGIC) + 1)
     if server != keys.me:
         raise Refused(f"the sender asked for {party_name(server)}; this listener is {party_name(keys.me)}")
