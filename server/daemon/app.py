@@ -98,6 +98,14 @@ def default_factory(spec: GroupSpec) -> SessionWorkerHandle:
     return SessionWorkerHandle.start(spec, output=output)
 
 
+#: what a token without TLS protects, and what not (docs/how-to/security.md has the table)
+TOKEN_WITHOUT_TLS = ("a token without TLS: batches, session secrets and data-path keys stay off the wire (each data "
+                     "connection is encrypted under its own X25519 keys), but the token and every control call "
+                     "travel in clear text: whoever reads them can call this server as any trainer and, with a "
+                     "group's OpenGroup, join or intercept that group's new data connections; set tls_cert and "
+                     "tls_key unless the network is trusted")
+
+
 class Daemon:
     """One ``graphfeed serve`` process.  ``await Daemon(config).run()`` returns the exit code."""
 
@@ -313,8 +321,7 @@ class Daemon:
                                 f"every request before any check -- trusted networks only (a token, TLS or "
                                 f"data_path: {registry.SECURED_DEFAULT} switches to the authenticated data path)")
         if c.token and credentials is None:
-            self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
-                                                        "and tls_key unless the network is trusted")
+            self.log.warning("token_without_tls", cause=TOKEN_WITHOUT_TLS)
         exposed = token_file_exposure(c.token_file)
         if exposed:
             self.log.warning("token_file_readable", cause=exposed)
