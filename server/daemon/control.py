@@ -56,7 +56,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfee
 MAX_EPOCH = 1 << 40
 MAX_LEASE_SECONDS = 3600.0
 MAX_ID_LENGTH = 256
-SESSION_SECRET_BYTES = 32  # per-session secret every data-path pull must carry (see rpc_api.pull)
 MIN_GROUP_KEY_BYTES = 16   # the trainer group's data-path key (the client makes 32 random bytes)
 MAX_GROUP_KEY_BYTES = 1024
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow

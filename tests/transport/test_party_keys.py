@@ -102,7 +102,7 @@ def test_the_group_key_without_the_token_opens_nothing():
             with pytest.raises(ConnectionError, match="failed the group proof"):
                 outsider.call_sync(0, "pull", (1,), 10)
             outsider.close()
-        trainer = SecureCalls(Secure().trainer(group_key, "the-token").group_key, {0: srv.address})
+        trainer = SecureCalls(Secure().trainer(group_key, "the-token").keys, {0: srv.address})
         assert trainer.call_sync(0, "pull", (1,), 10) == ("trainer", 1)
         trainer.close()
     finally:

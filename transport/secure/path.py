@@ -72,7 +72,7 @@ class SecureTrainer(TrainerEnd):
     """The trainer notes each worker's listener, then connects to each and proves it is the trainer."""
 
     def __init__(self, group_key: bytes, name: str, token: str | None = None):
-        self.group_key, self.name = PartyKeys.of_root(group_root(group_key, token)), name
+        self.keys, self.name = PartyKeys.of_root(group_root(group_key, token)), name
 
     def opened(self, part: int, data_path: str, endpoint: str) -> str | None:
         if data_path != self.name or not endpoint:
@@ -83,7 +83,7 @@ class SecureTrainer(TrainerEnd):
     def join(self, *, endpoints: Mapping[int, str], names: Sequence[str], host: str, timeout: float,
              rpc_timeout: float, tls: TlsFiles | None, probe: Callable[[], dict[str, str]]) -> DataCalls:
         context = None if tls is None else client_tls(ca=tls.ca, cert=tls.cert, key=tls.key)
-        calls = SecureCalls(self.group_key, endpoints, tls=context, name=lambda p: names[p])
+        calls = SecureCalls(self.keys, endpoints, tls=context, name=lambda p: names[p])
         try:
             calls.connect()
         except ConnectionError as exc:
