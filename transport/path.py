@@ -64,7 +64,8 @@ class WorkerPlace:
     join_timeout: float = 60.0
     tls_cert: str | None = None       # the daemon's certificate and key (PEM paths), when it has TLS
     tls_key: str | None = None
-    tls_client_ca: str | None = None  # the CA of the daemon's mTLS clients: its data listener asks for certificates
+    tls_client_ca: str | None = None  # the CA of the daemon's mTLS clients: the trainer must show a certificate
+    tls_peer_ca: str | None = None    # the CA of the other daemons' certificates: a peer's is checked against it
 
     def say(self, line: str) -> str:
         """A log line of this worker (the daemon's log: the worker's stderr)."""

@@ -94,6 +94,7 @@ class ServerConfig(WorkerSettings):
     tls_cert: str | None = None        # PEM server certificate (chain): TLS on the control port
     tls_key: str | None = None         # PEM private key of tls_cert (both or neither)
     tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
+    tls_peer_ca: str | None = None     # PEM CA bundle that signed the other daemons' tls_cert: workers check peers
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
     # the data path (graphfeed.transport.registry): "auto" = the authenticated one when a token or TLS is
@@ -347,6 +348,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_cert": _optional(_pem_file("certificate", b"CERTIFICATE-----")),
     "tls_key": _optional(_pem_file("private key", b"PRIVATE KEY-----")),
     "tls_client_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
+    "tls_peer_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
     "token": _optional(_token),
     "token_file": _optional(_token_file),
     "data_path": _choice(registry.choices()),
@@ -463,6 +465,9 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
                           f"and its private key (set {lack}, or neither)")
     if values.get("tls_client_ca") is not None and cert is None:
         raise ConfigError(f"{origin['tls_client_ca']}: tls_client_ca (mTLS) needs TLS: set tls_cert and tls_key too")
+    if values.get("tls_peer_ca") is not None and cert is None:
+        raise ConfigError(f"{origin['tls_peer_ca']}: tls_peer_ca (checking the other daemons' data-path "
+                          f"certificates) needs TLS: set tls_cert and tls_key too")
     if values.get("token") is not None and values.get("token_file") is not None:
         raise ConfigError(f"both token ({origin['token']}) and token_file ({origin['token_file']}) are set: "
                           f"give only one")

@@ -232,7 +232,8 @@ class ControlServicer(pb_grpc.ControlServicer):
                          rank=request.rank, part_id=part, partition_root=self.served.root,
                          data_address=c.effective_data_address, budget=c.work_budget, data_path=path.name,
                          group_key=path.worker_key(bytes(request.group_key), c.token, part, num_parts),
-                         tls_cert=c.tls_cert, tls_key=c.tls_key, tls_client_ca=c.tls_client_ca, **settings)
+                         tls_cert=c.tls_cert, tls_key=c.tls_key, tls_client_ca=c.tls_client_ca,
+                         tls_peer_ca=c.tls_peer_ca, **settings)
         return spec, float(lease)
 
     def _data_path(self, asked: str) -> DataPath:

@@ -57,7 +57,8 @@ class GroupSpec(WorkerSettings):
     group_key: Any = field(default=b"", repr=False)
     tls_cert: str | None = None
     tls_key: str | None = None
-    tls_client_ca: str | None = None   # the daemon's mTLS client CA: its worker's listener asks for certificates
+    tls_client_ca: str | None = None   # the daemon's mTLS client CA: the trainer must show a certificate it signed
+    tls_peer_ca: str | None = None     # the CA of the other daemons' certificates: peers' are checked against it
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -87,7 +87,8 @@ def place_of(spec: GroupSpec) -> WorkerPlace:
     return WorkerPlace(part_id=spec.part_id, group_id=spec.group_id, group_key=spec.group_key,
                        data_address=spec.data_address, rendezvous=spec.rendezvous, rank=spec.rank,
                        world_size=spec.world_size, rpc_timeout=spec.rpc_timeout, join_timeout=spec.join_timeout,
-                       tls_cert=spec.tls_cert, tls_key=spec.tls_key, tls_client_ca=spec.tls_client_ca)
+                       tls_cert=spec.tls_cert, tls_key=spec.tls_key, tls_client_ca=spec.tls_client_ca,
+                       tls_peer_ca=spec.tls_peer_ca)
 
 
 class SessionNotFound(NotFound, LookupError):

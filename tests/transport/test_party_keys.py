@@ -109,10 +109,10 @@ def test_the_group_key_without_the_token_opens_nothing():
         srv.close()
 
 
-def test_the_listener_refuses_tls_1_2_and_asks_for_a_certificate_with_mtls(pki):
+def test_the_listener_refuses_tls_1_2_and_asks_the_trainer_for_a_certificate_with_mtls(pki):
     refused: list[str] = []
     tls = TlsServer(str(pki.server_cert), str(pki.server_key), client_ca=str(pki.ca))
-    srv = SecureServer("127.0.0.1", ROOT, _table(), name="p0", tls=tls,
+    srv = SecureServer("127.0.0.1", PartyKeys.of_worker(ROOT, 0, NUM_PARTS), _table(), name="p0", tls=tls,
                        on_refused=lambda p, r: refused.append(r)).start()
     try:
         old = client_tls(str(pki.ca), str(pki.client_cert), str(pki.client_key))
@@ -124,12 +124,44 @@ def test_the_listener_refuses_tls_1_2_and_asks_for_a_certificate_with_mtls(pki):
                 calls.call_sync(0, "pull", (1,), 10)
             calls.close()
         _wait(lambda: len(refused) == 3, "three refusals (TLS 1.2, no client certificate, a foreign one)")
-        assert "UNSUPPORTED_PROTOCOL" in refused[0] and all("no group handshake" in r for r in refused)
+        assert "UNSUPPORTED_PROTOCOL" in refused[0]
+        assert "the trainer showed no client certificate" in refused[1]
+        assert "no group handshake" in refused[2]
         good = SecureCalls(ROOT, {0: srv.address}, tls=client_tls(str(pki.ca), str(pki.client_cert),
                                                                    str(pki.client_key)))
         assert good.call_sync(0, "pull", (1,), 10) == ("trainer", 1)
         assert good._client(0)._connection().tls_suite[1] == "TLSv1.3"
         good.close()
+        # a peer shows no certificate (a daemon's is a server certificate): its pair key is its identity; it checks
+        # the listener's certificate against the daemons' CA (tls_peer_ca)
+        peer = SecureCalls(PartyKeys.of_worker(ROOT, 1, NUM_PARTS), {0: srv.address}, tls=client_tls(str(pki.ca)))
+        assert peer.call_sync(0, "gather", (2,), 10) == ("peer", 2)
+        peer.close()
+        assert len(refused) == 3
+    finally:
+        srv.close()
+
+
+def test_a_peer_checks_the_listeners_certificate_against_the_peer_ca(pki, tmp_path):
+    from graphfeed.transport.path import WorkerPlace
+    from graphfeed.transport.secure.path import peer_tls
+
+    srv = SecureServer("127.0.0.1", PartyKeys.of_worker(ROOT, 0, NUM_PARTS), _table(), name="p0",
+                       tls=TlsServer(str(pki.server_cert), str(pki.server_key))).start()
+    try:
+        place = dict(part_id=1, group_id="g", group_key=PartyKeys.of_worker(ROOT, 1, NUM_PARTS),
+                     tls_cert=str(pki.server_cert), tls_key=str(pki.server_key))
+        checked = SecureCalls(place["group_key"], {0: srv.address}, tls=peer_tls(WorkerPlace(**place,
+                                                                                            tls_peer_ca=str(pki.ca))))
+        assert checked.call_sync(0, "gather", (1,), 10) == ("peer", 1)
+        checked.close()
+        rogue_ca = tmp_path / "rogue-ca.crt"
+        rogue_ca.write_bytes(pki.rogue_client_cert.read_bytes())   # a CA bundle that did not sign the listener's
+        wrong = SecureCalls(place["group_key"], {0: srv.address}, tls=peer_tls(WorkerPlace(**place,
+                                                                                          tls_peer_ca=str(rogue_ca))))
+        with pytest.raises(ConnectionError, match="TLS .* failed"):
+            wrong.call_sync(0, "gather", (1,), 10)
+        wrong.close()
     finally:
         srv.close()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from graphfeed.transport.secure.keys import PartyKeys, hkdf, party_name
+from graphfeed.transport.secure.keys import TRAINER, PartyKeys, hkdf, party_name
 
 MAGIC = b"GFDP"
 VERSION = 4   # 4: X25519 per connection, pair keys, sealed frames, rekey (3: group-key HMAC; 2: TLS records)
@@ -44,7 +44,8 @@ def new_group_key() -> bytes:
 @dataclass(frozen=True)
 class TlsServer:
     """A worker's TLS: its daemon's certificate and key (PEM paths); ``client_ca``: the CA that must have signed a
-    connecting party's certificate (the daemon's ``tls_client_ca``: mTLS on the control plane, so here too)."""
+    client certificate (the daemon's ``tls_client_ca``: mTLS on the control plane, so here too): the trainer must
+    show one; a peer worker shows none (it proves its pair key)."""
 
     cert: str
     key: str
@@ -54,8 +55,8 @@ class TlsServer:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_3   # AEAD suites only, no renegotiation
         ctx.load_cert_chain(self.cert, self.key)
-        if self.client_ca:
-            ctx.verify_mode = ssl.CERT_REQUIRED
+        if self.client_ca:   # a certificate shown must be valid; the trainer must show one (server_handshake)
+            ctx.verify_mode = ssl.CERT_OPTIONAL
             ctx.load_verify_locations(self.client_ca)
         else:
             ctx.verify_mode = ssl.CERT_NONE   # clients prove their pair key, bound to this certificate
@@ -135,9 +136,10 @@ def recv_exact(sock, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock, keys: PartyKeys, binding: bytes) -> Agreed:
+def server_handshake(sock, keys: PartyKeys, binding: bytes, trainer_cert: bool = False) -> Agreed:
     """The listener's side: read the fixed-size hello, answer with this end's share and proof, check the
-    client's proof.  Refused when the client is not a party holding a pair key with this worker, or fails."""
+    client's proof.  Refused when the client is not a party holding a pair key with this worker, or fails;
+    ``trainer_cert``: also when it claims to be the trainer without a client certificate TLS verified."""
     hello = recv_exact(sock, len(MAGIC) + 1)   # refused at once when it is no hello of this version
     if hello[:len(MAGIC)] != MAGIC:
         raise Refused("not a graphfeed data-path hello")
@@ -150,6 +152,9 @@ def server_handshake(sock, keys: PartyKeys, binding: bytes) -> Agreed:
     pair = keys.key(client)
     if pair is None:
         raise Refused(f"the sender claims to be {party_name(client)}, which is no party of this group")
+    if trainer_cert and client == TRAINER and not sock.getpeercert():
+        raise Refused("the trainer showed no client certificate (this daemon's control plane is mTLS: so is its data "
+                      "path; connect with tls_cert and tls_key)")
     private, public = _ephemeral()
     reply = MAGIC + bytes([VERSION]) + secrets.token_bytes(NONCE) + public
     master = _master(private, hello[-SHARE:], pair, hello + reply + binding)

@@ -59,13 +59,12 @@ class SecureWorker(WorkerEnd):
 
 
 def peer_tls(place: WorkerPlace) -> ssl.SSLContext | None:
-    """A worker's TLS towards its peers: with mTLS (``tls_client_ca``) it checks their certificates against that CA
-    and shows its daemon's; with TLS only it checks none -- the pair-key proof is bound to the certificate it saw."""
+    """A worker's TLS towards its peers: their certificates checked against ``tls_peer_ca`` when the daemon has one;
+    without, none is checked -- the pair-key proof, bound to the certificate the worker saw, authenticates the peer.
+    A worker shows no certificate of its own (a daemon's is a server certificate): its pair key is its identity."""
     if not place.tls_cert:
         return None
-    if place.tls_client_ca:
-        return client_tls(ca=place.tls_client_ca, cert=place.tls_cert, key=place.tls_key)
-    return client_tls(verify=False)
+    return client_tls(ca=place.tls_peer_ca) if place.tls_peer_ca else client_tls(verify=False)
 
 
 class SecureTrainer(TrainerEnd):

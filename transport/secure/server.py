@@ -99,7 +99,7 @@ class SecureServer:
         try:
             if self._ctx is not None:
                 sock = self._ctx.wrap_socket(sock, server_side=True)
-            agreed = server_handshake(sock, self.keys, self._binding)
+            agreed = server_handshake(sock, self.keys, self._binding, bool(self.tls and self.tls.client_ca))
             if isinstance(sock, ssl.SSLSocket):
                 sock = leave_tls(sock)
         except (Refused, OSError, ssl.SSLError, ValueError) as exc:
