@@ -189,13 +189,16 @@ def test_mismatched_key_is_a_config_error_exit(pki, parts_dir, tmp_path):
 def test_config_tls_keys_validation(pki, tmp_path):
     base = dict(partition="p", part=0)
     c = load_config(environ={}, flags={**base, "tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key),
-                                       "tls_client_ca": str(pki.ca), "token": TOKEN})
-    assert c.tls and c.tls_client_ca == str(pki.ca) and "tls=mtls token=on" in c.summary()
+                                       "tls_client_ca": str(pki.ca), "tls_peer_ca": str(pki.ca), "token": TOKEN})
+    assert c.tls and c.tls_client_ca == str(pki.ca) == c.tls_peer_ca and "tls=mtls token=on" in c.summary()
     assert TOKEN not in repr(c) and TOKEN not in c.summary()
     bad = [
         ({"tls_cert": str(pki.server_cert)}, "tls_cert is set but tls_key is not"),
         ({"tls_key": str(pki.server_key)}, "tls_key is set but tls_cert is not"),
         ({"tls_client_ca": str(pki.ca)}, "tls_client_ca .mTLS. needs TLS"),
+        ({"tls_peer_ca": str(pki.ca)}, "tls_peer_ca .checking the other daemons' data-path certificates. needs TLS"),
+        ({"tls_peer_ca": str(pki.server_key), "tls_cert": str(pki.server_cert), "tls_key": str(pki.server_key)},
+         "tls_peer_ca .* is not a PEM CA certificate"),
         ({"tls_cert": str(tmp_path / "nope.crt"), "tls_key": str(pki.server_key)}, "does not exist"),
         ({"tls_cert": str(pki.server_key), "tls_key": str(pki.server_key)}, "is not a PEM certificate"),
         ({"tls_cert": str(pki.server_cert), "tls_key": str(pki.server_cert)}, "is not a PEM private key"),
