@@ -21,7 +21,7 @@ HELP = "run a sampler-server daemon for one partition"
 # flag -> config key (every flag is optional: None means "not given")
 FLAG_KEYS = ("partition", "part", "host", "port", "data_address", "metrics_port", "lease_seconds",
              "drain_grace_seconds", "log_format", "log_level", "tls_cert", "tls_key", "tls_client_ca", "token_file",
-             "device", "data_path")
+             "device", "data_path", "tls_peer_ca")
 
 
 def add_arguments(parser) -> None:
@@ -52,6 +52,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tls-cert", default=None, help="PEM certificate: TLS on the control port (with --tls-key)")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", default=None, help="PEM CA: require client certificates it signed (mTLS)")
+    parser.add_argument("--tls-peer-ca", default=None,
+                        help="PEM CA that signed the other daemons' --tls-cert: session workers check their peers' "
+                             "data-path certificates against it")
     parser.add_argument("--token-file", default=None,
                         help="file holding the bearer token every control call must carry (there is no --token "
                              "flag: command lines are visible to other users; use GRAPHFEED_TOKEN or the file)")

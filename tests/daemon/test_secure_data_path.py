@@ -79,6 +79,20 @@ def tls_cluster(parts_dir, pki, tmp_path_factory):
         yield servers
 
 
+@pytest.fixture(scope="module")
+def mtls_cluster(parts_dir, pki, tmp_path_factory):
+    """mTLS on the control plane, so the data listeners ask the trainer for its certificate; the workers check
+    their peers' certificates against tls_peer_ca."""
+    tls = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca),
+           "--tls-peer-ca", str(pki.ca))
+    creds = grpc.ssl_channel_credentials(root_certificates=Path(pki.ca).read_bytes(),
+                                         private_key=Path(pki.client_key).read_bytes(),
+                                         certificate_chain=Path(pki.client_cert).read_bytes())
+    with running_cluster(parts_dir, args=tls, env={"GRAPHFEED_TOKEN": TOKEN}, tls=creds,
+                         log_dir=tmp_path_factory.mktemp("logs")) as servers:
+        yield servers
+
+
 def _seeds_once(batches, n_train: int) -> None:
     seeds = torch.cat([b.n_id[:b.batch_size] for b in batches])
     assert seeds.numel() == n_train == seeds.unique().numel()
@@ -401,6 +415,18 @@ def test_token_only_a_capture_of_both_planes_holds_no_key_secret_or_row(token_cl
     assert not [r for r in _rows(batches) if r in data] and not [s for s in sessions if s.encode() in data]
     for s in token_cluster:
         assert health_status(s.address) == SERVING
+
+
+def test_with_mtls_an_epoch_crosses_peers_that_check_each_other(mtls_cluster, pki):
+    """Two parts: every batch needs the other part's rows and frontier (worker -> worker over TLS 1.3, the peer's
+    certificate checked against tls_peer_ca), and the trainer's data connections show its client certificate."""
+    with gf.connect([s.address for s in mtls_cluster], token=TOKEN, timeout=60, channel="rpc", tls_ca=pki.ca,
+                    tls_cert=pki.client_cert, tls_key=pki.client_key) as client:
+        batches = list(client.neighbor_loader("train", FANOUTS, **KW))
+        _seeds_once(batches, client.split_sizes["train"])
+        assert {client.group.calls._client(p)._connection().tls_suite[1] for p in range(2)} == {"TLSv1.3"}
+    for s in mtls_cluster:
+        assert "refused a connection" not in s.logs()
 
 
 def _tls(pki):
