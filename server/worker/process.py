@@ -302,7 +302,7 @@ class SessionWorker:
             self.session(session_id)  # raises SessionNotFound
         if expected is None or not isinstance(secret, bytes) or not hmac.compare_digest(secret, expected):
             raise PermissionError(f"session {session_id}: wrong session secret; only the process that opened "
-                                  f"the session (OpenSessionReply.session_secret) may pull its batches")
+                                  f"the session (its secret derives from the group's key) may pull its batches")
 
     def shutdown(self) -> None:
         with self.lock:

@@ -11,13 +11,14 @@
   port must only be reachable by trusted hosts; the guard stops stray and cross-group calls, it
   is not a sandbox.
 
-Credentials: every call carries the group key (the connection's proof on the secure path, the
-function reference under torch RPC); the session calls (``pull``, ``pull_into``, ``sample``)
+Credentials: every call carries the group's credentials (on the secure path the connection's proof
+of its party's pair key -- a peer worker may call only ``rpc_group.PEER_FUNCTIONS``; under torch RPC
+the group key in the function reference); the session calls (``pull``, ``pull_into``, ``sample``)
 also carry the session's secret.
 
 * ``pull(session_id, epoch, seq, secret)`` -- the trainer takes batch ``seq`` of an epoch
   (async: completes when the batch is ready).  ``secret`` must be the session's secret
-  (OpenSessionReply.session_secret, issued over the authenticated control plane),
+  (derived from the group's key by the daemon and by the trainer, never sent: ``transport.secure.keys``),
   compared in constant time: a process that did not open the session cannot pull.
 * ``attach(names, size, ids)`` / ``pull_into(session_id, epoch, seq, secret, slot)`` /
   ``detach(ids)`` -- the same-host shared-memory channel (:mod:`graphfeed.transport.shm`): map

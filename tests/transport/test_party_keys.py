@@ -95,6 +95,7 @@ def test_a_worker_cannot_pose_as_the_trainer_or_another_part(part0):
 def test_the_group_key_without_the_token_opens_nothing():
     group_key = b"g" * 32
     ring = Secure().worker_key(group_key, "the-token", 0, 2)   # what the daemon hands its worker
+    assert not ring.root and group_key not in ring.pairs.values() and set(ring.pairs) == {TRAINER, 1}
     srv = SecureServer("127.0.0.1", ring, _table(), name="p0").start()
     try:
         for guess in (group_key, group_root(group_key, None), group_root(group_key, "another-token")):
