@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 from graphfeed.transport import registry, wire
 from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.errors import PeerLost, translated
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
 from graphfeed.transport.secure.handshake import Refused, check_key, client_handshake, close_socket, leave_tls
@@ -24,8 +25,9 @@ class SecureClient:
     """One authenticated connection to a worker's :class:`SecureServer`; calls are multiplexed on it."""
 
     def __init__(self, address: str, key: bytes, *, where: str, tls: ssl.SSLContext | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT):
+                 connect_timeout: float = CONNECT_TIMEOUT, part: int = -1):
         self.address, self.key, self.where, self.tls = address, check_key(key), where, tls
+        self.part = int(part)   # the part it reaches, for PeerLost
         self.connect_timeout = float(connect_timeout)
         self._ids = itertools.count(1)
         self._calls: dict[int, tuple[Pending, float]] = {}
@@ -37,8 +39,8 @@ class SecureClient:
         host, _, port = self.address.rpartition(":")
         try:
             raw = socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout)
-        except OSError as exc:
-            raise ConnectionError(f"cannot reach {self.where}'s data path at {self.address}: {exc}") from None
+        except OSError as exc:   # refused, unreachable: nothing listens there (any more)
+            raise self._lost(f"cannot reach {self.where}'s data path at {self.address}: {exc}") from None
         sock: socket.socket = raw
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -55,9 +57,12 @@ class SecureClient:
         except ssl.SSLError as exc:
             close_socket(sock)
             raise ConnectionError(f"TLS with {self.where}'s data path at {self.address} failed: {exc}") from None
-        except (Refused, OSError) as exc:
+        except Refused as exc:
             close_socket(sock)
             raise ConnectionError(f"{self.where}'s data path at {self.address}: {exc}") from None
+        except OSError as exc:   # reset or closed during the set-up: the worker went away
+            close_socket(sock)
+            raise self._lost(f"{self.where}'s data path at {self.address}: {exc}") from None
         sock.settimeout(None)
         conn = Connection(sock, recv_key, send_key, mac=self.tls is None, seal=self.tls is not None,
                           where=f"{self.where} ({self.address})")
@@ -91,8 +96,12 @@ class SecureClient:
             conn.send({"k": "call", "id": call_id, "fn": name}, list(args))
         except (OSError, wire.WireError) as exc:
             self._fail(call_id, exc if isinstance(exc, wire.WireError)
-                       else ConnectionError(f"cannot send {name} to {self.where}: {exc}"))
+                       else self._lost(f"cannot send {name} to {self.where}: {exc}"))
         return pending
+
+    def _lost(self, wording: str) -> PeerLost:
+        """This connection's peer is gone (reset, closed, refused): the data path's typed error."""
+        return PeerLost(self.part, wording, SecureCalls.label)
 
     def _read(self, conn: Connection) -> None:
         why = "closed"
@@ -107,13 +116,14 @@ class SecureClient:
                 if meta.get("k") == "ok":
                     entry[0].set_result(value)
                 else:
-                    entry[0].set_exception(wire.rebuild_error(meta.get("type"), meta.get("msg"), self.where))
+                    error = wire.rebuild_error(meta.get("type"), meta.get("msg"), self.where)
+                    entry[0].set_exception(translated(self.part, error, SecureCalls.label))
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         finally:
             conn.close()
-            self._fail_all(conn, ConnectionError(f"the data-path connection to {self.where} ({self.address}) "
-                                                 f"was lost: {why}"))
+            self._fail_all(conn, self._lost(f"the data-path connection to {self.where} ({self.address}) "
+                                            f"was lost: {why}"))
 
     def _fail(self, call_id: int, exc: BaseException) -> None:
         with self._lock:
@@ -170,7 +180,7 @@ class SecureCalls(DataCalls):
                     if old is not None:
                         old.close()
                     self._clients[int(part)] = SecureClient(address, self.key, where=self.name(int(part)),
-                                                            tls=self.tls)
+                                                            tls=self.tls, part=int(part))
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="graphfeed-dp-sweep", daemon=True)
                 self._sweeper.start()
