@@ -8,7 +8,10 @@ consistency model and the optimizers are in :mod:`graphfeed.core.embedding`.
 
 After the client re-forms its group (a server restarted: :meth:`Client.recover`), every worker is new and
 the tables are made again on first use, from the last checkpoint this table saved or loaded (rows and
-optimizer state as saved; the steps since are lost, and a warning says so), else from their initial rows.
+optimizer state as saved), else from their initial rows.  Every call waits for a lost server the one way
+the client does (:meth:`Client.call_with_recovery <graphfeed.client.client.Client.call_with_recovery>`,
+bounded by ``reconnect_timeout``); a step's pushes an owner did not acknowledge are sent again to the
+re-formed group, never dropped.
 """
 from __future__ import annotations
 
