@@ -61,14 +61,16 @@ class Restarter:
         assert self.thread is not None
         self.thread.join(90)
         assert self.new, "the restarted server did not come up within 90 s"
-        self.servers[1] = self.new[0]   # the cluster's teardown stops the new one
+        self.servers[1] = self.new.pop()   # the cluster's teardown stops the new one
+        self.killed.clear()
 
 
 def test_embedding_training_survives_a_kill_9_mid_step(parts_dir, tmp_path):
     """The README's loop: a model over the table's rows, SparseAdam stepping the table.  A thread kills the
-    server while the trainer is inside a step (the batch in hand, the push to come); the loop runs on, the
-    step's push waits for the owner and is delivered to the re-formed group, and both epochs deliver every
-    batch.  A kill between steps (the pull sees it) is the loaders' older case."""
+    server while the trainer is inside a step: in epoch 0 with the batch in hand and the push to come, in epoch 1
+    just after the push was sent (the owner applying it).  The loop runs on, the pushes wait for the owner and
+    are delivered to the re-formed group, and both epochs deliver every batch.  A kill between steps (the pull
+    sees it) is the loaders' older case."""
     env = {"GRAPHFEED_EMBEDDING_DIR": str(tmp_path / "tables")}
     with running_cluster(parts_dir, log_dir=tmp_path / "logs", env=env) as servers:
         restarter = Restarter(parts_dir, servers, tmp_path / "restart", env)
@@ -88,21 +90,27 @@ def test_embedding_training_survives_a_kill_9_mid_step(parts_dir, tmp_path):
                                                              batch.y[:batch.batch_size])
                     loss.backward()
                     if epoch == 0 and i == 3:   # mid-step: the batch is in hand, the push not yet sent
-                        killer = threading.Thread(target=restarter.kill, daemon=True)
-                        killer.start()
-                        assert restarter.killed.wait(60), "the kill did not land"
+                        _kill_from_a_thread(restarter)
                     dense.step()
                     sparse.step()
+                    if epoch == 1 and i == 2:   # mid-step: the push is in flight
+                        _kill_from_a_thread(restarter)
                     dense.zero_grad()
                     steps += 1
                 assert steps == len(loader), f"epoch {epoch}: {steps} of {len(loader)} batches"
-            restarter.done()
-            assert client.reconnects >= 1
+                restarter.done()
+            assert client.reconnects >= 2
             after = table.rows(every)
             assert torch.isfinite(after).all() and not torch.equal(after, start)   # the steps reached the owners
             table.save("end")   # every owner answers on the new group
             saved = tmp_path / "tables" / table.spec.name / "end"
             assert sorted(p.name for p in saved.iterdir()) == ["part_0.pt", "part_1.pt"]
+
+
+def _kill_from_a_thread(restarter: Restarter) -> None:
+    killer = threading.Thread(target=restarter.kill, daemon=True)
+    killer.start()
+    assert restarter.killed.wait(60), "the kill did not land"
 
 
 def test_sample_across_a_kill_returns_the_batch_of_an_uninterrupted_call(parts_dir, tmp_path):
