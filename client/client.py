@@ -11,13 +11,13 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence, TypeVar
 
 from typing_extensions import Unpack
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
 from graphfeed.client.embedding import RemoteEmbedding
-from graphfeed.client.errors import NotFound, ServerError
+from graphfeed.client.errors import InvalidRequest, NotFound, ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
@@ -39,26 +39,14 @@ from graphfeed.core.spec import (
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import graph_schema
 from graphfeed.transport import registry
+from graphfeed.transport.errors import lost_in_text, peer_lost
 
 log = logging.getLogger("graphfeed.client")
 CHANNELS = (registry.AUTO, "rpc")   # connect(channel=...)'s values, deprecated: transport= names them
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
 WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
-# what a pull's error says when the peer process went away (TensorPipe / torch RPC wording)
-LOST_CONNECTION = ("eof", "end of file", "connection reset", "econnreset", "broken pipe", "epipe", "pipe closed",
-                   "connection refused", "connection closed", "peer closed",
-                   # TensorPipe's same-host channel reading a peer process that is gone (a worker killed mid-call)
-                   "process_vm_readv: no such process")
-
-
-def _lost_connection(exc: BaseException | None) -> bool:
-    """Whether a failed pull lost its peer (rather than being refused with an error of the request)."""
-    while exc is not None:
-        text = str(exc).lower()
-        if any(word in text for word in LOST_CONNECTION) and "max_batch" not in text:
-            return True
-        exc = exc.__cause__
-    return False
+MAX_RECOVERIES = 3                  # re-formed groups one call_with_recovery() waits through before it gives up
+T = TypeVar("T")
 _OPEN: list["Client"] = []   # this process's open clients (one: torch allows one RPC group per process)
 _OPEN_LOCK = threading.Lock()
 
@@ -403,7 +391,8 @@ class Client:
                 return self.generation
             self._check_usable()
             if self.reconnect_timeout <= 0:
-                self._fail(where, cause)
+                self._fail((where[0], f"{where[1]} (reconnect_timeout=0: the client does not wait for a lost "
+                                      f"server to come back)"), cause)
             dead = self._probe_dead(cause)
             if not dead:
                 self._fail(where, cause)
@@ -426,12 +415,58 @@ class Client:
                         self.reconnects)
             return self.generation
 
+    def call_with_recovery(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``; when it fails because a server is lost -- the data path's :class:`PeerLost`, a control
+        call's error while a server is down, or the group re-formed under it -- wait for the server within
+        ``reconnect_timeout``, re-form the group (:meth:`recover`: every tracked session set re-opened) and call
+        ``fn()`` again.  ``what`` names the call in messages ("emb_push of table 'paper'").
+
+        Every caller of the workers goes through here (embedding tables, ``sample``, the PyG backend), so a
+        caller never sees a transport's own error for a lost server: past the bound it gets one
+        :class:`ServerError` naming the server, what was waited for and ``reconnect_timeout``.  Any other
+        failure of ``fn`` is raised as it is."""
+        for attempt in range(MAX_RECOVERIES + 1):
+            generation = self.generation
+            try:
+                return fn()
+            except Exception as exc:
+                where = self._lost_where(what, exc, generation)
+                if where is None:
+                    raise
+                if attempt == MAX_RECOVERIES:
+                    raise ServerError(where[0], f"{where[1]}; still failing after the group was re-formed "
+                                                f"{MAX_RECOVERIES} times (reconnect_timeout="
+                                                f"{self.reconnect_timeout:g} s each)") from exc
+                self.recover(where, exc, generation)
+        raise AssertionError("unreachable")
+
+    def _lost_where(self, what: str, exc: BaseException, generation: int) -> tuple[str, str] | None:
+        """``(server, message)`` for :meth:`recover` when ``exc`` means a server is lost (or the group was
+        re-formed since ``generation``); None when it is the call's own failure."""
+        if isinstance(exc, (InvalidRequest, TimeoutError)):
+            return None
+        lost = peer_lost(exc)
+        if lost is not None:
+            return self.server_name(lost.part), f"{what} failed: {lost}"
+        if self.generation != generation:
+            return "cluster", f"{what} failed while the group was re-formed: {exc}"
+        if isinstance(exc, (ServerError, NotFound, ConnectionError)):
+            dead = self.group.probe()
+            if dead:
+                return ", ".join(dead), f"{what} failed: {exc}"
+        return None
+
+    def server_name(self, part: int) -> str:
+        """``host:port part K`` of part ``part``'s server (``part K`` when no server holds it)."""
+        s = next((s for s in self.servers if s.part == part), None)
+        return s.name if s is not None else f"part {part}"
+
     def _probe_dead(self, cause: BaseException | None) -> dict[str, str]:
         """The servers that lost this trainer's group.  After a lost data-path connection (a session worker
         died while its server lives: a signal, the OOM killer) the server may not have noticed yet: probe
         again for up to WORKER_DEATH_WAIT s, so the case resumes like a server restart instead of failing."""
         dead = self.group.probe()
-        if dead or not _lost_connection(cause):
+        if dead or not lost_in_text(cause):
             return dead
         deadline = time.monotonic() + min(WORKER_DEATH_WAIT, self.reconnect_timeout)
         while not dead and time.monotonic() < deadline:

@@ -8,7 +8,10 @@ consistency model and the optimizers are in :mod:`graphfeed.core.embedding`.
 
 After the client re-forms its group (a server restarted: :meth:`Client.recover`), every worker is new and
 the tables are made again on first use, from the last checkpoint this table saved or loaded (rows and
-optimizer state as saved; the steps since are lost, and a warning says so), else from their initial rows.
+optimizer state as saved), else from their initial rows.  Every call waits for a lost server the one way
+the client does (:meth:`Client.call_with_recovery <graphfeed.client.client.Client.call_with_recovery>`,
+bounded by ``reconnect_timeout``); a step's pushes an owner did not acknowledge are sent again to the
+re-formed group, never dropped.
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from graphfeed.core.embedding import EmbeddingSpec, HandOut, SparseUpdate, check_name
+from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.errors import PeerLost
+from graphfeed.transport.pending import Pending
 
 if TYPE_CHECKING:
     from graphfeed.client.sessions import SessionSet
@@ -40,9 +46,10 @@ class RemoteEmbedding:
         self.checkpoint: str | None = None   # the tag last saved or loaded (what a re-formed group restores)
         self.closed = False
         self._lock = threading.Lock()
-        self._generation = client.generation
-        self._inflight: dict[int, Any] = {}   # the last step's pushes, until every owner applied them
-        self.bounds = self._create()
+        self._generation = -1   # the client's generation whose workers hold the table (set once made)
+        self._inflight: dict[int, _Push] = {}   # the last step's pushes, until every owner applied them
+        self.bounds = torch.zeros(1, dtype=torch.int64)
+        self.bounds = client.call_with_recovery(self._what("emb_create"), self._made)
 
     def __repr__(self) -> str:
         return (f"RemoteEmbedding({self.spec.name!r}, ntype={self.spec.ntype!r}, dim={self.spec.dim}, "
@@ -61,7 +68,10 @@ class RemoteEmbedding:
 
     def _send(self, name: str, args_of: dict[int, tuple]) -> dict[int, Any]:
         calls, timeout = self.client.group.calls, self.client.rpc_timeout
-        return {p: calls.call(p, name, args, timeout) for p, args in args_of.items()}
+        return {p: _sent(calls, p, name, args, timeout) for p, args in args_of.items()}
+
+    def _what(self, call: str) -> str:
+        return f"{call} of embedding table {self.spec.name!r}"
 
     def _wait(self, name: str, pending: dict[int, Any]) -> dict[int, Any]:
         timeout = self.client.rpc_timeout
@@ -80,8 +90,7 @@ class RemoteEmbedding:
         return out
 
     def _server(self, part: int) -> str:
-        s = next((s for s in self.client.servers if s.part == part), None)
-        return s.name if s is not None else f"part {part}"
+        return self.client.server_name(part)
 
     def _all(self) -> list[int]:
         return [s.part for s in self.client.servers]
@@ -97,16 +106,24 @@ class RemoteEmbedding:
             bounds.append(stop)
         return torch.tensor(bounds, dtype=torch.int64)
 
+    def _made(self) -> torch.Tensor:
+        """:meth:`_create` on the client's current group, which then holds the table."""
+        generation = self.client.generation
+        bounds = self._create()
+        self._generation = generation
+        return bounds
+
     def ensure(self) -> None:
         """Make the table again when the client re-formed its group since (every worker is new): from the last
-        checkpoint when there is one.  RuntimeError once the table is closed."""
+        checkpoint when there is one.  RuntimeError once the table is closed; PeerLost when a worker is lost
+        meanwhile (the callers wait for it: :meth:`Client.call_with_recovery`).  A step in flight stays in
+        flight: :meth:`flush` sends it again to the owners that had not applied it."""
         if self.closed:
             raise RuntimeError(f"embedding table {self.spec.name!r} was closed")
         with self._lock:
             if self._generation == self.client.generation:
                 return
-            self._generation = self.client.generation
-            self._inflight = {}   # pushes to the old group's workers: gone with them (the checkpoint supersedes them)
+            generation = self.client.generation
             self._create()
             if self.checkpoint is not None:
                 self._on_parts("emb_load", {p: (self.spec.name, self.checkpoint) for p in self._all()})
@@ -115,6 +132,7 @@ class RemoteEmbedding:
             else:
                 log.warning("embedding table %r started again from its initial rows after the servers' group was "
                             "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
+            self._generation = generation
 
     def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
         """Positions of ``gids`` per owning part; ValueError for ids outside the type."""
@@ -126,9 +144,12 @@ class RemoteEmbedding:
 
     def rows(self, gids) -> torch.Tensor:
         """The current rows of global ids ``gids`` (a batch's ``emb_gid``), read from their owners: [n, dim]."""
-        self.ensure()
         self.flush()
         gids = self.spec.checked_ids(gids, self.num_rows)
+        return self.client.call_with_recovery(self._what("emb_rows"), lambda: self._rows(gids))
+
+    def _rows(self, gids: torch.Tensor) -> torch.Tensor:
+        self.ensure()
         where = self._split(gids)
         got = self._on_parts("emb_rows", {p: (self.spec.name, gids[pos]) for p, pos in where.items()})
         out = torch.empty(gids.numel(), self.spec.dim, dtype=self.spec.torch_dtype)
@@ -146,13 +167,25 @@ class RemoteEmbedding:
 
         Each owner gets its ids in ascending order, with their rows gathered once into a tensor of their own
         (what the wire sends): an owner given distinct ascending ids applies them without sorting or
-        merging (:func:`~graphfeed.core.embedding.coalesce`)."""
-        self.ensure()
+        merging (:func:`~graphfeed.core.embedding.coalesce`).
+
+        A push an owner could not take (its server lost) is not dropped: :meth:`flush` waits for the owner
+        within ``reconnect_timeout`` and sends it again (:meth:`Client.call_with_recovery`)."""
         sends = self._by_owner(gids, grads.to(torch.float32))
         self.flush()
+        self.client.call_with_recovery(self._what("emb_create"), self.ensure)
+        pushes = {p: _Push((self.spec.name, ids, rows, update)) for p, (ids, rows) in sends.items()}
         with self._lock:
-            self._inflight = self._send("emb_push", {p: (self.spec.name, ids, rows, update)
-                                                     for p, (ids, rows) in sends.items()})
+            self._inflight = pushes
+            self._send_pushes(pushes)
+
+    def _send_pushes(self, pushes: dict[int, _Push]) -> None:
+        """Send each push its current group's worker has not had yet."""
+        generation, calls = self.client.generation, self.client.group.calls
+        for p, push in pushes.items():
+            if push.generation != generation:
+                push.pending = _sent(calls, p, "emb_push", push.args, self.client.rpc_timeout)
+                push.generation = generation
 
     def _by_owner(self, gids: torch.Tensor, grads: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per owning part: its ids ascending and their gradient rows; ValueError for ids outside the type."""
@@ -162,11 +195,24 @@ class RemoteEmbedding:
                 for p, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])) if b > a}
 
     def flush(self) -> None:
-        """Wait until the step in flight is applied by every owner (its failure raised here, naming the server)."""
+        """Wait until the step in flight is applied by every owner (its failure raised here, naming the server).
+        An owner that was lost is waited for (``reconnect_timeout``), then sent the push again."""
         with self._lock:
-            pending, self._inflight = self._inflight, {}
-        if pending:
-            self._wait("emb_push", pending)
+            pushes, self._inflight = self._inflight, {}
+        if pushes:
+            self.client.call_with_recovery(self._what("emb_push"), lambda: self._deliver(pushes))
+
+    def _deliver(self, pushes: dict[int, _Push]) -> None:
+        """Wait for ``pushes``; each owner's that is applied leaves ``pushes``, so a retry after the group was
+        re-formed (the table made again first) sends only those still owed."""
+        self.ensure()
+        with self._lock:
+            self._send_pushes(pushes)
+        try:
+            self._wait("emb_push", {p: push.pending for p, push in pushes.items()})
+        finally:
+            for p in [p for p, push in pushes.items() if _applied(push.pending)]:
+                del pushes[p]
 
     # ---- checkpoints -------------------------------------------------------------------------------
 
@@ -184,10 +230,13 @@ class RemoteEmbedding:
         """Every owner saves (``emb_save``) or loads (``emb_load``) checkpoint ``tag`` once the step in flight is
         applied; the tag is then what a re-formed group restores."""
         check_name(tag, "checkpoint tag")
-        self.ensure()
         self.flush()
-        self._on_parts(call, {p: (self.spec.name, tag) for p in self._all()})
+        self.client.call_with_recovery(self._what(call), lambda: self._on_every_owner(call, tag))
         self.checkpoint = tag
+
+    def _on_every_owner(self, call: str, tag: str) -> None:
+        self.ensure()
+        self._on_parts(call, {p: (self.spec.name, tag) for p in self._all()})
 
     def state_dict(self, tag: str = "latest") -> dict:
         """Save checkpoint ``tag`` (:meth:`save`) and return what names it, for a training checkpoint."""
@@ -205,10 +254,44 @@ class RemoteEmbedding:
         """Free the rows on every server (saved checkpoints stay); the table is unusable afterwards."""
         if self.closed:
             return
+        self.flush()
         self.closed = True
         if self._generation == self.client.generation:
-            self.flush()
-            self._on_parts("emb_close", {p: (self.spec.name,) for p in self._all()})
+            try:
+                self._on_parts("emb_close", {p: (self.spec.name,) for p in self._all()})
+            except PeerLost as lost:   # its rows went with the worker; the group's re-forming frees the rest
+                log.warning("embedding table %r: closing it on %s found the worker gone (%s)", self.spec.name,
+                            self._server(lost.part), lost)
+
+
+class _Push:
+    """One owner's share of a step: its arguments, and the call of the group (``generation``) it was sent to."""
+
+    __slots__ = ("args", "pending", "generation")
+
+    def __init__(self, args: tuple):
+        self.args = args
+        self.pending: Pending = Pending.failed(RuntimeError("not sent"))
+        self.generation = -1   # not sent to any group yet
+
+
+def _sent(calls: DataCalls, part: int, name: str, args: tuple, timeout: float) -> Pending:
+    """``calls.call``; a group closed under the caller (re-formed meanwhile) is a failed Pending like any other."""
+    try:
+        return calls.call(part, name, args, timeout)
+    except ConnectionError as exc:
+        return Pending.failed(exc)
+
+
+def _applied(pending: Pending) -> bool:
+    """Whether ``pending`` completed with a value (an owner applied its push)."""
+    if not pending.done():
+        return False
+    try:
+        pending.result(0)
+    except Exception:  # noqa: BLE001 -- failed: still owed
+        return False
+    return True
 
 
 def remote_message(exc: BaseException) -> str:

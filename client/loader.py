@@ -31,6 +31,7 @@ from graphfeed.core.progress import EpochProgress, PygLoaderFace, check_cursor
 from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
+from graphfeed.transport.errors import PeerLost
 from graphfeed.transport.pending import Pending
 
 if TYPE_CHECKING:
@@ -166,12 +167,14 @@ class RemoteNeighborLoader(PygLoaderFace):
             try:
                 self._start_on_servers(plan, start)
                 return generation
-            except (ServerError, NotFound) as exc:
+            except (ServerError, NotFound, PeerLost) as exc:   # PeerLost: the tables' attach lost its worker
                 if not reopened and _session_expired(exc):   # idle too long (session_idle_seconds): open again
                     self.session_set.reopen(close_old=True)
                     reopened = True
                     continue
-                where = (getattr(exc, "server", "cluster"), f"StartEpoch of epoch {plan.epoch} failed: {exc}")
+                server = self.client.server_name(exc.part) if isinstance(exc, PeerLost) else \
+                    getattr(exc, "server", "cluster")
+                where = (server, f"StartEpoch of epoch {plan.epoch} failed: {exc}")
                 generation = self.client.recover(where, exc, generation)
 
     def _start_on_servers(self, plan: EpochPlan, start: int) -> None:

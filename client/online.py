@@ -13,7 +13,8 @@ input): the daemon validates the options exactly as a loader's (INVALID_ARGUMENT
 and the session's secret authorizes every later ``sample`` call.  Sessions are cached per option
 set (the :data:`MAX_OPTION_SETS` most recent; older ones are closed) and re-opened after the
 client re-forms its group.  A call that finds a server gone re-forms the group as a running loader
-does (waiting up to ``reconnect_timeout`` for the server to come back) and is made once more.
+does (:meth:`Client.call_with_recovery`: waiting up to ``reconnect_timeout`` for the server to come back) and
+is made once more.
 
 Bad ids are checked on the client (:func:`graphfeed.core.spec.check_sample_ids`) and again by the
 worker; a worker's refusal arrives as a torch RPC error and is raised as
@@ -33,6 +34,7 @@ from graphfeed.client.sessions import SessionSet
 from graphfeed.core import batch as batch_codec
 from graphfeed.core.spec import LoaderSpec, NodeInput, check_sample_ids
 from graphfeed.proto.convert import open_session_request
+from graphfeed.transport.errors import peer_lost
 
 if TYPE_CHECKING:
     from graphfeed.client.view import ClientView
@@ -40,15 +42,6 @@ if TYPE_CHECKING:
 ONLINE_KIND = "online"   # the sessions' metrics label
 MAX_OPTION_SETS = 4      # option sets whose sessions stay open (each holds one of max_sessions_per_group)
 WAIT_SLACK = 30.0        # seconds beyond rpc_timeout a sample may take (the channel bounds it by rpc_timeout)
-
-
-class _ServerLost(Exception):
-    """A sample failed and a server is gone (or the group was re-formed meanwhile); ``where`` = (server,
-    message) for :meth:`Client.recover`."""
-
-    def __init__(self, where: tuple[str, str]):
-        super().__init__(f"{where[0]}: {where[1]}")
-        self.where = where
 
 
 class OnlineSampler:
@@ -64,24 +57,14 @@ class OnlineSampler:
         """The wire batch for original ids ``node_ids`` (label type) sampled as ``spec.sampling``.
 
         When a server went away meanwhile, the client re-forms its group as a running loader does
-        (:meth:`Client.recover`, bounded by ``reconnect_timeout``) and the call is made once more."""
+        (:meth:`Client.call_with_recovery`, bounded by ``reconnect_timeout``) and the call is made again."""
         client = self.client
         what = "node" if len(client.node_types) == 1 else f"{client.label_type!r} node"
         ids = check_sample_ids(node_ids, client.num_nodes, what)
-        generation = client.generation
-        try:
-            return self._call(ids, spec, seed)
-        except _ServerLost as lost:
-            if client.generation == generation:   # not yet re-formed by another caller
-                client.recover(lost.where, lost.__cause__, generation)
-        try:
-            return self._call(ids, spec, seed)
-        except _ServerLost as again:
-            raise ServerError(*again.where) from again.__cause__
+        return client.call_with_recovery(f"sample of {ids.numel()} node(s)", lambda: self._call(ids, spec, seed))
 
     def _call(self, ids: torch.Tensor, spec: LoaderSpec, seed: int, reopen: bool = True) -> dict[str, torch.Tensor]:
         client = self.client
-        generation = client.generation
         sessions = self._sessions_for(spec)
         part = next(self._next) % len(client.servers)
         server = client.servers[part].name
@@ -97,8 +80,8 @@ class OnlineSampler:
                     if self._sessions.get((spec.sampling, spec.feature_dtype)) is sessions:
                         del self._sessions[(spec.sampling, spec.feature_dtype)]
                 return self._call(ids, spec, seed, reopen=False)
-            if client.generation != generation or client.group.probe():
-                raise _ServerLost((server, message)) from exc
+            if peer_lost(exc) is not None:
+                raise   # the client waits for the server (call_with_recovery)
             raise ServerError(server, message) from exc
         return value
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import Callable, Protocol, TypeVar
 
 from graphfeed.client.cluster import ServerConn
 from graphfeed.client.group import DataGroup
+
+T = TypeVar("T")
 
 
 class ClientView(Protocol):
@@ -32,6 +34,10 @@ class ClientView(Protocol):
     def _check_usable(self) -> None: ...
 
     def recover(self, where: tuple[str, str], cause: BaseException | None, generation: int) -> int: ...
+
+    def call_with_recovery(self, what: str, fn: Callable[[], T]) -> T: ...
+
+    def server_name(self, part: int) -> str: ...
 
     def track(self, sessions) -> None: ...
 

@@ -47,6 +47,7 @@ from graphfeed.core.seeding import batch_seed
 from graphfeed.proto.convert import open_session_request
 from graphfeed.pyg.calls import WAIT_SLACK, remote_message
 from graphfeed.pyg.convert import to_sampler_output
+from graphfeed.transport.errors import PeerLost
 
 if TYPE_CHECKING:
     from graphfeed.client.client import Client
@@ -242,11 +243,14 @@ class GraphfeedSampler(BaseSampler):
         return next(self._next_part) % len(self.client.servers)
 
     def _call(self, seeds, positions: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-        """One ``sample_seeds`` call: an idle-expired session is re-opened and a lost server waited for
-        (:meth:`Client.recover`) once, then the call is made again."""
+        """One ``sample_seeds`` call: an idle-expired session is re-opened once and a lost server waited for
+        (:meth:`Client.call_with_recovery`), then the call is made again."""
+        what = f"sample of {positions.numel()} seed(s)"
+        return self.client.call_with_recovery(what, lambda: self._call_once(seeds, positions, seed, what))
+
+    def _call_once(self, seeds, positions: torch.Tensor, seed: int, what: str) -> dict[str, torch.Tensor]:
         client = self.client
         for attempt in (0, 1):
-            generation = client.generation
             self._open_sessions()   # its errors are the servers' own answers, raised as they are
             part = self._next_server()
             server = client.servers[part].name
@@ -254,13 +258,12 @@ class GraphfeedSampler(BaseSampler):
                 value = self._start(part, seeds, positions, seed).result(timeout=client.rpc_timeout + WAIT_SLACK)
             except ValueError as exc:   # the worker refused the seeds: the server's INVALID_ARGUMENT
                 raise InvalidRequest(f"{server}: sample: {remote_message(exc)}") from None
-            except Exception as exc:    # noqa: BLE001 -- a lost server, an expired session, a timeout
-                message = f"sample of {positions.numel()} seed(s) failed: {remote_message(exc)}"
+            except PeerLost:
+                raise   # the client waits for the server
+            except Exception as exc:    # noqa: BLE001 -- an expired session, a timeout, a failed sample
+                message = f"{what} failed: {remote_message(exc)}"
                 if attempt == 0 and "unknown session" in message:
                     self._open_sessions().reopen(close_old=True)
-                    continue
-                if attempt == 0 and (client.generation != generation or client.group.probe()):
-                    client.recover((server, message), exc, generation)
                     continue
                 raise ServerError(server, message) from exc
             return unpack(value)   # the worker answers in the compact wire form (graphfeed.core.compact)

@@ -5,7 +5,10 @@ The data path's one seam for everything that is not a batch pull through a
 samples, the hot-feature cache, and a worker's calls to its peers -- and the way the channels
 themselves reach the workers.  ``name`` is one of :data:`graphfeed.transport.rpc_group.WORKER_RPC_FUNCTIONS`;
 the answer (or the worker's error, raised as the same kind of exception) arrives in a
-:class:`~graphfeed.transport.pending.Pending`.
+:class:`~graphfeed.transport.pending.Pending`.  A peer that is gone (its process killed, its connection
+reset or refused) is one typed error whatever the transport: each implementation translates its own
+wording into :class:`~graphfeed.transport.errors.PeerLost` (a ConnectionError naming the part), which
+the Pending raises; the client's one recovery path (``Client.call_with_recovery``) waits on it.
 
 Implementations: :class:`graphfeed.transport.torch_rpc.TorchRpcCalls` (torch RPC over the group the
 process joined: trusted networks only) and :class:`graphfeed.transport.secure.SecureCalls`
@@ -18,7 +21,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from graphfeed.transport.errors import PeerLost
 from graphfeed.transport.pending import Pending
+
+__all__ = ["SYNC_SLACK", "DataCalls", "Function", "Handler", "PeerLost"]
 
 SYNC_SLACK = 5.0   # seconds beyond a call's own timeout that call_sync waits for its answer
 
@@ -48,7 +54,8 @@ class DataCalls(ABC):
 
     @abstractmethod
     def call(self, part: int, name: str, args: tuple, timeout: float) -> Pending:
-        """Call worker function ``name(*args)`` on part ``part``'s worker; returns at once."""
+        """Call worker function ``name(*args)`` on part ``part``'s worker; returns at once.  The Pending raises
+        the worker's error, TimeoutError, or :class:`PeerLost` when the worker (or its connection) is gone."""
 
     def call_sync(self, part: int, name: str, args: tuple, timeout: float) -> Any:
         """:meth:`call` and wait for its answer (raises the worker's error, or TimeoutError)."""

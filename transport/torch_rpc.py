@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 from graphfeed.transport import rpc_group
 from graphfeed.transport.calls import DataCalls
 from graphfeed.transport.channel import CallsChannel
+from graphfeed.transport.errors import translated
 from graphfeed.transport.path import (
     DataPath,
     GroupError,
@@ -55,19 +56,20 @@ class TorchRpcCalls(DataCalls):
         try:
             fut = rpc.rpc_async(rpc_group.worker_name(part), rpc_group.remote(name, self.group_key), args=tuple(args),
                                 timeout=timeout)
-        except Exception as exc:  # noqa: BLE001 -- e.g. the group is shut down
-            pending.set_exception(exc)
+        except Exception as exc:  # noqa: BLE001 -- e.g. the group is shut down, or the peer is gone
+            pending.set_exception(translated(part, exc, self.label))
             return pending
-        fut.add_done_callback(lambda f: settle(pending, f))
+        fut.add_done_callback(lambda f: settle(pending, f, part))
         return pending
 
 
-def settle(pending: Pending, fut) -> None:
-    """Move a completed torch future's value -- or its error -- into ``pending``."""
+def settle(pending: Pending, fut, part: int | None = None) -> None:
+    """Move a completed torch future's value -- or its error -- into ``pending``.  A lost peer (torch RPC says
+    it only in words: ``EOF``, ``connection reset``, ...) becomes :class:`PeerLost` for ``part``."""
     try:
         value = fut.wait()
     except Exception as exc:  # noqa: BLE001 -- RPC errors arrive as RuntimeError with the remote message
-        pending.set_exception(exc)
+        pending.set_exception(exc if part is None else translated(part, exc, TorchRpcCalls.label))
         return
     if isinstance(value, BaseException):  # an error delivered as a value (older workers)
         pending.set_exception(value)

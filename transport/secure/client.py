@@ -12,6 +12,7 @@ from typing import Callable, Mapping
 
 from graphfeed.transport import registry, wire
 from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.errors import PeerLost, translated
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
 from graphfeed.transport.secure.handshake import Refused, client_handshake, close_socket, leave_tls
@@ -29,6 +30,7 @@ class SecureClient:
                  connect_timeout: float = CONNECT_TIMEOUT, party: int = 0):
         self.address, self.keys, self.where, self.tls = address, party_keys(key), where, tls
         self.party = int(party)
+        self.part = self.party   # the part it reaches, for PeerLost
         self.connect_timeout = float(connect_timeout)
         self._ids = itertools.count(1)
         self._calls: dict[int, tuple[Pending, float]] = {}
@@ -40,8 +42,8 @@ class SecureClient:
         host, _, port = self.address.rpartition(":")
         try:
             raw = socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout)
-        except OSError as exc:
-            raise ConnectionError(f"cannot reach {self.where}'s data path at {self.address}: {exc}") from None
+        except OSError as exc:   # refused, unreachable: nothing listens there (any more)
+            raise self._lost(f"cannot reach {self.where}'s data path at {self.address}: {exc}") from None
         sock: socket.socket = raw
         try:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -58,9 +60,12 @@ class SecureClient:
         except ssl.SSLError as exc:
             close_socket(sock)
             raise ConnectionError(f"TLS with {self.where}'s data path at {self.address} failed: {exc}") from None
-        except (Refused, OSError) as exc:
+        except Refused as exc:
             close_socket(sock)
             raise ConnectionError(f"{self.where}'s data path at {self.address}: {exc}") from None
+        except OSError as exc:   # reset or closed during the set-up: the worker went away
+            close_socket(sock)
+            raise self._lost(f"{self.where}'s data path at {self.address}: {exc}") from None
         sock.settimeout(None)
         conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True,
                           where=f"{self.where} ({self.address})", party=agreed.party)
@@ -94,8 +99,12 @@ class SecureClient:
             conn.send({"k": "call", "id": call_id, "fn": name}, list(args))
         except (OSError, wire.WireError) as exc:
             self._fail(call_id, exc if isinstance(exc, wire.WireError)
-                       else ConnectionError(f"cannot send {name} to {self.where}: {exc}"))
+                       else self._lost(f"cannot send {name} to {self.where}: {exc}"))
         return pending
+
+    def _lost(self, wording: str) -> PeerLost:
+        """This connection's peer is gone (reset, closed, refused): the data path's typed error."""
+        return PeerLost(self.part, wording, SecureCalls.label)
 
     def _read(self, conn: Connection) -> None:
         why = "closed"
@@ -110,13 +119,14 @@ class SecureClient:
                 if meta.get("k") == "ok":
                     entry[0].set_result(value)
                 else:
-                    entry[0].set_exception(wire.rebuild_error(meta.get("type"), meta.get("msg"), self.where))
+                    error = wire.rebuild_error(meta.get("type"), meta.get("msg"), self.where)
+                    entry[0].set_exception(translated(self.part, error, SecureCalls.label))
         except (OSError, ValueError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         finally:
             conn.close()
-            self._fail_all(conn, ConnectionError(f"the data-path connection to {self.where} ({self.address}) "
-                                                 f"was lost: {why}"))
+            self._fail_all(conn, self._lost(f"the data-path connection to {self.where} ({self.address}) "
+                                            f"was lost: {why}"))
 
     def _fail(self, call_id: int, exc: BaseException) -> None:
         with self._lock:
