@@ -9,7 +9,7 @@ import pytest
 
 from graphfeed.transport.errors import PeerLost, lost_in_text, peer_lost, translated
 from graphfeed.transport.pending import Pending
-from graphfeed.transport.secure import Function, SecureCalls, SecureServer, new_group_key
+from graphfeed.transport.secure import Function, PartyKeys, SecureCalls, SecureServer, new_group_key
 from graphfeed.transport.torch_rpc import TorchRpcCalls, settle
 
 
@@ -91,7 +91,8 @@ def _free_port() -> int:
 
 def test_secure_path_a_worker_gone_mid_call_and_one_not_listening_are_peer_lost():
     key = new_group_key()
-    srv = SecureServer("127.0.0.1", key, {"echo": Function(lambda *a: a), "later": Function(lambda: Pending(), True)},
+    ring = PartyKeys.of_worker(key, 1, 3)   # part 1's worker (the trainer holds the root)
+    srv = SecureServer("127.0.0.1", ring, {"echo": Function(lambda *a: a), "later": Function(lambda: Pending(), True)},
                        name="t").start()
     calls = SecureCalls(key, {1: srv.address, 2: f"127.0.0.1:{_free_port()}"})
     try:
