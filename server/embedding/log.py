@@ -9,7 +9,7 @@ arithmetic on the same inputs, so the rows and optimizer state come back bit for
 File: ``MAGIC`` then records, each ``<length u32><crc32 u32><payload>``.  A record cut short by a
 ``kill -9`` during its write (a length past the end, a checksum that fails on the last record) is a torn
 tail: it was never acknowledged, so it is dropped and the file cut back to the last whole record.  A bad
-record with whole records after it is damage, not a torn write: :class:`LogDamaged`.
+record with whole records after it is damage, not a torn write: a ValueError naming the file.
 """
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ from graphfeed.core.embedding import RULES, SparseUpdate
 MAGIC = b"GFEMBLOG1\n"
 _FRAME = struct.Struct("<II")           # payload length, crc32 of the payload
 _FIXED = struct.Struct("<QBddddQI")      # seq, rule, lr, beta1, beta2, eps, rows, dim
-
-
-class LogDamaged(ValueError):
-    """An update log whose middle (not its torn tail) does not read back: acknowledged pushes are lost."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ def _write_all(fd: int, pieces: list) -> None:
 class LogReader:
     """The whole records of the log at ``path``, in order; after iterating, ``size`` is the byte offset after
     the last whole one and ``torn`` whether a torn tail followed it.  ValueError for a file that is not a
-    log; :class:`LogDamaged` for a bad record that is not the last."""
+    log or one with a bad record that is not the last (damage: acknowledged pushes would be lost)."""
 
     def __init__(self, path: Path):
         self.path, self.size, self.torn = path, 0, False
@@ -172,7 +168,7 @@ class LogReader:
         if zlib.crc32(payload) == crc and len(payload) >= _FIXED.size:
             return payload
         if stop < end:
-            raise LogDamaged(f"embedding update log {self.path}: the record at byte {self.size} fails its checksum "
+            raise ValueError(f"embedding update log {self.path}: the record at byte {self.size} fails its checksum "
                              f"and {end - stop} bytes follow it: the file is damaged (not a torn last write); "
                              f"load an earlier checkpoint")
         return None

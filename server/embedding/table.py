@@ -79,8 +79,8 @@ class PartTable:
         began = time.perf_counter()
         with self.writes:
             with self.lock:
-                if self.log is not None:   # OSError (a full disk): nothing applied, nothing acknowledged
-                    self.log.append(LogRecord(self.seq + 1, ids, summed, update))
+                if self.log is not None:
+                    self._append(LogRecord(self.seq + 1, ids, summed, update))
                 apply_update(self.rows, self.state, local, summed, update)
                 self.seq += 1
             if self.log is not None:
@@ -89,6 +89,17 @@ class PartTable:
             self.rows_applied += int(local.numel())
             self.push_seconds += time.perf_counter() - began
         return int(local.numel())
+
+    def _append(self, record: LogRecord) -> None:
+        """Log ``record``; RuntimeError naming the file and the fixes when it cannot be written (nothing of the
+        push is applied or acknowledged then)."""
+        assert self.log is not None
+        try:
+            self.log.append(record)
+        except OSError as exc:
+            raise RuntimeError(f"embedding table {self.spec.name!r} part {self.part_id}: cannot write its update log "
+                               f"{self.log.path} ({exc}); the push was not applied: free space under embedding_dir, "
+                               f"or set embedding_log: false to train without one") from exc
 
     def replay(self, records) -> int:
         """Apply the logged pushes after this table's ``seq`` (a restored checkpoint's): the arithmetic of
