@@ -261,8 +261,10 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
-            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").iterdir()) == \
-                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part
+            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.pt")) == \
+                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, and started its update log there
+            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.log")) == \
+                [f"part_{k}.{table.replica}.log" for k in (0, 1)]
             (next(it)["author"].x * weight).sum().backward()
             opt.step()
             assert not torch.equal(table.rows(every), saved)
