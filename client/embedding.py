@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -48,6 +49,7 @@ class RemoteEmbedding:
         self._lock = threading.Lock()
         self._generation = -1   # the client's generation whose workers hold the table (set once made)
         self._inflight: dict[int, _Push] = {}   # the last step's pushes, until every owner applied them
+        self.replica = uuid.uuid4().hex[:16]   # names this object's update logs on the owners
         self.bounds = torch.zeros(1, dtype=torch.int64)
         self.bounds = client.call_with_recovery(self._what("emb_create"), self._made)
 
@@ -96,10 +98,18 @@ class RemoteEmbedding:
         return [s.part for s in self.client.servers]
 
     def _create(self) -> torch.Tensor:
-        ranges = self._on_parts("emb_create", {p: (self.spec,) for p in self._all()})
+        """Make the table on every part, all or nothing: when a part refuses (its ``embedding_bytes``, a clash of
+        names), the parts that made it remove it again before the refusal is raised.  Each part keeps this
+        object's update log (``replica``), which a restarted part replays."""
+        pending = self._send("emb_create", {p: (self.spec, self.replica) for p in self._all()})
+        try:
+            ranges = self._wait("emb_create", pending)
+        except Exception:
+            self._undo_create(pending)
+            raise
         bounds = [0]
         for p in sorted(ranges):
-            start, stop = (int(v) for v in ranges[p])
+            start, stop = (int(v) for v in ranges[p][:2])
             if start != bounds[-1]:
                 raise RuntimeError(f"embedding table {self.spec.name!r}: part {p} owns ids {start}..{stop - 1}, "
                                    f"expected them to start at {bounds[-1]}; are the servers of one partition?")
@@ -112,6 +122,21 @@ class RemoteEmbedding:
         bounds = self._create()
         self._generation = generation
         return bounds
+
+    def _undo_create(self, pending: dict[int, Any]) -> None:
+        """Remove the table from the parts whose ``emb_create`` made it (not from those that had it already)."""
+        made = []
+        for p, pend in pending.items():
+            try:
+                if bool(pend.result(0.0)[2]):
+                    made.append(p)
+            except Exception:  # noqa: BLE001 -- that part refused or is gone: nothing of it to remove
+                continue
+        try:
+            self._on_parts("emb_close", {p: (self.spec.name,) for p in made})
+        except Exception as exc:  # noqa: BLE001 -- the refusal is what the caller needs; this one is logged
+            log.warning("embedding table %r: removing it from parts %s after a refusal failed: %s", self.spec.name,
+                        made, exc)
 
     def ensure(self) -> None:
         """Make the table again when the client re-formed its group since (every worker is new): from the last

@@ -354,6 +354,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "data_path": _choice(registry.choices()),
     "embedding_dir": _string(allow_empty=True),
     "embedding_bytes": _bytes_or_auto,
+    "embedding_log": _flag,
 }
 KEYS = tuple(f.name for f in fields(ServerConfig))
 REQUIRED = ("partition", "part")

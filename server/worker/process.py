@@ -111,7 +111,7 @@ class SessionWorker:
         self.embeddings = EmbeddingStore(spec.part_id, self.graph.books,
                                          lambda p, name, args: self.calls.call(p, name, args, spec.rpc_timeout),
                                          timeout=spec.rpc_timeout, save_dir=spec.embedding_dir,
-                                         budget_bytes=spec.embedding_bytes)
+                                         budget_bytes=spec.embedding_bytes, log_updates=spec.embedding_log)
         self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}
         self.secrets: dict[str, bytes] = {}   # session id -> the secret its pulls must carry

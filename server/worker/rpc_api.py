@@ -46,11 +46,11 @@ also carry the session's secret.
   (:func:`.session.part_input_seeds`).
 * ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
   that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
-* ``emb_create(spec)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` / ``emb_push(name, gids,
-  grads, update)`` / ``emb_save(name, tag)`` / ``emb_load(name, tag)`` -- the trainer's learnable embedding
-  tables (:mod:`graphfeed.server.embedding`): this part's rows, a session's batches carrying them, a sparse
-  optimizer step, a checkpoint written by this owner.  ``emb_rows(name, gids)`` -- rows by global id (peers
-  filling a batch, the trainer reading a table).
+* ``emb_create(spec, replica)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` /
+  ``emb_push(name, gids, grads, update)`` / ``emb_save(name, tag)`` / ``emb_load(name, tag)`` -- the trainer's
+  learnable embedding tables (:mod:`graphfeed.server.embedding`): this part's rows, a session's batches carrying
+  them, a sparse optimizer step, a checkpoint written by this owner.  ``emb_rows(name, gids)`` -- rows by
+  global id (peers filling a batch, the trainer reading a table).
 * ``hot_rows(ntype, start, count, dtype)`` -- a trainer fills its hot-feature cache: original ids and
   feature rows of this part's highest in-degree nodes of a type, in chunks (:mod:`.hot_rows`).
 
@@ -344,12 +344,14 @@ def part_identity() -> tuple | None:
 
 # ---- learnable embedding tables (graphfeed.server.embedding: the rows this part owns, per trainer group) ----
 
-def emb_create(spec: EmbeddingSpec) -> tuple[int, int]:
-    """Make this part's rows of table ``spec`` in the group (nothing when it exists); ``(start, stop)`` of the
-    global ids it owns.  ValueError for an unknown type, a clash of names or a table over the budget."""
+def emb_create(spec: EmbeddingSpec, replica: str = "") -> tuple[int, int, bool]:
+    """Make this part's rows of table ``spec`` in the group (nothing when the same table exists: a retry is
+    accepted); ``(start, stop)`` of the global ids it owns and whether this call made them.  ``replica``: the
+    trainer's table whose update log this part keeps (``""``: none).  ValueError for an unknown type, a clash
+    of names or a table over the budget."""
     if not isinstance(spec, EmbeddingSpec):
         raise ValueError(f"emb_create takes an EmbeddingSpec, got {type(spec).__name__}")
-    return _bound().embeddings.create(spec)
+    return _bound().embeddings.create(spec, str(replica))
 
 
 def emb_close(name: str) -> bool:

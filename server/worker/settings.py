@@ -49,6 +49,9 @@ class WorkerSettings:
                                      'refused)')
     embedding_bytes: int = setting(0, "what one trainer group's embedding tables may hold on this server, "
                                       "rows and optimizer state (0 = 1/4 of the memory limit)")
+    embedding_log: bool = setting(True, "with embedding_dir: every embedding push is written to its table's update "
+                                        "log (one fsync per push) before it is acknowledged, so a restarted "
+                                        "server loses none")
 
     @property
     def peer_bound(self) -> float:

@@ -20,7 +20,7 @@ from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
 from graphfeed.core.embedding import EmbeddingSpec, SparseAdam
-from graphfeed.server.embedding import LocalEmbedding
+from graphfeed.server.embedding import LocalEmbedding, PartTable
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition.format.store import open_parts
 from graphfeed.server.sampling.graph import PartitionedGraph
@@ -261,8 +261,10 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
-            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").iterdir()) == \
-                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part
+            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.pt")) == \
+                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, and started its update log there
+            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.log")) == \
+                [f"part_{k}.{table.replica}.log" for k in (0, 1)]
             (next(it)["author"].x * weight).sum().backward()
             opt.step()
             assert not torch.equal(table.rows(every), saved)
@@ -310,3 +312,92 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
             again.load("ckpt")
             assert torch.equal(again.rows(every), saved)
 
+
+
+def _steps(it, opt, tables, weight: torch.Tensor, count: int) -> None:
+    """``count`` optimizer steps of one batch each, the loss linear in every table's rows (its gradients do not
+    depend on the rows, so prefetched batches push the same steps in every run)."""
+    for _ in range(count):
+        batch = next(it)
+        sum((getattr(batch[t.spec.ntype], t.field) * weight).sum() for t in tables).backward()
+        opt.step()
+
+
+def _train_through(servers, parts, fanouts, weight, tag: str, kill_at=None) -> None:
+    """Two tables (authors saved at step 2 as "mid", papers never saved), 8 SparseAdam steps, then both saved as
+    ``tag``.  With ``kill_at(servers)``: called after step 4 once every push was acknowledged."""
+    with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=120) as client:
+        authors = client.embedding("author", dim=DIM, seed=1, field="x")
+        papers = client.embedding("paper", dim=DIM, seed=2)
+        loader = client.neighbor_loader(("paper", "train"), fanouts, batch_size=24, shuffle=True, seed=5,
+                                        prefetch=2, embeddings=[authors, papers])
+        assert len(loader) >= 9
+        opt = gf.SparseAdam([authors, papers], lr=0.05)
+        it = iter(loader)
+        _steps(it, opt, [authors, papers], weight, 2)
+        authors.save("mid")
+        _steps(it, opt, [authors, papers], weight, 2)
+        if kill_at is not None:
+            authors.flush(), papers.flush()   # the last push acknowledged by every owner
+            kill_at(servers)
+            # the group re-formed now, as the next pull to the dead server would (the batches in hand were
+            # prefetched before the kill; a push's own recovery is graphfeed issue 35's seam, not tested here)
+            client.recover((servers[1].name, "restarted by the test"), None, client.generation)
+        _steps(it, opt, [authors, papers], weight, 4)
+        assert client.reconnects == (0 if kill_at is None else 1)
+        authors.save(tag), papers.save(tag)
+        it.close()
+
+
+@pytest.mark.slow
+def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_uninterrupted_run(shared_mag,
+                                                                                               tmp_path):
+    parts, _ = shared_mag
+    fanouts = _fanouts(_local_graph(parts))
+    tables = tmp_path / "tables"
+    env = {"GRAPHFEED_EMBEDDING_DIR": str(tables)}
+    weight = torch.randn(DIM)
+
+    def kill_and_restart(servers) -> None:
+        victim = servers[1]
+        _kill(victim)
+        servers[1] = start_server(parts, 1, log_dir=tmp_path / "restart", env=env, args=("--port", str(victim.port)))
+
+    with running_cluster(parts, log_dir=tmp_path / "logs", env=env) as servers:
+        _train_through(servers, parts, fanouts, weight, "uninterrupted")
+        _train_through(servers, parts, fanouts, weight, "killed", kill_at=kill_and_restart)
+    for name in ("author", "paper"):
+        for part in (0, 1):
+            want = PartTable.load(tables, name, "uninterrupted", part)
+            got = PartTable.load(tables, name, "killed", part)
+            assert got.seq == want.seq == 8, (name, part)
+            assert torch.equal(got.rows, want.rows), (name, part)
+            assert sorted(got.state) == ["exp_avg", "exp_avg_sq", "step"]
+            for key in want.state:
+                assert torch.equal(got.state[key], want.state[key]), (name, part, key)
+    assert (tmp_path / "restart").is_dir()
+
+
+@pytest.mark.slow
+def test_a_table_refused_on_one_part_is_left_on_none_and_a_smaller_one_then_fits(shared_mag, tmp_path):
+    parts, _ = shared_mag
+    book = _local_graph(parts).books["author"]
+    rows0 = int(book.range(0)[1] - book.range(0)[0])
+    fits = EmbeddingSpec("t", "author", 4).nbytes(rows0)   # part 0's budget: dim 4 fits, dim 64 does not
+    small = {"GRAPHFEED_EMBEDDING_BYTES": str(fits)}
+    with running_cluster(parts, [0], log_dir=tmp_path / "l0", env=small) as s0, \
+            running_cluster(parts, [1], log_dir=tmp_path / "l1", args=("--metrics-port", "0")) as s1:
+        with gf.connect([s0[0].address, s1[0].address], timeout=60) as client:
+            with pytest.raises(ValueError) as refused:
+                client.embedding("author", dim=64, name="wide")
+            text = str(refused.value)
+            assert "\n" not in text and "on part 0" in text and "(embedding_bytes)" in text, text
+            assert f"embedding budget {fits / (1 << 20):,.1f} MiB" in text, text
+            assert not any(k[0] == "graphfeed_embedding_rows" and ("table", "wide") in k[1] for k in scrape(s1[0]))
+            table = client.embedding("author", dim=4, name="wide")   # the retry: no half-made table in the way
+            assert table.num_rows == book.num_nodes
+            assert table.rows(torch.tensor([0, book.num_nodes - 1])).shape == (2, 4)
+            assert scrape(s1[0])[("graphfeed_embedding_rows", (("table", "wide"),))] == book.num_nodes - rows0
+            again = client.embedding("author", dim=4, name="wide")   # the same spec again: accepted
+            assert torch.equal(again.bounds, table.bounds)
+            table.close()
