@@ -25,7 +25,7 @@ from graphfeed.core.constants import SPLITS, worker_name
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.proto.convert import edge_type_to_proto, loader_spec_from_proto
+from graphfeed.proto.convert import check_lengths, edge_type_to_proto, loader_spec_from_proto
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
@@ -102,7 +102,12 @@ def _label_type(meta) -> str:
 
 
 def rpc(method):
-    """Turn :class:`RequestError` into a status, log unexpected errors, keep serving."""
+    """Turn :class:`RequestError` into a status, log unexpected errors, keep serving.
+
+    The status is set on the context and the handler returns, rather than ``context.abort``: abort's
+    exception would tie the request (up to ``max_message_bytes``, hundreds of MB once decoded) into a
+    reference cycle with the call's state, kept until the garbage collector happens to run.
+    """
     @functools.wraps(method)
     async def wrapper(self: "ControlServicer", request, context: grpc.aio.ServicerContext):
         try:
@@ -111,7 +116,7 @@ def rpc(method):
             self.errors[exc.code.name.lower()] += 1
             self.log.info("request_refused", rpc=method.__name__, peer=context.peer(),
                           code=exc.code.name, cause=exc.message)
-            await context.abort(exc.code, exc.message)
+            code, message = exc.code, exc.message
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -119,7 +124,11 @@ def rpc(method):
                 raise
             self.errors["internal"] += 1
             self.log.error("rpc_error", rpc=method.__name__, peer=context.peer(), cause=repr(exc), exc_info=exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}")
+            code, message = grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}"
+        del request   # nothing of the refused request outlives this answer
+        context.set_code(code)
+        context.set_details(message)
+        return None
     return wrapper
 
 
@@ -322,6 +331,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         including the checks that need this partition: topology, split and id range."""
         meta = self.served.meta
         try:
+            check_lengths(request, {t: int(r[-1]) for t, r in meta.node_ranges.items()},
+                          _label_type(meta) or meta.node_types[0])   # before decoding any id
             spec = loader_spec_from_proto(request)
             spec.check_schema(meta.node_types, meta.edge_types)   # the node type / fanout dict's edge types exist
         except ValueError as exc:
