@@ -32,7 +32,7 @@ from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
 from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
-from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
+from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, footprint, graph_bound
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
     BadRequest,
@@ -49,6 +49,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     WorkerGone,
 )
+from graphfeed.server.worker.memory import loader_memory
 from graphfeed.transport import registry
 from graphfeed.transport.path import DataPath
 
@@ -356,6 +357,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise _invalid(str(exc)) from None
         try:
             budget.check_estimate(estimate_batch(spec, meta))
+            check_footprint(spec, meta, self.config)
         except BudgetExceeded as exc:
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
@@ -539,14 +541,34 @@ def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:
     per_type = spec.sampling.fanouts_for(meta.edge_types).values()
     hops = [-1 if any(f[h] < 0 for f in per_type) else max(f[h] for f in per_type)
             for h in range(spec.sampling.num_hops)]
+    return budget_estimate(_batch_seeds(spec), hops, **_graph_size(spec, meta))
+
+
+def _batch_seeds(spec: LoaderSpec) -> int:
+    """Seed nodes of one batch: a link batch's are both endpoints of each seed edge and its negatives'."""
     seeds = spec.batch_size
-    if isinstance(spec.input, LinkInput):   # both endpoints of each seed edge, and its negatives' endpoints
+    if isinstance(spec.input, LinkInput):
         neg = spec.input.neg
         seeds *= 2 + (0 if neg is None else math.ceil(neg.amount) * (2 if neg.mode == "binary" else 1))
-    row_bytes = max((_row_bytes(f) for f in meta.features.values()), default=0)
-    return budget_estimate(seeds, hops, disjoint=spec.sampling.disjoint,
-                           num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
-                           num_edges=int(sum(meta.num_edges.values())), row_bytes=row_bytes)
+    return seeds
+
+
+def _graph_size(spec: LoaderSpec, meta) -> dict:
+    return dict(disjoint=spec.sampling.disjoint, num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
+                num_edges=int(sum(meta.num_edges.values())),
+                row_bytes=max((_row_bytes(f) for f in meta.features.values()), default=0))
+
+
+def check_footprint(spec: LoaderSpec, meta, config: ServerConfig) -> None:
+    """BudgetExceeded unless the loader's whole footprint in its session worker (:func:`budget.footprint`)
+    fits what one loader may use here (:func:`memory.loader_memory`: ``loader_memory``, or half of this
+    process's cgroup limit / the host's memory available now)."""
+    whole = graph_bound(_batch_seeds(spec), **_graph_size(spec, meta))
+    need = footprint(estimate_batch(spec, meta), whole, max_bytes=config.max_batch_bytes,
+                     producers=config.num_producers, buffer_batches=config.buffer_batches,
+                     buffer_bytes=config.buffer_bytes)
+    limit = loader_memory(config.loader_memory)
+    need.check(limit.bytes, limit.source)
 
 
 def _row_bytes(features: dict) -> int:

@@ -13,9 +13,18 @@ Set by the daemon (``max_hops``, ``max_batch_nodes``, ``max_batch_edges``,
 
 Exceeding a cap raises :class:`BudgetExceeded` (a ValueError) naming the cap, the setting and
 the fix; the batch fails, the worker lives on.
+
+**A loader's footprint** bounds the loader, not one batch (:func:`footprint`): its session worker
+holds up to ``num_producers`` batches being produced, each about ``WORKING_SET`` times its bytes (the
+sampler's ids and maps beside the rows being gathered), plus the finished batches its buffer keeps
+(``buffer_batches`` / ``buffer_bytes``, soft by one batch).  :meth:`Footprint.check` refuses a loader
+whose footprint exceeds the memory it may have (the daemon's ``loader_memory``, by default half of
+what this process's cgroup or the host allows and the host has available), naming the estimate, the
+limit, where the limit came from and the settings to change.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -110,3 +119,59 @@ def _expand(seeds: int, hop_fanouts: Sequence[int]) -> tuple[int | None, int | N
         nodes += frontier
         edges += frontier
     return nodes, edges
+
+
+WORKING_SET = 2   # a batch being produced holds about twice its bytes: sampler ids / maps and the gathered rows
+
+
+def graph_bound(seeds: int, *, disjoint: bool, num_nodes: int, num_edges: int, row_bytes: int) -> int:
+    """Bytes of a batch that holds the whole graph (every seed's whole graph when ``disjoint``): the bound
+    of a batch whose fanouts the estimate cannot follow (``-1``)."""
+    copies = seeds if disjoint else 1
+    return copies * (num_nodes * (row_bytes + NODE_BYTES) + num_edges * EDGE_BYTES)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one loader may hold in its session worker at once: ``producers`` batches being produced
+    (``WORKING_SET`` x ``batch_bytes`` each) and ``buffered`` finished ones."""
+
+    batch_bytes: int
+    producers: int
+    buffered: int
+    bounded_by: str   # how ``batch_bytes`` was bounded: "batch estimate", "max_batch_bytes", ...
+
+    @property
+    def bytes(self) -> int:
+        return self.batch_bytes * (self.producers * WORKING_SET + self.buffered)
+
+    def describe(self) -> str:
+        return (f"{self.batch_bytes:,} bytes per batch ({self.bounded_by}) x ({self.producers} producers x "
+                f"{WORKING_SET} working set + {self.buffered} buffered)")
+
+    def check(self, limit: int, source: str) -> None:
+        """BudgetExceeded naming the footprint, the limit, its source and the settings to change."""
+        if self.bytes <= limit:
+            return
+        raise BudgetExceeded(f"this loader may hold up to {self.bytes:,} bytes in its session worker "
+                             f"({self.describe()}), more than the {limit:,} bytes a loader may use on this server "
+                             f"({source}): use a smaller batch_size, smaller fanouts or fewer hops, or lower "
+                             f"num_producers, buffer_bytes or buffer_batches {SETTINGS_HINT}, or raise "
+                             f"loader_memory {SETTINGS_HINT}")
+
+
+def footprint(est: BatchEstimate, whole_graph: int, *, max_bytes: int, producers: int, buffer_batches: int,
+              buffer_bytes: int) -> Footprint:
+    """The footprint of a loader whose batches are bounded by ``est`` (None fields: fanout ``-1``), by
+    ``whole_graph`` (:func:`graph_bound`) and by the per-batch cap ``max_bytes`` (0 = none), the tightest
+    that applies; its buffer keeps at most ``buffer_batches`` batches, or as many as ``buffer_bytes`` holds
+    plus one (the byte cap is soft by one batch)."""
+    bounds = [(whole_graph, "the whole graph")]
+    if est.bytes is not None:
+        bounds.append((est.bytes, "batch estimate: batch size x fanouts per hop"))
+    if max_bytes:
+        bounds.append((max_bytes, "max_batch_bytes"))
+    batch, how = min(bounds)
+    batch = max(1, batch)
+    buffered = min(max(1, buffer_batches), max(1, math.ceil(buffer_bytes / batch)))
+    return Footprint(batch, max(1, producers), buffered, how)

@@ -126,6 +126,25 @@ def available_memory(meminfo: Path = MEMINFO) -> int | None:
     return None
 
 
+LOADER_SHARE = 2   # a loader may use 1/LOADER_SHARE of the memory: the rest is the part's pages, the daemon, peers
+
+
+def loader_memory(configured: int = 0, proc_cgroup: str | None = None, root: Path = CGROUP_ROOT,
+                  meminfo: Path = MEMINFO) -> MemoryLimit:
+    """What one loader's session worker may hold (its :class:`~graphfeed.server.sampling.budget.Footprint`):
+    ``configured`` bytes when set (the daemon's ``loader_memory``), else half of the smaller of this
+    process's limit (:func:`memory_limit`) and the host's memory available now -- which already leaves out
+    what the other workers, daemons and trainers of the host hold."""
+    if configured > 0:
+        return MemoryLimit(int(configured), "loader_memory in the server config")
+    limit = memory_limit(proc_cgroup, root)
+    available = available_memory(meminfo)
+    if available is not None and available < limit.bytes:
+        limit = MemoryLimit(available, f"MemAvailable of {meminfo} now")
+    return MemoryLimit(limit.bytes // LOADER_SHARE, f"1/{LOADER_SHARE} of {limit.describe()}; set loader_memory "
+                                                    f"to choose")
+
+
 def released(exc: BaseException) -> BaseException:
     """``exc`` without its traceback (nor its causes'): a refused request's data is no longer reachable
     from the error, which a pending result may hold (see the module doc)."""
