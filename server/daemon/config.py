@@ -121,7 +121,7 @@ class ServerConfig(WorkerSettings):
     def work_budget(self) -> WorkBudget:
         """The caps of one batch (``max_batch_*`` are resolved at load: never 0 here)."""
         return WorkBudget(max_hops=self.max_hops, max_nodes=self.max_batch_nodes, max_edges=self.max_batch_edges,
-                          max_bytes=self.max_batch_bytes)
+                          max_bytes=self.max_batch_bytes, max_seconds=BATCH_TIME_SHARE * self.rpc_timeout)
 
     def summary(self) -> str:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
@@ -434,6 +434,7 @@ def memory_limit() -> int:
 
 
 BATCH_BYTES_MIN, BATCH_BYTES_MAX = 256 << 20, 4 << 30
+BATCH_TIME_SHARE = 0.75   # of rpc_timeout: how long producing one batch may take (WorkBudget.max_seconds)
 
 
 def _resolve_budget(values: dict[str, Any]) -> None:

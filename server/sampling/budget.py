@@ -25,8 +25,11 @@ limit, where the limit came from and the settings to change.
 from __future__ import annotations
 
 import math
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 SETTINGS_HINT = "in the server config"
 
@@ -44,14 +47,30 @@ class BatchEstimate:
     bytes: int | None
 
 
+_BATCH = threading.local()   # per producing thread: when its batch began (see timed_batch)
+
+
+@contextmanager
+def timed_batch(started: float | None = None) -> Iterator[None]:
+    """The batch produced in this thread inside the block is held to ``WorkBudget.max_seconds`` by
+    :meth:`WorkBudget.check_sample` (``started``: its ``time.monotonic()`` start, now by default)."""
+    _BATCH.started = time.monotonic() if started is None else started
+    try:
+        yield
+    finally:
+        _BATCH.started = None
+
+
 @dataclass(frozen=True)
 class WorkBudget:
-    """Caps of one batch (0 = no cap)."""
+    """Caps of one batch (0 = no cap); ``max_seconds``: how long producing one may take (a fraction of
+    ``rpc_timeout``: a pull waiting for it must get its error, not the data path's timeout)."""
 
     max_hops: int = 0
     max_nodes: int = 0
     max_edges: int = 0
     max_bytes: int = 0
+    max_seconds: float = 0.0
 
     def check_hops(self, hops: int) -> None:
         if self.max_hops and hops > self.max_hops:
@@ -66,6 +85,19 @@ class WorkBudget:
                 raise BudgetExceeded(f"the batch reached {have:,} sampled {what} at hop {hop + 1}, more than this "
                                      f"server's {setting}={cap:,}: use smaller fanouts, fewer hops or a smaller "
                                      f"batch_size, or raise {setting} {SETTINGS_HINT}")
+        self._check_time(nodes, edges, hop)
+
+    def _check_time(self, nodes: int, edges: int, hop: int) -> None:
+        started = getattr(_BATCH, "started", None)
+        if not self.max_seconds or started is None:
+            return
+        took = time.monotonic() - started
+        if took > self.max_seconds:
+            raise BudgetExceeded(f"the batch took {took:.1f} s up to hop {hop + 1} ({nodes:,} nodes and {edges:,} "
+                                 f"edges sampled so far), more than the {self.max_seconds:g} s this server allows "
+                                 f"(3/4 of its rpc_timeout, within which the trainer's pull must be answered): use "
+                                 f"smaller fanouts, fewer hops or a smaller batch_size, or raise rpc_timeout "
+                                 f"{SETTINGS_HINT} and connect(rpc_timeout=...) on the trainer")
 
     def check_bytes(self, nbytes: int) -> None:
         if self.max_bytes and nbytes > self.max_bytes:

@@ -3,11 +3,12 @@
 loader's share; and a loader's whole footprint against it.  Fake cgroup trees, no real limits."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, footprint
+from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, WorkBudget, footprint, timed_batch
 from graphfeed.server.worker import memory
 from graphfeed.server.worker.memory import cgroup_limit, cgroup_paths, loader_memory, released
 
@@ -112,3 +113,16 @@ def test_released_errors_hold_no_frames():
     except ValueError as exc:
         error = released(exc)
     assert error.__traceback__ is None and error.__cause__ is not None and error.__cause__.__traceback__ is None
+
+
+def test_a_batch_that_outruns_its_time_fails_naming_its_size_and_the_settings():
+    budget = WorkBudget(max_nodes=10**9, max_edges=10**9, max_seconds=45.0)
+    budget.check_sample(100, 200, 0)   # outside a timed batch (a peer's hop): no clock
+    with timed_batch():
+        budget.check_sample(100, 200, 0)
+    with timed_batch(started=time.monotonic() - 50.0):   # a batch begun 50 s ago
+        with pytest.raises(BudgetExceeded, match=r"the batch took 5\d\.\d s up to hop 3 \(1,234 nodes and 5,678 "
+                                                 r"edges sampled so far\), more than the 45 s this server allows.*"
+                                                 r"rpc_timeout.*smaller fanouts.*batch_size.*connect\(rpc_timeout"):
+            budget.check_sample(1234, 5678, 2)
+    budget.check_sample(1234, 5678, 2)   # the clock ended with its batch
