@@ -88,8 +88,8 @@ class ServerConfig(WorkerSettings):
     max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
     max_batch_bytes: int = 0           # bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)
-    loader_memory: int = 0             # what one loader's session worker may hold (0 = 1/2 of the memory limit or
-    #                                    the host's available memory, the smaller; see budget.Footprint)
+    loader_memory: int = 0             # what one loader's session worker may hold (0 = 1/2 of the memory limit, or
+    #                                    the host's available memory when less; see budget.Footprint)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES   # largest control request accepted (refused unread)
     session_idle_seconds: float = 600.0  # a session without StartEpoch/pull/sample this long is closed (0 = never)
     log_format: str = "logfmt"         # "logfmt" | "json"

@@ -6,7 +6,7 @@ unit's ``MemoryMax=`` or a Kubernetes pod's ``limits.memory`` (all of them land 
 cgroup) count, and so does any ancestor's smaller limit -- on cgroup v2 (``memory.max``) and v1
 (``memory.limit_in_bytes``); else the host's memory.  The host's *available* memory
 (``MemAvailable``) is reported beside it: what can be had now, which a loader's footprint is also
-checked against (``server.sampling.budget.FootprintLimit``).
+checked against (:func:`loader_memory`).
 
 **Refusals keep nothing**: a refused request's exception must not hold the request -- its traceback's
 frames hold every local of the functions it passed through (the ids, the tensors decoded from them),
@@ -132,17 +132,19 @@ LOADER_SHARE = 2   # a loader may use 1/LOADER_SHARE of the memory: the rest is 
 def loader_memory(configured: int = 0, proc_cgroup: str | None = None, root: Path = CGROUP_ROOT,
                   meminfo: Path = MEMINFO) -> MemoryLimit:
     """What one loader's session worker may hold (its :class:`~graphfeed.server.sampling.budget.Footprint`):
-    ``configured`` bytes when set (the daemon's ``loader_memory``), else half of the smaller of this
-    process's limit (:func:`memory_limit`) and the host's memory available now -- which already leaves out
-    what the other workers, daemons and trainers of the host hold."""
+    ``configured`` bytes when set (the daemon's ``loader_memory``), else half of this process's limit
+    (:func:`memory_limit`; the rest is the part's pages, the daemon and its peers), or the host's memory
+    available now when that is less -- it already leaves out what the other workers, daemons and
+    trainers of the host hold."""
     if configured > 0:
         return MemoryLimit(int(configured), "loader_memory in the server config")
     limit = memory_limit(proc_cgroup, root)
+    share = MemoryLimit(limit.bytes // LOADER_SHARE, f"1/{LOADER_SHARE} of {limit.describe()}")
     available = available_memory(meminfo)
-    if available is not None and available < limit.bytes:
-        limit = MemoryLimit(available, f"MemAvailable of {meminfo} now")
-    return MemoryLimit(limit.bytes // LOADER_SHARE, f"1/{LOADER_SHARE} of {limit.describe()}; set loader_memory "
-                                                    f"to choose")
+    if available is not None and available < share.bytes:
+        share = MemoryLimit(available, f"MemAvailable of {meminfo} now, below 1/{LOADER_SHARE} of "
+                                       f"{limit.describe()}")
+    return MemoryLimit(share.bytes, f"{share.source}; set loader_memory to choose")
 
 
 def released(exc: BaseException) -> BaseException:
