@@ -197,6 +197,39 @@ def loader_spec_from_proto(req: pb.OpenSessionRequest) -> LoaderSpec:
                          f"feature_dtype = {req.feature_dtype!r}, ordered = {req.ordered}: {exc}") from None
 
 
+def check_lengths(req: pb.OpenSessionRequest, num_nodes: dict[str, int], label_type: str) -> None:
+    """Refuse from the lengths alone, before anything is decoded, the id lists of an OpenSession request
+    that cannot be valid: more ids than their node type has nodes (so some repeat: node_ids, the feature
+    cache's ids), seed times or link labels not one per seed.  ``num_nodes``: nodes per node type;
+    ``label_type``: the type of node_ids without ``node_type``.  ValueError naming the field and the fix.
+
+    A request may hold ``max_message_bytes`` of ids, several hundred MB once decoded and sorted to find
+    repeats; these refusals cost nothing."""
+    if req.WhichOneof("input") == "node_ids":
+        count = len(req.node_ids.ids)
+        _at_most_nodes("node_ids", count, req.node_type or label_type, num_nodes)
+        if req.input_time and len(req.input_time) != count:
+            raise ValueError(f"input_time has {len(req.input_time):,} entries for {count:,} input nodes: give "
+                             f"one time per input node")
+    if req.HasField("feature_cache"):
+        _at_most_nodes("feature_cache.node_ids", len(req.feature_cache.node_ids), req.feature_cache.node_type,
+                       num_nodes)
+    if req.WhichOneof("input") == "link":
+        link, edges = req.link, len(req.link.src)
+        for name in ("float_label", "int_label", "time"):
+            have = len(getattr(link, name))
+            if have and have != edges:
+                raise ValueError(f"link: {name} has {have:,} entries for {edges:,} seed edges: give one per "
+                                 f"seed edge (edge_label_index column)")
+
+
+def _at_most_nodes(field: str, count: int, ntype: str, num_nodes: dict[str, int]) -> None:
+    total = num_nodes.get(ntype)
+    if total is not None and count > total:
+        raise ValueError(f"{field} has {count:,} ids but the graph has {total:,} {ntype!r} nodes, so at least "
+                         f"{count - total:,} of them repeat: pass each node once (torch.unique(ids))")
+
+
 def _feature_cache(req: pb.OpenSessionRequest) -> CachedIds | None:
     """The cached nodes of a request (None when it has no feature_cache); ValueError naming the field."""
     if not req.HasField("feature_cache"):

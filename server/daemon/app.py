@@ -44,6 +44,7 @@ from graphfeed.server.daemon.registry import WORKER_STOP_GRACE, Registry
 from graphfeed.server.daemon.served import ServedPartition, load_partition
 from graphfeed.server.worker.commands import GroupSpec
 from graphfeed.server.worker.handle import SessionWorkerHandle
+from graphfeed.server.worker.memory import map_large_blocks
 from graphfeed.transport import registry
 
 READY_PREFIX = "graphfeed-serve listening"
@@ -420,6 +421,7 @@ def serve(config: ServerConfig, *, port_file=None, worker_factory: WorkerFactory
     import uvloop
 
     log = logs.configure(config.log_format, config.log_level)
+    map_large_blocks()   # a refused large request's memory goes back to the OS when it is freed
     daemon = Daemon(config, worker_factory=worker_factory, port_file=port_file, log=log)
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

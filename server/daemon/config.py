@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from graphfeed.server.sampling.budget import WorkBudget
+from graphfeed.server.worker import memory
 from graphfeed.server.worker.settings import WorkerSettings
 from graphfeed.transport import registry
 
@@ -87,6 +88,8 @@ class ServerConfig(WorkerSettings):
     max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
     max_batch_bytes: int = 0           # bytes of one batch at most (0 = 1/8 of the memory limit, 256 MiB..4 GiB)
+    loader_memory: int = 0             # what one loader's session worker may hold (0 = 1/2 of the memory limit, or
+    #                                    the host's available memory when less; see budget.Footprint)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES   # largest control request accepted (refused unread)
     session_idle_seconds: float = 600.0  # a session without StartEpoch/pull/sample this long is closed (0 = never)
     log_format: str = "logfmt"         # "logfmt" | "json"
@@ -119,7 +122,7 @@ class ServerConfig(WorkerSettings):
     def work_budget(self) -> WorkBudget:
         """The caps of one batch (``max_batch_*`` are resolved at load: never 0 here)."""
         return WorkBudget(max_hops=self.max_hops, max_nodes=self.max_batch_nodes, max_edges=self.max_batch_edges,
-                          max_bytes=self.max_batch_bytes)
+                          max_bytes=self.max_batch_bytes, max_seconds=BATCH_TIME_SHARE * self.rpc_timeout)
 
     def summary(self) -> str:
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
@@ -342,6 +345,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_batch_edges": _int(0),
     "max_batch_bytes": _bytes_or_auto,
     "max_message_bytes": _bytes,
+    "loader_memory": _bytes_or_auto,
     "session_idle_seconds": _seconds(0.0, 7 * 86400.0, allow_zero=True),
     "log_format": _choice(LOG_FORMATS),
     "log_level": _choice(LOG_LEVELS),
@@ -427,21 +431,13 @@ def _check_exposure(values: dict[str, Any], origin: dict[str, str]) -> None:
 
 
 def memory_limit() -> int:
-    """Bytes this process may use: its cgroup's limit (v2, then v1) when set, else the host's memory."""
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < (1 << 60):
-            return int(text)
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 16 << 30
+    """Bytes this process may use: its own cgroup's limit (v2, then v1; from ``/proc/self/cgroup``) when set,
+    else the host's memory (:func:`graphfeed.server.worker.memory.memory_limit`)."""
+    return memory.memory_limit().bytes
 
 
 BATCH_BYTES_MIN, BATCH_BYTES_MAX = 256 << 20, 4 << 30
+BATCH_TIME_SHARE = 0.75   # of rpc_timeout: how long producing one batch may take (WorkBudget.max_seconds)
 
 
 def _resolve_budget(values: dict[str, Any]) -> None:

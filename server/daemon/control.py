@@ -24,14 +24,14 @@ from graphfeed.core.constants import SPLITS, worker_name
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
-from graphfeed.proto.convert import edge_type_to_proto, loader_spec_from_proto
+from graphfeed.proto.convert import check_lengths, edge_type_to_proto, loader_spec_from_proto
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.served import ServedPartition
 from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
-from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded
+from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, footprint, graph_bound
 from graphfeed.server.sampling.budget import estimate as budget_estimate
 from graphfeed.server.worker.commands import (
     BadRequest,
@@ -48,6 +48,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     WorkerGone,
 )
+from graphfeed.server.worker.memory import loader_memory
 from graphfeed.transport import registry
 from graphfeed.transport.path import DataPath
 from graphfeed.transport.secure.keys import group_root, session_secret
@@ -101,7 +102,12 @@ def _label_type(meta) -> str:
 
 
 def rpc(method):
-    """Turn :class:`RequestError` into a status, log unexpected errors, keep serving."""
+    """Turn :class:`RequestError` into a status, log unexpected errors, keep serving.
+
+    The status is set on the context and the handler returns, rather than ``context.abort``: abort's
+    exception would tie the request (up to ``max_message_bytes``, hundreds of MB once decoded) into a
+    reference cycle with the call's state, kept until the garbage collector happens to run.
+    """
     @functools.wraps(method)
     async def wrapper(self: "ControlServicer", request, context: grpc.aio.ServicerContext):
         try:
@@ -110,7 +116,7 @@ def rpc(method):
             self.errors[exc.code.name.lower()] += 1
             self.log.info("request_refused", rpc=method.__name__, peer=context.peer(),
                           code=exc.code.name, cause=exc.message)
-            await context.abort(exc.code, exc.message)
+            code, message = exc.code, exc.message
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -118,7 +124,11 @@ def rpc(method):
                 raise
             self.errors["internal"] += 1
             self.log.error("rpc_error", rpc=method.__name__, peer=context.peer(), cause=repr(exc), exc_info=exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}")
+            code, message = grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {exc!r}"
+        del request   # nothing of the refused request outlives this answer
+        context.set_code(code)
+        context.set_details(message)
+        return None
     return wrapper
 
 
@@ -324,6 +334,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         including the checks that need this partition: topology, split and id range."""
         meta = self.served.meta
         try:
+            check_lengths(request, {t: int(r[-1]) for t, r in meta.node_ranges.items()},
+                          _label_type(meta) or meta.node_types[0])   # before decoding any id
             spec = loader_spec_from_proto(request)
             spec.check_schema(meta.node_types, meta.edge_types)   # the node type / fanout dict's edge types exist
         except ValueError as exc:
@@ -347,6 +359,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise _invalid(str(exc)) from None
         try:
             budget.check_estimate(estimate_batch(spec, meta))
+            check_footprint(spec, meta, self.config)
         except BudgetExceeded as exc:
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)) from None
 
@@ -531,14 +544,34 @@ def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:
     per_type = spec.sampling.fanouts_for(meta.edge_types).values()
     hops = [-1 if any(f[h] < 0 for f in per_type) else max(f[h] for f in per_type)
             for h in range(spec.sampling.num_hops)]
+    return budget_estimate(_batch_seeds(spec), hops, **_graph_size(spec, meta))
+
+
+def _batch_seeds(spec: LoaderSpec) -> int:
+    """Seed nodes of one batch: a link batch's are both endpoints of each seed edge and its negatives'."""
     seeds = spec.batch_size
-    if isinstance(spec.input, LinkInput):   # both endpoints of each seed edge, and its negatives' endpoints
+    if isinstance(spec.input, LinkInput):
         neg = spec.input.neg
         seeds *= 2 + (0 if neg is None else math.ceil(neg.amount) * (2 if neg.mode == "binary" else 1))
-    row_bytes = max((_row_bytes(f) for f in meta.features.values()), default=0)
-    return budget_estimate(seeds, hops, disjoint=spec.sampling.disjoint,
-                           num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
-                           num_edges=int(sum(meta.num_edges.values())), row_bytes=row_bytes)
+    return seeds
+
+
+def _graph_size(spec: LoaderSpec, meta) -> dict:
+    return dict(disjoint=spec.sampling.disjoint, num_nodes=sum(int(r[-1]) for r in meta.node_ranges.values()),
+                num_edges=int(sum(meta.num_edges.values())),
+                row_bytes=max((_row_bytes(f) for f in meta.features.values()), default=0))
+
+
+def check_footprint(spec: LoaderSpec, meta, config: ServerConfig) -> None:
+    """BudgetExceeded unless the loader's whole footprint in its session worker (:func:`budget.footprint`)
+    fits what one loader may use here (:func:`memory.loader_memory`: ``loader_memory``, or half of this
+    process's cgroup limit / the host's memory available now)."""
+    whole = graph_bound(_batch_seeds(spec), **_graph_size(spec, meta))
+    need = footprint(estimate_batch(spec, meta), whole, max_bytes=config.max_batch_bytes,
+                     producers=config.num_producers, buffer_batches=config.buffer_batches,
+                     buffer_bytes=config.buffer_bytes)
+    limit = loader_memory(config.loader_memory)
+    need.check(limit.bytes, limit.source)
 
 
 def _row_bytes(features: dict) -> int:

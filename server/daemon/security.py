@@ -96,10 +96,11 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
     def _rejecting(self, handler, method: str, reason: str):
         """A handler of the same streaming shape as ``handler`` that logs and aborts."""
         async def deny(request_or_iterator, context):
+            del request_or_iterator   # set, not abort: abort's exception would keep the request in a cycle
             self.rejected_total += 1
             self.log.warning("auth_rejected", peer=context.peer(), method=method, reason=reason)
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                f"{reason}; pass the server's token (graphfeed.client.connect(..., token=...), "
+            context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+            context.set_details(f"{reason}; pass the server's token (graphfeed.client.connect(..., token=...), "
                                 f"token_file in the cluster YAML, or GRAPHFEED_TOKEN)")
 
         req_stream = bool(handler and handler.request_streaming)

@@ -13,11 +13,23 @@ Set by the daemon (``max_hops``, ``max_batch_nodes``, ``max_batch_edges``,
 
 Exceeding a cap raises :class:`BudgetExceeded` (a ValueError) naming the cap, the setting and
 the fix; the batch fails, the worker lives on.
+
+**A loader's footprint** bounds the loader, not one batch (:func:`footprint`): its session worker
+holds up to ``num_producers`` batches being produced, each about ``WORKING_SET`` times its bytes (the
+sampler's ids and maps beside the rows being gathered), plus the finished batches its buffer keeps
+(``buffer_batches`` / ``buffer_bytes``, soft by one batch).  :meth:`Footprint.check` refuses a loader
+whose footprint exceeds the memory it may have (the daemon's ``loader_memory``, by default half of
+what this process's cgroup or the host allows and the host has available), naming the estimate, the
+limit, where the limit came from and the settings to change.
 """
 from __future__ import annotations
 
+import math
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 SETTINGS_HINT = "in the server config"
 
@@ -35,14 +47,30 @@ class BatchEstimate:
     bytes: int | None
 
 
+_BATCH = threading.local()   # per producing thread: when its batch began (see timed_batch)
+
+
+@contextmanager
+def timed_batch(started: float | None = None) -> Iterator[None]:
+    """The batch produced in this thread inside the block is held to ``WorkBudget.max_seconds`` by
+    :meth:`WorkBudget.check_sample` (``started``: its ``time.monotonic()`` start, now by default)."""
+    _BATCH.started = time.monotonic() if started is None else started
+    try:
+        yield
+    finally:
+        _BATCH.started = None
+
+
 @dataclass(frozen=True)
 class WorkBudget:
-    """Caps of one batch (0 = no cap)."""
+    """Caps of one batch (0 = no cap); ``max_seconds``: how long producing one may take (a fraction of
+    ``rpc_timeout``: a pull waiting for it must get its error, not the data path's timeout)."""
 
     max_hops: int = 0
     max_nodes: int = 0
     max_edges: int = 0
     max_bytes: int = 0
+    max_seconds: float = 0.0
 
     def check_hops(self, hops: int) -> None:
         if self.max_hops and hops > self.max_hops:
@@ -57,6 +85,19 @@ class WorkBudget:
                 raise BudgetExceeded(f"the batch reached {have:,} sampled {what} at hop {hop + 1}, more than this "
                                      f"server's {setting}={cap:,}: use smaller fanouts, fewer hops or a smaller "
                                      f"batch_size, or raise {setting} {SETTINGS_HINT}")
+        self._check_time(nodes, edges, hop)
+
+    def _check_time(self, nodes: int, edges: int, hop: int) -> None:
+        started = getattr(_BATCH, "started", None)
+        if not self.max_seconds or started is None:
+            return
+        took = time.monotonic() - started
+        if took > self.max_seconds:
+            raise BudgetExceeded(f"the batch took {took:.1f} s up to hop {hop + 1} ({nodes:,} nodes and {edges:,} "
+                                 f"edges sampled so far), more than the {self.max_seconds:g} s this server allows "
+                                 f"(3/4 of its rpc_timeout, within which the trainer's pull must be answered): use "
+                                 f"smaller fanouts, fewer hops or a smaller batch_size, or raise rpc_timeout "
+                                 f"{SETTINGS_HINT} and connect(rpc_timeout=...) on the trainer")
 
     def check_bytes(self, nbytes: int) -> None:
         if self.max_bytes and nbytes > self.max_bytes:
@@ -110,3 +151,59 @@ def _expand(seeds: int, hop_fanouts: Sequence[int]) -> tuple[int | None, int | N
         nodes += frontier
         edges += frontier
     return nodes, edges
+
+
+WORKING_SET = 2   # a batch being produced holds about twice its bytes: sampler ids / maps and the gathered rows
+
+
+def graph_bound(seeds: int, *, disjoint: bool, num_nodes: int, num_edges: int, row_bytes: int) -> int:
+    """Bytes of a batch that holds the whole graph (every seed's whole graph when ``disjoint``): the bound
+    of a batch whose fanouts the estimate cannot follow (``-1``)."""
+    copies = seeds if disjoint else 1
+    return copies * (num_nodes * (row_bytes + NODE_BYTES) + num_edges * EDGE_BYTES)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one loader may hold in its session worker at once: ``producers`` batches being produced
+    (``WORKING_SET`` x ``batch_bytes`` each) and ``buffered`` finished ones."""
+
+    batch_bytes: int
+    producers: int
+    buffered: int
+    bounded_by: str   # how ``batch_bytes`` was bounded: "batch estimate", "max_batch_bytes", ...
+
+    @property
+    def bytes(self) -> int:
+        return self.batch_bytes * (self.producers * WORKING_SET + self.buffered)
+
+    def describe(self) -> str:
+        return (f"{self.batch_bytes:,} bytes per batch ({self.bounded_by}) x ({self.producers} producers x "
+                f"{WORKING_SET} working set + {self.buffered} buffered)")
+
+    def check(self, limit: int, source: str) -> None:
+        """BudgetExceeded naming the footprint, the limit, its source and the settings to change."""
+        if self.bytes <= limit:
+            return
+        raise BudgetExceeded(f"this loader may hold up to {self.bytes:,} bytes in its session worker "
+                             f"({self.describe()}), more than the {limit:,} bytes a loader may use on this server "
+                             f"({source}): use a smaller batch_size, smaller fanouts or fewer hops, or lower "
+                             f"num_producers, buffer_bytes or buffer_batches {SETTINGS_HINT}, or raise "
+                             f"loader_memory {SETTINGS_HINT}")
+
+
+def footprint(est: BatchEstimate, whole_graph: int, *, max_bytes: int, producers: int, buffer_batches: int,
+              buffer_bytes: int) -> Footprint:
+    """The footprint of a loader whose batches are bounded by ``est`` (None fields: fanout ``-1``), by
+    ``whole_graph`` (:func:`graph_bound`) and by the per-batch cap ``max_bytes`` (0 = none), the tightest
+    that applies; its buffer keeps at most ``buffer_batches`` batches, or as many as ``buffer_bytes`` holds
+    plus one (the byte cap is soft by one batch)."""
+    bounds = [(whole_graph, "the whole graph")]
+    if est.bytes is not None:
+        bounds.append((est.bytes, "batch estimate: batch size x fanouts per hop"))
+    if max_bytes:
+        bounds.append((max_bytes, "max_batch_bytes"))
+    batch, how = min(bounds)
+    batch = max(1, batch)
+    buffered = min(max(1, buffer_batches), max(1, math.ceil(buffer_bytes / batch)))
+    return Footprint(batch, max(1, producers), buffered, how)

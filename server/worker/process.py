@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hmac
 import os
 import pickle
@@ -26,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
+from typing import Callable
 
 from graphfeed.server.embedding import EmbeddingStore
 from graphfeed.server.partition.format.store import Partition
@@ -57,6 +59,7 @@ from graphfeed.server.worker.commands import (
     WorkerError,
     execute,
 )
+from graphfeed.server.worker.memory import released, trim_heap
 from graphfeed.server.worker.peers import PeerError, colocate, replicate_hot_rows, worker_graph
 from graphfeed.server.worker.session import Session
 from graphfeed.server.worker.telemetry import WorkerTelemetry
@@ -265,32 +268,37 @@ class SessionWorker:
         """One online batch for original ids ``node_ids`` with the sampling options of session
         ``session_id`` (:meth:`Session.sample`), produced on the worker's online threads; the Pending
         fails with ValueError (naming the bad id and the valid range) for bad ids."""
-        session = self.session(session_id)
-        out = Pending()
-
-        def run() -> None:
-            try:
-                out.set_result(session.sample(node_ids, int(seed)))
-            except Exception as exc:  # noqa: BLE001 -- every failure goes to the caller's future
-                self.telemetry.count_error("online")
-                out.set_exception(exc)
-
-        self._online.submit(run)
-        return out
+        return self._run_online(functools.partial(self.session(session_id).sample, node_ids, int(seed)))
 
     def sample_seeds(self, session_id: str, seeds, positions, batch_seed: int) -> Pending:
         """One batch for a seed record (PyG's samplers, :meth:`Session.sample_seeds`) with session
         ``session_id``'s sampling options, produced on the worker's online threads; the Pending fails with
         ValueError for bad seeds."""
         session = self.session(session_id)
-        out = Pending()
+        return self._run_online(functools.partial(session.sample_seeds, seeds, positions, int(batch_seed)))
+
+    def _run_online(self, job: Callable[[], dict]) -> Pending:
+        """``job()`` on the online threads, its batch or error into the Pending returned.
+
+        The request (``job`` holds the ids or seeds) is dropped before the Pending completes, and the
+        error loses its traceback: the Pending's callbacks re-raise the error, which links its traceback
+        to this frame -- a cycle that would keep a refused request's tensors until the next garbage
+        collection (hundreds of MB after a few refused 8 M-id samples)."""
+        out, held = Pending(), [job]
 
         def run() -> None:
+            work = held.pop()
             try:
-                out.set_result(session.sample_seeds(seeds, positions, int(batch_seed)))
+                value, error = work(), None
             except Exception as exc:  # noqa: BLE001 -- every failure goes to the caller's future
                 self.telemetry.count_error("online")
-                out.set_exception(exc)
+                value, error = None, released(exc)
+            del work
+            if error is None:
+                out.set_result(value)
+            else:
+                out.set_exception(error)
+                trim_heap()   # give the refused request's freed pages back
 
         self._online.submit(run)
         return out

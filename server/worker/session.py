@@ -21,6 +21,7 @@ from graphfeed.core.epoch import BatchSpec, EpochPlan, input_positions
 from graphfeed.core.feature_cache import drop_cached_rows
 from graphfeed.core.spec import LinkInput, LoaderSpec, NodeInput, SeedInput
 from graphfeed.server.sampling.adhoc import produce_for_seeds
+from graphfeed.server.sampling.budget import timed_batch
 from graphfeed.server.sampling.link import LinkSeeds, produce_link_batch
 from graphfeed.server.sampling.producer import node_seed_time, produce_batch, sample_nodes
 from graphfeed.server.worker.buffer import BatchBuffer
@@ -215,7 +216,7 @@ class Session:
             tel = self.telemetry
             try:
                 seeds = EpochPlan.batch_seeds(run.orders, entry)
-                with tel.stage("batch"):
+                with tel.stage("batch"), timed_batch():
                     if self._link_seeds is not None:
                         batch = produce_link_batch(self.graph, self._link_seeds, seeds, self.spec.sampling, entry,
                                                    run.epoch, seq, feature_dtype=self.spec.feature_torch_dtype,
@@ -263,7 +264,7 @@ class Session:
         and feature dtype, outside any epoch (:func:`sample_nodes`); ValueError for bad ids (and for a
         sample over the worker's work caps)."""
         self.last_used = time.monotonic()
-        with self.telemetry.stage("batch"):
+        with self.telemetry.stage("batch"), timed_batch():
             batch = sample_nodes(self.graph, node_ids, self.spec.sampling, seed, stage=self.telemetry.stage,
                                  feature_dtype=self.spec.feature_torch_dtype)
         self._check_bytes(batch)
@@ -275,7 +276,7 @@ class Session:
         this session's sampling options and feature dtype (:func:`produce_for_seeds`); ValueError for bad
         seeds (and for a sample over the worker's work caps)."""
         self.last_used = time.monotonic()
-        with self.telemetry.stage("batch"):
+        with self.telemetry.stage("batch"), timed_batch():
             batch = produce_for_seeds(self.graph, seeds, positions, self.spec.sampling, batch_seed,
                                       stage=self.telemetry.stage, feature_dtype=self.spec.feature_torch_dtype)
         self._check_bytes(batch)
