@@ -105,9 +105,9 @@ def _add_remote(p) -> None:
                    help="batch channel: auto = shared memory with servers on this host (default), rpc = over the "
                         "data path's network transport only")
     p.add_argument("--transport", default=registry.AUTO, choices=registry.choices(),
-                   help=f"the data path: {registry.AUTO} = what the servers ask for (default), "
-                        f"{registry.SECURED_DEFAULT} = authenticated (TLS with --tls-cert), {registry.TRUSTED_DEFAULT} "
-                        f"= torch RPC (servers without a token or TLS)")
+                   help=f"the data path: {registry.AUTO} = the servers' default, {registry.SECURED_DEFAULT} "
+                        f"(authenticated; TLS with --tls-cert), {registry.TRUSTED_DEFAULT} = torch RPC asked for by "
+                        f"name on both ends (started servers without a token or TLS)")
     p.add_argument("--tls-cert", default=None, help="with --servers N: TLS on the started servers with this PEM "
                                                     "certificate (self-signed: it is the client's CA too)")
     p.add_argument("--tls-key", default=None, help="the private key of --tls-cert")

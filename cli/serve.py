@@ -38,9 +38,10 @@ def add_arguments(parser) -> None:
     from graphfeed.transport import registry
 
     parser.add_argument("--data-path", default=None, choices=registry.choices(),
-                        help=f"{registry.AUTO} (default): the authenticated data path ({registry.SECURED_DEFAULT}) "
-                             f"when a token or TLS is configured, {registry.TRUSTED_DEFAULT} (trusted networks only) "
-                             f"otherwise; or the data path to serve always")
+                        help=f"{registry.AUTO} (default): the authenticated data path ({registry.SECURED_DEFAULT}), "
+                             f"with or without a token or TLS; {registry.TRUSTED_DEFAULT} only by name (trusted "
+                             f"networks only; trainers must ask for it too: "
+                             f"connect(transport={registry.TRUSTED_DEFAULT!r}))")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
     parser.add_argument("--lease-seconds", type=float, default=None, help="reap a trainer group after this "
                                                                           "long without Heartbeat (default 15)")

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import gc
 import logging
+import os
 import threading
 import time
 import warnings
@@ -42,6 +43,7 @@ from graphfeed.transport import registry
 from graphfeed.transport.errors import lost_in_text, peer_lost
 
 log = logging.getLogger("graphfeed.client")
+TRANSPORT_ENV = "GRAPHFEED_TRANSPORT"   # connect(transport="auto")'s value when set: a transport asked by name
 CHANNELS = (registry.AUTO, "rpc")   # connect(channel=...)'s values, deprecated: transport= names them
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
 WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
@@ -60,11 +62,12 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
 
     ``transport`` (:func:`graphfeed.transport.registry.connect_choices`): how batches and calls travel.
 
-    * ``"auto"`` (the default): the data path the servers ask for -- ``"secure"`` when a server has a
-      token or TLS (or ``data_path: secure``), else ``"torch-rpc"``.
+    * ``"auto"`` (the default; ``GRAPHFEED_TRANSPORT`` replaces it when set): the authenticated data path,
+      ``"secure"``, with or without a token.  A server that offers a weaker one (torch RPC) is refused with a
+      :class:`ServerError` naming it, never followed: ask for torch RPC by name.
     * ``"secure"``: the authenticated data path -- every connection proves the group's key, nothing is
       unpickled, TLS when this client uses TLS.
-    * ``"torch-rpc"``: torch RPC (trusted networks only); refused by a server that asks for ``"secure"``.
+    * ``"torch-rpc"``: torch RPC (trusted networks only), only with servers whose ``data_path`` names it too.
     * ``"shm"``: the same as ``"auto"``, said explicitly.
 
     Whatever the data path, batches from servers on this host come through shared memory (``"shm"``): a
@@ -135,6 +138,11 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
 def _route(transport: str, channel: str | None) -> registry.Route:
     """``transport=`` as a route, with the deprecated ``channel=`` (``"auto"``: shared memory with same-host
     servers; ``"rpc"``: every pull over the data path) folded in, and a DeprecationWarning naming the new form."""
+    if transport == registry.AUTO and os.environ.get(TRANSPORT_ENV):
+        transport = os.environ[TRANSPORT_ENV]
+        if transport not in registry.connect_choices():
+            raise ValueError(f"{TRANSPORT_ENV} must be {registry.listed(registry.connect_choices())}, "
+                             f"got {transport!r}")
     route = registry.route(transport)
     if channel is None:
         return route

@@ -1,7 +1,7 @@
 """The trainer's data-path group: one session worker per server, reached over a data path of the registry.
 
-Which data path: the one ``connect(transport=...)`` names, or (``auto``) what the servers ask for
-(:func:`graphfeed.transport.registry.agreed`: an authenticated one when a server has a token or TLS).  The
+Which data path: the one ``connect(transport=...)`` names, or (``auto``) the authenticated one
+(:func:`graphfeed.transport.registry.agreed`: a server offering a weaker one is refused, never followed).  The
 path's :class:`~graphfeed.transport.path.TrainerEnd` does its part of each step: before ``OpenGroup`` (a path
 with a rendezvous reserves it on the advertised host: a listening socket the store takes over, so no other
 process can take the port), ``OpenGroup`` on every server (in parallel: each starts a worker process; each
@@ -86,9 +86,20 @@ class DataGroup:
         self._calls: DataCalls | None = None
 
     def _data_path(self):
+        """The route's data path by name, or on ``auto`` the authenticated one (a server offering a weaker one is
+        refused, :func:`graphfeed.transport.registry.agreed`)."""
         if self.route.data_path != registry.AUTO:
             return registry.data_path(self.route.data_path)
-        return registry.agreed(getattr(s.info, "data_path", "") for s in self.servers if s.info is not None)
+        offers = [(s.name, getattr(s.info, "data_path", "")) for s in self.servers if s.info is not None]
+        try:
+            return registry.agreed(offers, credentials=self._holds_credentials())
+        except registry.DowngradeRefused as exc:
+            raise ServerError(exc.server, exc.message) from None
+
+    def _holds_credentials(self) -> bool:
+        """This trainer holds a token or TLS material (said in a refused downgrade's error)."""
+        security = self.servers[0].security
+        return security is not None and bool(getattr(security, "token", None) or getattr(security, "tls", False))
 
     def session_secret(self, part: int, session_id: str) -> bytes:
         """The secret of session ``session_id`` on ``part`` (derived as its daemon does; never on the wire)."""

@@ -57,16 +57,19 @@ def hermetic_daemon_settings():
     by default their workers would read each other's parts from the shared files; the tests run the
     path servers on different hosts take (peer workers over torch RPC), and ``test_colocated.py`` runs
     the same-host one (``env={"GRAPHFEED_COLOCATED_READS": "true"}``).  ``GRAPHFEED_TEST_COLOCATED=1`` runs
-    every test's servers with the same-host path instead.  ``GRAPHFEED_TEST_DATA_PATH=secure`` runs every
-    test's servers with the secure data path (``data_path: secure``) instead of torch RPC."""
+    every test's servers with the same-host path instead.  The servers serve the secure data path (the
+    default); ``GRAPHFEED_TEST_DATA_PATH=torch-rpc`` runs every test's servers with torch RPC
+    (``data_path: torch-rpc``) and has every trainer ask for it by name (``GRAPHFEED_TRANSPORT``)."""
     colocated = os.environ.get("GRAPHFEED_TEST_COLOCATED") == "1"
     data_path = os.environ.get("GRAPHFEED_TEST_DATA_PATH")
     with pytest.MonkeyPatch.context() as patch:
         for name in daemon_setting_names():
             patch.delenv(name, raising=False)
+        patch.delenv("GRAPHFEED_TRANSPORT", raising=False)   # the trainers' transport: the default, or below
         patch.setenv("GRAPHFEED_COLOCATED_READS", "true" if colocated else "false")
         if data_path:
             patch.setenv("GRAPHFEED_DATA_PATH", data_path)
+            patch.setenv("GRAPHFEED_TRANSPORT", data_path)
         yield
 
 

@@ -10,9 +10,11 @@ Two kinds of entry, each one module that the registry imports on first use (so n
   path's calls (``shm``: shared memory with the servers on this host).
 
 A daemon asks :func:`served` which data path it serves, a worker and a trainer ask :func:`data_path` for the
-object of a name; :func:`route` reads a trainer's ``connect(transport=...)``.  Adding a transport is one
-module exposing ``PATH`` (a :class:`DataPath`) or ``CHANNEL`` (a :class:`PullChannel`), one
-:func:`register` line below, and its tests.
+object of a name; :func:`route` reads a trainer's ``connect(transport=...)`` and :func:`agreed` what a trainer
+on ``auto`` forms.  The authenticated path is the default on both ends; one that is not (torch RPC) runs only
+when the daemon's ``data_path`` and the trainer's ``transport=`` both name it -- a trainer never follows a server
+to it.  Adding a transport is one module exposing ``PATH`` (a :class:`DataPath`) or ``CHANNEL`` (a
+:class:`PullChannel`), one :func:`register` line below, and its tests.
 """
 from __future__ import annotations
 
@@ -23,13 +25,13 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:   # the entries' classes; the modules are imported by name on first use (below)
     from graphfeed.transport.path import DataPath, PullChannel
 
-AUTO = "auto"            # a daemon: secured -> the authenticated path, else the trusted one; a trainer: the servers'
+AUTO = "auto"            # a daemon: the authenticated default; a trainer: the servers' authenticated path
 TORCH_RPC = "torch-rpc"
 SECURE = "secure"
 SHM = "shm"
 
-TRUSTED_DEFAULT = TORCH_RPC   # what "auto" serves without a token or TLS (trusted networks)
-SECURED_DEFAULT = SECURE      # ... and with one
+SECURED_DEFAULT = SECURE      # what "auto" serves and forms, with or without a token or TLS
+TRUSTED_DEFAULT = TORCH_RPC   # the trusted-network path: served and formed only when named on both ends
 PULLS_DEFAULT = SHM           # how a trainer pulls from the servers on its host unless it names a data path
 
 _PATHS: dict[str, str] = {}      # data path name -> its module (holding PATH)
@@ -89,27 +91,47 @@ def pull_channel(name: str) -> PullChannel:
     return _entry(_CHANNELS, name, "CHANNEL")
 
 
-def served(choice: str, secured: bool) -> DataPath:
-    """The data path a daemon serves for its ``data_path`` setting ``choice``; ``secured``: it has a token or TLS."""
-    if choice == AUTO:
-        return data_path(SECURED_DEFAULT if secured else TRUSTED_DEFAULT)
-    return data_path(choice)
+def served(choice: str) -> DataPath:
+    """The data path a daemon serves for its ``data_path`` setting ``choice``: ``auto`` is the authenticated
+    default whether or not the daemon has a token or TLS (without a token the group key from ``OpenGroup``
+    still guards every connection, and nothing is unpickled); a path that is not authenticated only by name."""
+    return data_path(SECURED_DEFAULT if choice == AUTO else choice)
 
 
-def agreed(asked: Iterable[str]) -> DataPath:
-    """The data path a trainer forms with servers that asked for ``asked`` (``ClusterInfo.data_path``, "" from
-    older servers): an authenticated one if any server asks for it, else the trusted default."""
-    known = [data_path(name) for name in asked if name in _PATHS]
-    for path in known:
-        if path.authenticated:
-            return path
-    return data_path(TRUSTED_DEFAULT)
+class DowngradeRefused(RuntimeError):
+    """A trainer on ``auto`` was offered a data path weaker than the authenticated one; ``server`` names who."""
+
+    def __init__(self, server: str, message: str):
+        super().__init__(message)
+        self.server, self.message = server, message
+
+
+def agreed(offers: Iterable[tuple[str, str]], *, credentials: bool = False) -> DataPath:
+    """The data path a trainer on ``auto`` forms with servers that offer ``offers`` ((server name,
+    ``ClusterInfo.data_path``) pairs; "" from older servers): the authenticated one.  A server that offers a
+    path that is not authenticated is never followed (:class:`DowngradeRefused` names it, what it offered and
+    how to ask for that path by name): whatever answers on a control port must not be able to make a trainer
+    open unpickling listeners.  ``credentials``: the trainer holds a token or TLS material (said in the error)."""
+    for server, asked in offers:
+        if asked in _PATHS and not data_path(asked).authenticated:
+            raise DowngradeRefused(server, _downgrade_message(asked, credentials))
+    return data_path(SECURED_DEFAULT)
+
+
+def _downgrade_message(asked: str, credentials: bool) -> str:
+    path = data_path(asked)
+    holder = ("this client holds a token or TLS material and never follows a server to a weaker transport"
+              if credentials else f"a client on transport={AUTO!r} forms only {data_path(SECURED_DEFAULT).label}")
+    return (f"the server offers data path {asked!r} ({path.label}: not authenticated, it unpickles every request "
+            f"before any check), and {holder}; refused.  Serve the default (data_path: {AUTO} or "
+            f"{SECURED_DEFAULT}) on the servers, or, on a trusted network only, ask for it by name: "
+            f"connect(..., transport={asked!r})")
 
 
 @dataclass(frozen=True)
 class Route:
-    """What a trainer asked for: a data path (``auto``: what the servers ask for) and how it pulls batches
-    (a pull channel's name, or None: every pull over the data path)."""
+    """What a trainer asked for: a data path (``auto``: the authenticated one, :func:`agreed`) and how it pulls
+    batches (a pull channel's name, or None: every pull over the data path)."""
 
     data_path: str = AUTO
     pulls: str | None = PULLS_DEFAULT
@@ -120,10 +142,10 @@ class Route:
 
 
 def route(transport: str) -> Route:
-    """A trainer's ``transport=``: ``auto`` (the servers' data path), a data path (that one), or a pull channel
-    (the servers' data path, pulls from servers on this host through that channel).  Pulls from servers on
-    this host go through :data:`PULLS_DEFAULT` unless a pull channel is named (``connect(shm_slots=0)`` turns
-    shared memory off: :meth:`Route.network_only`)."""
+    """A trainer's ``transport=``: ``auto`` (the authenticated data path the servers serve), a data path (that
+    one), or a pull channel (the servers' authenticated data path, pulls from servers on this host through that
+    channel).  Pulls from servers on this host go through :data:`PULLS_DEFAULT` unless a pull channel is named
+    (``connect(shm_slots=0)`` turns shared memory off: :meth:`Route.network_only`)."""
     if transport == AUTO:
         return Route()
     if transport in _CHANNELS:

@@ -46,6 +46,7 @@ SIOCGIFADDR = 0x8915
 
 _join_deadline = [0.0]   # time.monotonic() by which the group of the join in progress must have formed
 _reserved: dict[tuple[str, int], socket.socket] = {}   # (host, port) -> the listening socket a rank-0 store takes
+_store_sockets: list[tuple[tuple, int]] = []   # (address, fd) of each listening socket a rank-0 store took
 MIN_GLOO_TIMEOUT_S = 1.0
 GLOO_WAIT_FACTOR = 5.0   # Gloo's mesh waits up to this many times its timeout (see the module doc)
 
@@ -72,6 +73,7 @@ def _rendezvous_handler(url: str, **kwargs):
     if rank == 0:   # the store listens on the rendezvous address only (torch's own server listens on every one)
         listener = _reserved.pop((u.hostname, u.port), None) or \
             socket.create_server((u.hostname, u.port), backlog=max(64, world_size))
+        _store_sockets.append((listener.getsockname(), listener.fileno()))
         listen_fd = listener.detach()   # the store owns the socket from here on
     store = dist.TCPStore(u.hostname, u.port, world_size, rank == 0, timeout=timeout, wait_for_workers=True,
                           multi_tenant=True, master_listen_fd=listen_fd)
@@ -318,6 +320,39 @@ CLOSING_PIPE_WARNING = "encountered error when reading incoming request from"
 DRAIN_TIMEOUT_S = 10.0   # bound on reading what the shutdown wrote to stderr
 
 
+def drop_rendezvous() -> None:
+    """Stop the rendezvous of the group this process left from listening: after ``shutdown`` torch keeps its
+    rendezvous iterator in a module global (``torch.distributed.rpc.rendezvous_iterator``, closed here: it ends
+    :func:`_rendezvous_handler` at its ``yield``) and the rank-0 store inside, whose socket would go on
+    listening for the life of the trainer; its listening socket is shut down (:func:`stop_listening`)."""
+    import torch.distributed.rpc as rpc
+
+    iterator = getattr(rpc, "rendezvous_iterator", None)
+    if iterator is not None:
+        del rpc.rendezvous_iterator   # torch sets it afresh at its next init_rpc
+        iterator.close()
+    while _store_sockets:
+        stop_listening(*_store_sockets.pop())
+
+
+def stop_listening(address: tuple, fd: int) -> None:
+    """End listening on the socket a store took (``fd``, bound to ``address``), if it still is that socket: the
+    store itself is kept alive inside torch after ``shutdown`` (its agent), so its port would stay open for
+    the life of the process.  ``shutdown`` acts on the socket, not the descriptor, so a duplicate ends it
+    while the store's own descriptor stays valid (closed by the store whenever torch frees it)."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return   # the store closed it already
+    with sock:
+        try:
+            if sock.getsockname() != address or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                return   # the descriptor was closed and reused: not ours to touch
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return
+
+
 def leave_group() -> None:
     """``rpc.shutdown(graceful=False)`` without TensorPipe's closing-pipe warnings on stderr.
 
@@ -346,6 +381,7 @@ def leave_group() -> None:
     os.close(write_end)
     try:
         rpc.shutdown(graceful=False)
+        drop_rendezvous()
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)          # the pipe's last writer is gone: the reader sees its end

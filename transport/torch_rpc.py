@@ -156,6 +156,7 @@ class TorchRpcTrainer(TrainerEnd):
             self.joined = False       # warnings about the pipes it closes
         if self.rendezvous:
             rpc_group.release_rendezvous(self.rendezvous)   # a group that failed before its store took the port
+            rpc_group.drop_rendezvous()   # ... or after: a store that took it listens until stopped
 
 
 class TorchRpc(DataPath):

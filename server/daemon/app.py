@@ -317,10 +317,11 @@ class Daemon:
         credentials = security.server_credentials(c)
         path = c.data_transport
         if not path.authenticated:
-            self.log.info("data_path", transport=path.name,
-                          cause=f"no token or TLS configured: batches travel over {path.label}, which unpickles "
-                                f"every request before any check -- trusted networks only (a token, TLS or "
-                                f"data_path: {registry.SECURED_DEFAULT} switches to the authenticated data path)")
+            self.log.warning("data_path", transport=path.name,
+                             cause=f"data_path: {path.name}: batches travel over {path.label}, which unpickles "
+                                   f"every request before any check -- trusted networks only; trainers must ask "
+                                   f"for it by name (connect(transport={path.name!r})); data_path: {registry.AUTO} "
+                                   f"serves the authenticated data path")
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause=TOKEN_WITHOUT_TLS)
         exposed = token_file_exposure(c.token_file)

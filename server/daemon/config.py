@@ -100,9 +100,8 @@ class ServerConfig(WorkerSettings):
     tls_peer_ca: str | None = None     # PEM CA bundle that signed the other daemons' tls_cert: workers check peers
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
-    # the data path (graphfeed.transport.registry): "auto" = the authenticated one when a token or TLS is
-    # configured, else torch RPC (trusted networks); or a data path's name (one that is not authenticated is
-    # refused with a token or TLS)
+    # the data path (graphfeed.transport.registry): "auto" = the authenticated one, with or without a token or
+    # TLS; or a data path's name (torch RPC only so, for trusted networks; refused with a token or TLS)
     data_path: str = registry.AUTO
 
     @property
@@ -111,8 +110,8 @@ class ServerConfig(WorkerSettings):
 
     @property
     def data_transport(self) -> DataPath:
-        """The data path this daemon's workers serve (``data_path``, ``auto`` resolved by the token and TLS)."""
-        return registry.served(self.data_path, self.tls or bool(self.token))
+        """The data path this daemon's workers serve (``data_path``; ``auto``: the authenticated one)."""
+        return registry.served(self.data_path)
 
     @property
     def effective_data_address(self) -> str:

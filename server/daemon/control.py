@@ -258,9 +258,10 @@ class ControlServicer(pb_grpc.ControlServicer):
         path = registry.data_path(asked)
         if served.authenticated and not path.authenticated:
             raise RequestError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"this server serves {served.label} only (it has a token, TLS or data_path: "
-                               f"{served.name}): {path.label} would unpickle requests from anyone who reaches the "
-                               f"port; connect with a graphfeed client that asks for data_path {served.name!r}")
+                               f"this server serves {served.label} only (data_path: {self.config.data_path}; "
+                               f"{path.label} only where a daemon's data_path names it): {path.label} would unpickle "
+                               f"requests from anyone who reaches the port; connect with a graphfeed client that "
+                               f"asks for data_path {served.name!r}")
         return path
 
     @rpc

@@ -59,8 +59,9 @@ def partition_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fake_config(tmp_path_factory, partition_dir) -> Path:
     path = tmp_path_factory.mktemp("fakecfg") / "server.yaml"
+    # torch RPC by name: the OpenGroup checks below include the rendezvous a torch RPC worker would dial
     path.write_text(f"partition: {partition_dir}\npart: 1\nmax_groups: 3\nmax_sessions_per_group: 2\n"
-                    f"call_timeout: 2\nlog_format: json\n")
+                    f"call_timeout: 2\nlog_format: json\ndata_path: torch-rpc\n")
     return path
 
 

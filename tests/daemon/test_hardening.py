@@ -123,11 +123,13 @@ def _wait_for(predicate, what: str, timeout: float = WAIT):
 
 # ---- 6. the daemon decides where it connects ---------------------------------------------------------
 
-def test_a_foreign_rendezvous_address_is_refused(servers):
-    with grpc.insecure_channel(servers[0].address) as channel:
+def test_a_foreign_rendezvous_address_is_refused(parts_dir, tmp_path):
+    """torch RPC (a daemon's data_path names it): a worker would dial the rendezvous, so only the caller's."""
+    with running_cluster(parts_dir, parts=[0], env={"GRAPHFEED_DATA_PATH": "torch-rpc"}, log_dir=tmp_path) as \
+            servers, grpc.insecure_channel(servers[0].address) as channel:
         stub = pb_grpc.ControlStub(channel)
-        req = pb.OpenGroupRequest(group_key=KEY,
-                                  group_id="foreign", rendezvous="192.0.2.77:29500", world_size=3, rank=1)
+        req = pb.OpenGroupRequest(group_key=KEY, group_id="foreign", rendezvous="192.0.2.77:29500", world_size=3,
+                                  rank=1, data_path="torch-rpc")
         with pytest.raises(grpc.RpcError) as err:
             stub.OpenGroup(req, timeout=30)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED

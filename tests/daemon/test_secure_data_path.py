@@ -259,10 +259,11 @@ def test_a_server_with_security_refuses_torch_rpc(token_cluster):
 
 
 def test_torch_rpc_listeners_bind_only_the_data_address(parts_dir, tmp_path):
-    """Without security the data path is torch RPC (one log line says so); its TensorPipe listeners and the
-    trainer's rendezvous store listen on the data address only, never on every interface."""
-    with running_cluster(parts_dir, log_dir=tmp_path) as servers:
-        with gf.connect([s.address for s in servers], timeout=60) as client:
+    """torch RPC asked for by name on both ends (the daemons' one log line says it is for trusted networks): its
+    TensorPipe listeners and the trainer's rendezvous store listen on the data address only, never on every
+    interface."""
+    with running_cluster(parts_dir, log_dir=tmp_path, env={"GRAPHFEED_DATA_PATH": "torch-rpc"}) as servers:
+        with gf.connect([s.address for s in servers], timeout=60, transport="torch-rpc") as client:
             assert client.group.data_path == "torch-rpc"
             mine = _listening(psutil.Process().pid)
             assert mine and {ip for ip, _ in mine} == {"127.0.0.1"}, mine   # the TCPStore and TensorPipe

@@ -243,7 +243,7 @@ def test_forced_fallback_is_logged_once_shown_in_status_and_metrics_and_logs_sta
         with gf.connect([server.address], timeout=WAIT_S) as client:
             loader = client.neighbor_loader("train", [3, 2], batch_size=64, shuffle=True, seed=1, prefetch=2)
             assert sum(b.batch_size for b in loader) == loader_size(parts_dir)
-            # the data path (the worker's TensorPipe listeners) binds the configured data_address only
+            # the data path (the worker's listener) binds the configured data_address only
             worker = psutil.Process(client.servers[0].extra["worker_pid"])
             listening = {c.laddr.ip for c in worker.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
             assert listening == {"127.0.0.1"}, listening
@@ -344,7 +344,7 @@ def test_leave_group_drops_only_the_closing_pipe_warnings(monkeypatch, capfd):
 
 TRAINER_CLOSE = """
 import sys, graphfeed.client as gf
-with gf.connect(sys.argv[1].split(","), timeout=120) as client:
+with gf.connect(sys.argv[1].split(","), timeout=120, transport="torch-rpc") as client:
     n = sum(b.batch_size for b in client.neighbor_loader("train", [3, 2], batch_size=32))
 print(n, flush=True)
 """
@@ -356,7 +356,7 @@ def test_a_normal_close_prints_no_tensorpipe_warning(tmp_path):
 
     parts = synthetic_parts(tmp_path / "parts", nodes=400, avg_degree=4, features=4, classes=3, parts=2,
                             name="close-400")
-    with running_cluster(parts, log_dir=tmp_path / "logs") as servers:
+    with running_cluster(parts, log_dir=tmp_path / "logs", env={"GRAPHFEED_DATA_PATH": "torch-rpc"}) as servers:
         run = subprocess.run([sys.executable, "-c", TRAINER_CLOSE, ",".join(s.address for s in servers)],
                              capture_output=True, text=True, timeout=WAIT_S, env=hermetic_env())
     assert run.returncode == 0, run.stderr

@@ -17,19 +17,33 @@ def test_every_registered_name_resolves_to_an_entry_of_that_name():
         registry.data_path("carrier-pigeon")
 
 
-def test_a_daemon_serves_the_authenticated_path_when_secured_and_refuses_nothing_else_by_name():
-    assert registry.served(registry.AUTO, secured=False).name == registry.TRUSTED_DEFAULT
-    assert registry.served(registry.AUTO, secured=True).name == registry.SECURED_DEFAULT
-    assert registry.served(registry.AUTO, secured=True).authenticated
-    assert not registry.served(registry.AUTO, secured=False).authenticated
+def test_a_daemon_serves_the_authenticated_path_by_default_and_torch_rpc_only_by_name():
+    assert registry.served(registry.AUTO).name == registry.SECURED_DEFAULT == registry.SECURE
+    assert registry.served(registry.AUTO).authenticated
+    assert registry.served(registry.TORCH_RPC).name == registry.TORCH_RPC
+    assert not registry.served(registry.TORCH_RPC).authenticated
     assert registry.data_path(registry.TRUSTED_DEFAULT).needs_rendezvous
     assert registry.data_path(registry.SECURED_DEFAULT).joins_peers
 
 
-def test_a_trainer_forms_the_authenticated_path_when_any_server_asks_for_it():
-    assert registry.agreed(["", registry.TORCH_RPC]).name == registry.TRUSTED_DEFAULT
-    assert registry.agreed([registry.TORCH_RPC, registry.SECURE]).name == registry.SECURE
-    assert registry.agreed([]).name == registry.TRUSTED_DEFAULT
+def test_a_trainer_on_auto_forms_the_authenticated_path():
+    assert registry.agreed([("a:1 part 0", registry.SECURE), ("a:2 part 1", "")]).name == registry.SECURE
+    assert registry.agreed([("a:1 part 0", "")]).name == registry.SECURE     # an older server: ask for secure
+    assert registry.agreed([]).name == registry.SECURE
+
+
+@pytest.mark.parametrize("credentials, holder", [
+    (True, "this client holds a token or TLS material and never follows a server to a weaker transport"),
+    (False, "a client on transport='auto' forms only"),
+])
+def test_a_trainer_on_auto_never_follows_a_server_to_torch_rpc(credentials, holder):
+    offers = [("10.0.0.1:50051 part 0", registry.SECURE), ("10.0.0.2:50051 part 1", registry.TORCH_RPC)]
+    with pytest.raises(registry.DowngradeRefused) as caught:
+        registry.agreed(offers, credentials=credentials)
+    assert caught.value.server == "10.0.0.2:50051 part 1"
+    text = str(caught.value)
+    assert "offers data path 'torch-rpc'" in text and holder in text
+    assert "connect(..., transport='torch-rpc')" in text and "data_path: auto" in text
 
 
 def test_connect_transport_names_a_route():
