@@ -315,8 +315,7 @@ class Daemon:
         if c.token and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")
-        exposed = token_file_exposure(c.token_file)
-        if exposed:
+        for exposed in filter(None, map(token_file_exposure, (c.token_file, c.admin_token_file))):
             self.log.warning("token_file_readable", cause=exposed)
         try:
             if credentials is None:

@@ -57,7 +57,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 # Words of example tokens in documentation and manifests: such a token is refused, never served with.
 PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "change-me", "placeholder", "example",
                      "your-token", "xxxxxxxx")
-SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
+SECRET_KEYS = frozenset({"token", "admin_token"})   # values never echoed in errors, summaries or reprs
 
 
 
@@ -96,6 +96,10 @@ class ServerConfig(WorkerSettings):
     tls_client_ca: str | None = None   # PEM CA bundle: clients must present a certificate it signed (mTLS)
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
+    # the operators' token: passes like the token, and GetStats shows it every trainer group (a trainer's
+    # token sees only the groups it opened); needs token, must differ from it
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_file: str | None = None   # file holding the admin token (exclusive with admin_token)
     # the data path (graphfeed.transport.registry): "auto" = the authenticated one when a token or TLS is
     # configured, else torch RPC (trusted networks); or a data path's name (one that is not authenticated is
     # refused with a token or TLS)
@@ -349,6 +353,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_client_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
     "token": _optional(_token),
     "token_file": _optional(_token_file),
+    "admin_token": _optional(_token),
+    "admin_token_file": _optional(_token_file),
     "data_path": _choice(registry.choices()),
     "embedding_dir": _string(allow_empty=True),
     "embedding_bytes": _bytes_or_auto,
@@ -463,15 +469,16 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
                           f"and its private key (set {lack}, or neither)")
     if values.get("tls_client_ca") is not None and cert is None:
         raise ConfigError(f"{origin['tls_client_ca']}: tls_client_ca (mTLS) needs TLS: set tls_cert and tls_key too")
-    if values.get("token") is not None and values.get("token_file") is not None:
-        raise ConfigError(f"both token ({origin['token']}) and token_file ({origin['token_file']}) are set: "
-                          f"give only one")
-    if values.get("token_file") is not None:
-        path = values["token_file"]
-        try:
-            values["token"] = _token(Path(path).read_text(errors="replace"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
+    for key in ("token", "admin_token"):
+        _read_token_file(values, origin, key)
+    if values.get("admin_token") is not None:
+        if values.get("token") is None:
+            raise ConfigError(f"{origin['admin_token']}: admin_token needs token: without a trainers' token every "
+                              f"caller is let in, so there is nothing for the admin token to see beyond; set token "
+                              f"(or token_file) too")
+        if values["admin_token"] == values["token"]:
+            raise ConfigError(f"{origin['admin_token']}: admin_token equals token: every trainer would see every "
+                              f"job's groups; give the operators a token of their own")
     choice = values.get("data_path", registry.AUTO)
     if (choice != registry.AUTO and not registry.data_path(choice).authenticated
             and (cert is not None or values.get("token") is not None)):
@@ -480,6 +487,20 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
                           f"before any check), so it would undo them; use data_path {registry.AUTO!r} or "
                           f"{registry.SECURED_DEFAULT!r} (the authenticated data path), or drop the token and TLS "
                           f"on a trusted network")
+
+
+def _read_token_file(values: dict[str, Any], origin: dict[str, str], key: str) -> None:
+    """``<key>_file`` read into ``key`` (the two are exclusive)."""
+    file_key = f"{key}_file"
+    if values.get(key) is not None and values.get(file_key) is not None:
+        raise ConfigError(f"both {key} ({origin[key]}) and {file_key} ({origin[file_key]}) are set: give only one")
+    if values.get(file_key) is not None:
+        path = values[file_key]
+        try:
+            values[key] = _token(Path(path).read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{origin[file_key]}: {file_key} {path} holds no usable token: {exc}") from None
+        origin[key] = origin[file_key]
 
 
 def token_file_exposure(path: str | None) -> str | None:

@@ -55,6 +55,7 @@ class GroupSpec(WorkerSettings):
     group_key: bytes = field(default=b"", repr=False)   # the trainer group's key (never logged)
     tls_cert: str | None = None
     tls_key: str | None = None
+    namespace: str = "default"   # the job's folder under embedding_dir: its tables' checkpoints live there only
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -261,8 +261,8 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
-            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").iterdir()) == \
-                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part
+            assert sorted(p.name for p in (tmp_path / "tables" / "default" / "author" / "ckpt").iterdir()) == \
+                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, under the job's namespace
             (next(it)["author"].x * weight).sum().backward()
             opt.step()
             assert not torch.equal(table.rows(every), saved)
