@@ -21,9 +21,9 @@ import pytest
 import torch
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from helpers import TESTS
+from helpers.capabilities import holding_capabilities
 from helpers.cluster import hermetic_env
 from helpers.graphs import synthetic_parts
-from helpers.capabilities import holding_capabilities
 
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
