@@ -220,7 +220,12 @@ def test_a_second_job_with_the_same_token_cannot_touch_the_first(cluster):
     assert _seeds(first + rest) == reference, "the victim's epoch differs from its run without the attacker"
 
 
-def test_a_job_name_that_is_no_folder_name_is_refused(cluster):
+def test_a_job_name_that_is_no_folder_name_is_refused_and_a_process_is_one_job(cluster):
     servers, _ = cluster
     with pytest.raises(ValueError, match=r"job = '\.\./victim' is not a job name"):
         _connect(servers, "../victim")
+    with _connect(servers, "one") as client:
+        with _connect(servers, "one") as again:   # the same job: the open client (a module imported twice)
+            assert again is client
+        with pytest.raises(RuntimeError, match="for job 'one', not 'two'"):
+            _connect(servers, "two")
