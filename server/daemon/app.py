@@ -312,10 +312,10 @@ class Daemon:
                           cause=f"no token or TLS configured: batches travel over {path.label}, which unpickles "
                                 f"every request before any check -- trusted networks only (a token, TLS or "
                                 f"data_path: {registry.SECURED_DEFAULT} switches to the authenticated data path)")
-        if c.token and credentials is None:
+        if c.authenticates and credentials is None:
             self.log.warning("token_without_tls", cause="the bearer token travels in clear text: set tls_cert "
                                                         "and tls_key unless the network is trusted")
-        for exposed in filter(None, map(token_file_exposure, (c.token_file, c.admin_token_file))):
+        for exposed in filter(None, map(token_file_exposure, (c.token_file, c.admin_token_file, c.tokens_file))):
             self.log.warning("token_file_readable", cause=exposed)
         try:
             if credentials is None:

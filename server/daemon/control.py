@@ -105,15 +105,16 @@ def _label_type(meta) -> str:
     return meta.node_types[0] if len(meta.node_types) == 1 else ""
 
 
-def job_namespace(job: str) -> str:
-    """The namespace of a group's embedding checkpoints (``embedding_dir/<job>/``): the job name the trainer
-    gave (``connect(job=...)``), "default" when none; INVALID_ARGUMENT for a name that is no plain folder name."""
-    if not job:
-        return DEFAULT_JOB
-    if not JOB_NAME.fullmatch(job):
+def job_namespace(job: str, team: str = "") -> str:
+    """The namespace of a group's embedding checkpoints (``embedding_dir/<namespace>/``): the job name the
+    trainer gave (``connect(job=...)``, "default" when none), under its team's folder when its token is a
+    team's (``@<team>/<job>``: the team is what the token proves, the job only what the trainer says; no job
+    name holds '@', so no job's folder is a team's); INVALID_ARGUMENT for a name that is no plain folder name."""
+    if job and not JOB_NAME.fullmatch(job):
         raise _invalid(f"job = {job[:80]!r} is not a job name: give 1-64 letters, digits, '.', '_' or '-' "
                        f"(starting with a letter or digit)")
-    return job
+    name = job or DEFAULT_JOB
+    return f"@{team}/{name}" if team else name
 
 
 def rpc(method):
@@ -236,7 +237,7 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     # ---- groups ----------------------------------------------------------------------------------
 
-    def _group_spec(self, request) -> tuple[GroupSpec, float]:
+    def _group_spec(self, request, team: str = "") -> tuple[GroupSpec, float]:
         num_parts, part = self.served.meta.num_parts, self.served.part_id
         if not request.group_id or len(request.group_id) > MAX_ID_LENGTH:
             raise _invalid(f"group_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
@@ -263,7 +264,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                          rank=request.rank, part_id=part, partition_root=self.served.root,
                          data_address=c.effective_data_address, budget=c.work_budget, data_path=path.name,
                          group_key=bytes(request.group_key), tls_cert=c.tls_cert, tls_key=c.tls_key,
-                         namespace=job_namespace(request.job), **settings)
+                         namespace=job_namespace(request.job, team), **settings)
         return spec, float(lease)
 
     def _data_path(self, asked: str) -> DataPath:
@@ -286,7 +287,7 @@ class ControlServicer(pb_grpc.ControlServicer):
     @rpc
     async def OpenGroup(self, request, context):
         self._refuse_if_draining()
-        spec, lease = self._group_spec(request)
+        spec, lease = self._group_spec(request, self.authority.team(context.invocation_metadata()))
         self.registry.reserve_group(spec.group_id)
         try:
             if registry.data_path(spec.data_path).needs_rendezvous:   # a listening path dials no trainer

@@ -119,30 +119,41 @@ def check_capability(capability: bytes, metadata, what: str) -> None:
 
 
 class Authority:
-    """Who may call: the trainers' bearer token and the operators' admin token (either passes the token
-    check); the admin token also sees every group in GetStats."""
+    """Who may call: the trainers' bearer token, each team's token (``tokens``: team -> token) and the
+    operators' admin token all pass the token check; the admin token also sees every group in GetStats,
+    and a team's token names the caller's team (its jobs' embedding namespace)."""
 
-    def __init__(self, token: str | None, admin_token: str | None = None):
-        self.token, self.admin_token = token, admin_token
+    def __init__(self, token: str | None, admin_token: str | None = None, teams: dict[str, str] | None = None):
+        self.token, self.admin_token, self.teams = token, admin_token, dict(teams or {})
 
     @classmethod
     def of(cls, config: ServerConfig) -> "Authority":
-        return cls(config.token, config.admin_token)
+        return cls(config.token, config.admin_token, config.tokens)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.token or self.teams)
 
     def reason(self, metadata) -> str | None:
         """None when ``metadata`` carries a token this daemon accepts; else why not."""
-        reason = check_token(self.token, metadata) if self.token else None
-        if reason is not None and self.is_admin(metadata):
+        if not self.required:
             return None
-        return reason
+        accepted = [t for t in (self.token, self.admin_token, *self.teams.values()) if t]
+        reasons = [check_token(t, metadata) for t in accepted]   # every one compared: no early exit
+        return None if None in reasons else reasons[0]
 
     def is_admin(self, metadata) -> bool:
         return bool(self.admin_token) and check_token(self.admin_token or "", metadata) is None
 
+    def team(self, metadata) -> str:
+        """The team whose token ``metadata`` carries; "" for the trainers' token (or none)."""
+        matched = [team for team, token in self.teams.items() if check_token(token, metadata) is None]
+        return matched[0] if matched else ""
+
     def sees_all(self, metadata) -> bool:
         """GetStats shows every group: to the admin token, or on a daemon without a token (no tenants to
         tell apart: plain-text control planes are for trusted networks)."""
-        return not self.token or self.is_admin(metadata)
+        return not self.required or self.is_admin(metadata)
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -151,7 +162,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str | Authority, log: EventLogger):
         authority = token if isinstance(token, Authority) else Authority(token)
-        if not authority.token:
+        if not authority.required:
             raise ValueError("TokenAuthInterceptor needs a non-empty token")
         self._authority = authority
         self.log = log
@@ -186,4 +197,4 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def server_interceptors(config: ServerConfig, log: EventLogger) -> list[grpc.aio.ServerInterceptor]:
-    return [TokenAuthInterceptor(Authority.of(config), log)] if config.token else []
+    return [TokenAuthInterceptor(Authority.of(config), log)] if config.authenticates else []

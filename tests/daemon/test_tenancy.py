@@ -30,6 +30,7 @@ from graphfeed.testing.cluster import running_cluster
 
 TOKEN = "gf-tenant-token-5f0c2a9e71d4b8"
 ADMIN = "gf-admin-token-93be1d07c6a24f"
+TEAM_A, TEAM_B = "gf-team-a-7c41e9d02b5f38", "gf-team-b-0d6a3f8e91c27b"
 CALL_TIMEOUT = 20.0
 FANOUTS = [4, 3]
 LOADER = dict(batch_size=64, shuffle=True, seed=11)
@@ -72,6 +73,27 @@ def test_admin_token_config_rules(tmp_path):
     with pytest.raises(ConfigError, match="give only one"):
         load_config(environ={}, flags={**base, "token": TOKEN, "admin_token": ADMIN,
                                        "admin_token_file": str(admin_file)})
+
+
+def test_team_tokens_config_rules(tmp_path):
+    base = {"partition": str(tmp_path), "part": 0}
+    teams = tmp_path / "teams"
+    teams.write_text(f"# team: token\nvision: {TEAM_A}\nranking: {TEAM_B}\n")
+    c = load_config(environ={}, flags={**base, "tokens_file": str(teams), "admin_token": ADMIN})
+    assert c.tokens == {"vision": TEAM_A, "ranking": TEAM_B} and c.authenticates and c.data_transport.authenticated
+    assert TEAM_A not in repr(c) and TEAM_A not in c.summary()
+    authority = Authority.of(c)
+    assert authority.team([("authorization", f"Bearer {TEAM_B}")]) == "ranking"
+    assert authority.reason([("authorization", f"Bearer {TEAM_A}")]) is None and not authority.sees_all([])
+    refusals = [({"tokens": {"vision": TEAM_A, "ranking": TEAM_A}}, "two teams hold the same token"),
+                ({"tokens": {"a/b": TEAM_A}}, "team names"),
+                ({"tokens": {"vision": "short"}}, "team 'vision'"),
+                ({"tokens": {"vision": TEAM_A}, "token": TEAM_A}, "a team holds the trainers' token"),
+                ({"tokens": {"vision": TEAM_A}, "admin_token": TEAM_A}, "admin_token equals token")]
+    for extra, message in refusals:
+        with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+            load_config(environ={}, flags={**base, **extra})
+        assert TEAM_A not in str(refused.value), "a config error echoes a token"
 
 
 # ---- two jobs on two daemons ------------------------------------------------------------------------
@@ -229,3 +251,24 @@ def test_a_job_name_that_is_no_folder_name_is_refused_and_a_process_is_one_job(c
             assert again is client
         with pytest.raises(RuntimeError, match="for job 'one', not 'two'"):
             _connect(servers, "two")
+
+
+def test_a_team_cannot_reach_another_teams_checkpoints_by_claiming_its_job_name(parts_dir, tmp_path):
+    """Per-team tokens: the token proves the team, so a second team that names itself after the victim's job
+    still gets its own namespace (``@<team>/<job>``)."""
+    tables = tmp_path / "tables"
+    env = {"GRAPHFEED_TOKENS": f"vision: {TEAM_A}\nranking: {TEAM_B}", "GRAPHFEED_EMBEDDING_DIR": str(tables)}
+    with running_cluster(parts_dir, log_dir=tmp_path / "logs", env=env) as servers:
+        addresses = [s.address for s in servers]
+        with gf.connect(addresses, timeout=60, token=TEAM_A, job="victim", reconnect_timeout=0) as victim:
+            victim.embedding(dim=DIM, seed=3).save("latest")
+        saved = _checkpoint_bytes(tables / "@vision" / "victim")
+        with gf.connect(addresses, timeout=60, token=TEAM_B, job="victim", reconnect_timeout=0) as other:
+            table = other.embedding(dim=DIM, seed=5)
+            with pytest.raises(FileNotFoundError, match="@ranking"):
+                table.load("latest")
+            table.save("latest")
+        assert _checkpoint_bytes(tables / "@ranking" / "victim").keys() == saved.keys()
+        assert _checkpoint_bytes(tables / "@vision" / "victim") == saved
+        with pytest.raises(gf.ClusterError, match="UNAUTHENTICATED"):   # a token of no team
+            gf.connect(addresses, timeout=30, token=TOKEN, reconnect_timeout=0)
