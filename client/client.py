@@ -98,6 +98,11 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     that stops on purpose: one whose health said NOT_SERVING (a daemon drains on SIGTERM/SIGINT;
     its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for.
 
+    ``job`` names the job (1-64 letters, digits, ``.``, ``_``, ``-``; "" = ``default``): the servers keep
+    its embedding tables' checkpoints in that namespace only (``embedding_dir/<job>/``).  Every call on the
+    trainer's group carries the capability its ``OpenGroup`` returned, so other jobs holding the same token
+    cannot close, heartbeat, re-point or list it.
+
     Security (see :mod:`graphfeed.client.security`): ``token`` is sent as a bearer token on
     every control call; ``tls_ca`` (CA bundle) turns TLS on, ``tls_cert``/``tls_key`` add a
     client certificate (mTLS).  Defaults come from the cluster YAML (``token_file:``,
@@ -118,7 +123,7 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     if settings.shm_slots == 0:
         route = route.network_only()
     addresses = parse_cluster(cluster)
-    reused = _open_client(addresses)
+    reused = _open_client(addresses, settings.job)
     if reused is not None:
         return reused
     security = from_cluster(cluster, token=settings.token, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert,
@@ -552,12 +557,18 @@ class Client:
         return f"Client({', '.join(s.name for s in self.servers)}, group={self.group.group_id})"
 
 
-def _open_client(addresses: list[str]) -> Client | None:
+def _open_client(addresses: list[str], job: str = "") -> Client | None:
     """This process's open client when it is connected to ``addresses`` (one more hold on it); None when
-    there is none; RuntimeError naming both server lists when it is connected to other servers."""
+    there is none; RuntimeError naming both server lists when it is connected to other servers, or both
+    job names when it is another job's (its tables' checkpoints are another namespace)."""
     with _OPEN_LOCK:
         for client in _OPEN:
             if sorted(s.address for s in client.servers) == sorted(addresses):
+                if client.group.settings.job != job:
+                    raise RuntimeError(f"this process already has an open graphfeed client to these servers for "
+                                       f"job {client.group.settings.job or 'default'!r}, not {job or 'default'!r}: "
+                                       f"a process is one job (one RPC group); close() it first, or connect "
+                                       f"with the same job=")
                 client._holds += 1
                 log.info("graphfeed: connect() to the servers of the open client %r returns that client", client)
                 return client

@@ -19,6 +19,8 @@ RECONNECT_POLL = 0.5          # seconds between checks whether a restarted serve
 # the request HealthCheckRequest(service="") is empty on the wire, the reply is field 1 = status (varint).
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_SERVING = b"\x08\x01"
+# The group capability OpenGroup returned, sent on every later control call (server/daemon/security.py).
+CAPABILITY_HEADER = "graphfeed-group-capability-bin"
 
 
 def parse_cluster(cluster) -> list[str]:
@@ -85,6 +87,8 @@ class ServerConn:
     group_lease: float = 0.0
     extra: dict = field(default_factory=dict)
     security: object = None   # ClientSecurity the channel was made with (None = plain text)
+    # this trainer group's capability on this server (OpenGroupReply.group_capability; b"" before the group)
+    capability: bytes = field(default=b"", repr=False)
 
     @property
     def cluster_info(self) -> pb.ClusterInfo:
@@ -102,8 +106,11 @@ class ServerConn:
         return f"{self.address} part {self.part}" if self.info is not None else self.address
 
     def call(self, method: str, request, timeout: float):
+        """``method`` with the group's capability once the group is open (the server refuses a group's calls
+        without it: PERMISSION_DENIED)."""
+        metadata = [(CAPABILITY_HEADER, self.capability)] if self.capability else None
         try:
-            return getattr(self.stub, method)(request, timeout=timeout)
+            return getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(self.name, method, exc) from None
 

@@ -247,8 +247,9 @@ class RemoteEmbedding:
         self._checkpoint("emb_save", tag)
 
     def load(self, tag: str = "latest") -> None:
-        """Every owner replaces its rows and state with checkpoint ``tag`` (this job's, or an earlier job's
-        table of the same name): FileNotFoundError naming the file a server lacks."""
+        """Every owner replaces its rows and state with checkpoint ``tag`` of this job's namespace (saved by this
+        run, or an earlier run with the same ``connect(job=...)``; another job's checkpoints are out of reach):
+        FileNotFoundError naming the file a server lacks."""
         self._checkpoint("emb_load", tag)
 
     def _checkpoint(self, call: str, tag: str) -> None:

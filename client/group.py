@@ -155,8 +155,9 @@ class DataGroup:
         def open_one(s: ServerConn):
             req = pb.OpenGroupRequest(group_id=self.group_id, rendezvous=self.rendezvous, world_size=world,
                                       rank=1 + s.part, lease_seconds=self.lease_request, group_key=self.group_key,
-                                      data_path=self.data_path)
+                                      data_path=self.data_path, job=self.settings.job)
             reply = s.call("OpenGroup", req, timeout=self.timeout)
+            s.capability = bytes(reply.group_capability)   # every later call on the group carries it
             s.group_lease = reply.lease_seconds
             self._start_heartbeat(s)
             s.extra["worker_pid"] = reply.worker_pid
@@ -283,6 +284,7 @@ class DataGroup:
                 s.call("CloseGroup", pb.CloseGroupRequest(group_id=self.group_id), timeout=min(self.timeout, 10.0))
             except Exception:  # noqa: BLE001 -- a dead server reaps the group itself (lease)
                 pass
+            s.capability = b""   # the group is gone: a next group's OpenGroup gets its own
 
         if self.opened:
             with ThreadPoolExecutor(len(self.opened)) as pool:

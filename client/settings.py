@@ -29,6 +29,7 @@ class ConnectSettings:
     shm_slots: int = 8                     # shared-memory slots per same-host server (0: no shared memory)
     shm_slot_mb: float | None = None       # MiB per slot (None: from 64 MiB, grown to the batches)
     shm_max_slot_mb: float = 1024.0        # the largest a growing slot gets (MiB)
+    job: str = ""                          # the job's name: its embedding checkpoints' namespace ("" = "default")
 
     def __post_init__(self) -> None:
         if not self.reconnect_timeout >= 0:

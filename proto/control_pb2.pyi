@@ -94,7 +94,7 @@ class ClusterInfo(_message.Message):
     def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ..., num_nodes_by_type: _Optional[_Mapping[str, int]] = ..., data_path: _Optional[str] = ...) -> None: ...
 
 class OpenGroupRequest(_message.Message):
-    __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds", "group_key", "data_path")
+    __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds", "group_key", "data_path", "job")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class OpenGroupRequest(_message.Message):
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_KEY_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     rendezvous: str
     world_size: int
@@ -109,21 +110,24 @@ class OpenGroupRequest(_message.Message):
     lease_seconds: float
     group_key: bytes
     data_path: str
-    def __init__(self, group_id: _Optional[str] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., group_key: _Optional[bytes] = ..., data_path: _Optional[str] = ...) -> None: ...
+    job: str
+    def __init__(self, group_id: _Optional[str] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., group_key: _Optional[bytes] = ..., data_path: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class OpenGroupReply(_message.Message):
-    __slots__ = ("worker_name", "worker_pid", "lease_seconds", "data_path", "data_endpoint")
+    __slots__ = ("worker_name", "worker_pid", "lease_seconds", "data_path", "data_endpoint", "group_capability")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     WORKER_PID_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     worker_pid: int
     lease_seconds: float
     data_path: str
     data_endpoint: str
-    def __init__(self, worker_name: _Optional[str] = ..., worker_pid: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_path: _Optional[str] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
+    group_capability: bytes
+    def __init__(self, worker_name: _Optional[str] = ..., worker_pid: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_path: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., group_capability: _Optional[bytes] = ...) -> None: ...
 
 class JoinGroupRequest(_message.Message):
     __slots__ = ("group_id", "endpoints")

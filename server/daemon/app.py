@@ -322,10 +322,9 @@ class Daemon:
                                    f"every request before any check -- trusted networks only; trainers must ask "
                                    f"for it by name (connect(transport={path.name!r})); data_path: {registry.AUTO} "
                                    f"serves the authenticated data path")
-        if c.token and credentials is None:
+        if c.authenticates and credentials is None:
             self.log.warning("token_without_tls", cause=TOKEN_WITHOUT_TLS)
-        exposed = token_file_exposure(c.token_file)
-        if exposed:
+        for exposed in filter(None, map(token_file_exposure, (c.token_file, c.admin_token_file, c.tokens_file))):
             self.log.warning("token_file_readable", cause=exposed)
         try:
             if credentials is None:

@@ -58,7 +58,7 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 # Words of example tokens in documentation and manifests: such a token is refused, never served with.
 PLACEHOLDER_WORDS = ("replace-me", "replace_me", "replaceme", "changeme", "change-me", "placeholder", "example",
                      "your-token", "xxxxxxxx")
-SECRET_KEYS = frozenset({"token"})   # values never echoed in errors, summaries or reprs
+SECRET_KEYS = frozenset({"token", "admin_token", "tokens"})   # values never echoed in errors, summaries or reprs
 
 
 
@@ -100,6 +100,14 @@ class ServerConfig(WorkerSettings):
     tls_peer_ca: str | None = None     # PEM CA bundle that signed the other daemons' tls_cert: workers check peers
     token: str | None = field(default=None, repr=False)  # bearer token on every control call (never logged)
     token_file: str | None = None      # file holding the token (read once at load; exclusive with token)
+    # the operators' token: passes like the token, and GetStats shows it every trainer group (a trainer's
+    # token sees only the groups it opened); needs token, must differ from it
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_file: str | None = None   # file holding the admin token (exclusive with admin_token)
+    # one token per team (team name -> token): a caller's team is the token it holds, and its jobs' embedding
+    # checkpoints live under embedding_dir/<team>/<job>; passes beside (or instead of) token
+    tokens: dict[str, str] | None = field(default=None, repr=False)
+    tokens_file: str | None = None     # file of "team: token" lines read into tokens (exclusive with tokens)
     # the data path (graphfeed.transport.registry): "auto" = the authenticated one, with or without a token or
     # TLS; or a data path's name (torch RPC only so, for trusted networks; refused with a token or TLS)
     data_path: str = registry.AUTO
@@ -112,6 +120,11 @@ class ServerConfig(WorkerSettings):
     def data_transport(self) -> DataPath:
         """The data path this daemon's workers serve (``data_path``; ``auto``: the authenticated one)."""
         return registry.served(self.data_path)
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether control calls need a token (the trainers' ``token`` or a team's of ``tokens``)."""
+        return bool(self.token or self.tokens)
 
     @property
     def effective_data_address(self) -> str:
@@ -127,7 +140,7 @@ class ServerConfig(WorkerSettings):
         return (f"partition={self.partition} part={self.part} host={self.host} port={self.port} "
                 f"data_address={self.effective_data_address} lease_seconds={self.lease_seconds:g} "
                 f"device={self.device} tls={'mtls' if self.tls_client_ca else 'on' if self.tls else 'off'} "
-                f"token={'on' if self.token else 'off'} "
+                f"token={'on' if self.token else 'off'} teams={len(self.tokens or {})} "
                 f"data_path={self.data_transport.name}")
 
 
@@ -302,6 +315,32 @@ def _guessable(token: str) -> bool:
     return bool(_GUESSABLE.match(token)) or any(low in r * 4 for r in runs)
 
 
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _teams(v) -> dict[str, str]:
+    """Team tokens: a mapping, or text of ``team: token`` lines (``#`` comments); each token a random secret,
+    no two teams with one token."""
+    if isinstance(v, str):
+        pairs = [line.split(":", 1) for line in v.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError("expected 'team: token' lines")
+        v = {team.strip(): token.strip() for team, token in pairs}
+    if not isinstance(v, dict) or not v:
+        raise ValueError("expected a mapping of team names to tokens (or 'team: token' lines)")
+    out = {}
+    for team, token in v.items():
+        if not isinstance(team, str) or not TEAM_NAME.fullmatch(team):
+            raise ValueError(f"expected team names of 1-64 letters, digits, '.', '_', '-', got {str(team)[:40]!r}")
+        try:
+            out[team] = _token(token)
+        except ValueError as exc:
+            raise ValueError(f"team {team!r}: {exc}") from None
+    if len(set(out.values())) != len(out):
+        raise ValueError("expected one token per team: two teams hold the same token")
+    return out
+
+
 def _token_file(v) -> str:
     p = Path(_string()(v)).expanduser().absolute()
     _read_bytes(p, "token")
@@ -354,6 +393,10 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "tls_peer_ca": _optional(_pem_file("CA certificate", b"CERTIFICATE-----")),
     "token": _optional(_token),
     "token_file": _optional(_token_file),
+    "admin_token": _optional(_token),
+    "admin_token_file": _optional(_token_file),
+    "tokens": _optional(_teams),
+    "tokens_file": _optional(_token_file),
     "data_path": _choice(registry.choices()),
     "embedding_dir": _string(allow_empty=True),
     "embedding_bytes": _bytes_or_auto,
@@ -464,23 +507,45 @@ def _check_security(values: dict[str, Any], origin: dict[str, str]) -> None:
     if values.get("tls_peer_ca") is not None and cert is None:
         raise ConfigError(f"{origin['tls_peer_ca']}: tls_peer_ca (checking the other daemons' data-path "
                           f"certificates) needs TLS: set tls_cert and tls_key too")
-    if values.get("token") is not None and values.get("token_file") is not None:
-        raise ConfigError(f"both token ({origin['token']}) and token_file ({origin['token_file']}) are set: "
-                          f"give only one")
-    if values.get("token_file") is not None:
-        path = values["token_file"]
-        try:
-            values["token"] = _token(Path(path).read_text(errors="replace"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{origin['token_file']}: token_file {path} holds no usable token: {exc}") from None
+    for key in ("token", "admin_token"):
+        _read_token_file(values, origin, key)
+    _read_token_file(values, origin, "tokens", _teams)
+    trainers = [values["token"]] if values.get("token") is not None else []
+    trainers += list((values.get("tokens") or {}).values())
+    if values.get("token") is not None and values["token"] in trainers[1:]:
+        raise ConfigError(f"{origin['tokens']}: a team holds the trainers' token: its callers could not be told "
+                          f"apart; give every team a token of its own")
+    if values.get("admin_token") is not None:
+        if not trainers:
+            raise ConfigError(f"{origin['admin_token']}: admin_token needs token: without a trainers' token every "
+                              f"caller is let in, so there is nothing for the admin token to see beyond; set token "
+                              f"(or token_file, or tokens_file) too")
+        if values["admin_token"] in trainers:
+            raise ConfigError(f"{origin['admin_token']}: admin_token equals token (or a team's): every trainer "
+                              f"holding it would see every job's groups; give the operators a token of their own")
     choice = values.get("data_path", registry.AUTO)
     if (choice != registry.AUTO and not registry.data_path(choice).authenticated
-            and (cert is not None or values.get("token") is not None)):
+            and (cert is not None or values.get("token") is not None or values.get("tokens"))):
         raise ConfigError(f"{origin['data_path']}: data_path = {choice!r} with a token or TLS configured: "
                           f"{registry.data_path(choice).label} is not authenticated (it unpickles every request "
                           f"before any check), so it would undo them; use data_path {registry.AUTO!r} or "
                           f"{registry.SECURED_DEFAULT!r} (the authenticated data path), or drop the token and TLS "
                           f"on a trusted network")
+
+
+def _read_token_file(values: dict[str, Any], origin: dict[str, str], key: str,
+                     parse: Callable[[Any], Any] = _token) -> None:
+    """``<key>_file`` read into ``key`` with ``parse`` (the two are exclusive)."""
+    file_key = f"{key}_file"
+    if values.get(key) is not None and values.get(file_key) is not None:
+        raise ConfigError(f"both {key} ({origin[key]}) and {file_key} ({origin[file_key]}) are set: give only one")
+    if values.get(file_key) is not None:
+        path = values[file_key]
+        try:
+            values[key] = parse(Path(path).read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{origin[file_key]}: {file_key} {path} holds no usable token: {exc}") from None
+        origin[key] = origin[file_key]
 
 
 def token_file_exposure(path: str | None) -> str | None:

@@ -13,6 +13,8 @@ import collections
 import functools
 import ipaddress
 import math
+import re
+import secrets
 import time
 import uuid
 from importlib import metadata
@@ -29,6 +31,7 @@ from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.logs import EventLogger
 from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
+from graphfeed.server.daemon.security import Authority, bearer_token, check_capability, holds, new_capability
 from graphfeed.server.daemon.served import ServedPartition
 from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, footprint, graph_bound
@@ -70,6 +73,8 @@ WORKER_ERROR_CODES: tuple[tuple[type[WorkerError], grpc.StatusCode], ...] = (
     (NotReady, grpc.StatusCode.FAILED_PRECONDITION),
 )
 STATS_FIELDS = set(pb.SessionStats.DESCRIPTOR.fields_by_name)
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")   # a job's namespace: a folder name under embedding_dir
+DEFAULT_JOB = "default"
 
 WorkerFactory = Callable[[GroupSpec], Any]   # GroupSpec -> a started worker handle (see server.worker.handle)
 
@@ -99,6 +104,18 @@ def _label_type(meta) -> str:
     if label_type:
         return label_type
     return meta.node_types[0] if len(meta.node_types) == 1 else ""
+
+
+def job_namespace(job: str, team: str = "") -> str:
+    """The namespace of a group's embedding checkpoints (``embedding_dir/<namespace>/``): the job name the
+    trainer gave (``connect(job=...)``, "default" when none), under its team's folder when its token is a
+    team's (``@<team>/<job>``: the team is what the token proves, the job only what the trainer says; no job
+    name holds '@', so no job's folder is a team's); INVALID_ARGUMENT for a name that is no plain folder name."""
+    if job and not JOB_NAME.fullmatch(job):
+        raise _invalid(f"job = {job[:80]!r} is not a job name: give 1-64 letters, digits, '.', '_' or '-' "
+                       f"(starting with a letter or digit)")
+    name = job or DEFAULT_JOB
+    return f"@{team}/{name}" if team else name
 
 
 def rpc(method):
@@ -149,6 +166,21 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.sampler = ""               # set by the daemon: "native" or "reference"
         self.gpu_topology = "auto"      # set by the daemon when it samples on a GPU: "gpu" or "uva"
         self.unreadable: str | None = None   # set by the daemon while the part's files cannot be read
+        self.authority = Authority.of(config)
+
+    # ---- per-job authorization: a group's calls carry the capability its OpenGroup returned ------------
+
+    def _owned_group(self, group_id: str, context) -> Group:
+        """The open group ``group_id`` when the call carries its capability; PERMISSION_DENIED otherwise."""
+        group = self.registry.group(group_id)
+        check_capability(group.capability, context.invocation_metadata(), f"group {group_id[:MAX_ID_LENGTH]!r}")
+        return group
+
+    def _owned_session(self, session_id: str, context) -> tuple[Session, Group]:
+        session, group = self.registry.session(session_id)
+        check_capability(group.capability, context.invocation_metadata(),
+                         f"session {session_id[:MAX_ID_LENGTH]!r}")
+        return session, group
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -215,7 +247,9 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     # ---- groups ----------------------------------------------------------------------------------
 
-    def _group_spec(self, request) -> tuple[GroupSpec, float]:
+    def _group_spec(self, request, team: str = "", token: str | None = None) -> tuple[GroupSpec, float]:
+        """The worker's spec of an OpenGroup; ``team``: the caller's (its embedding namespace), ``token``: the
+        bearer token it showed, which its data-path keys are bound to (the trainer derives them from the same)."""
         num_parts, part = self.served.meta.num_parts, self.served.part_id
         if not request.group_id or len(request.group_id) > MAX_ID_LENGTH:
             raise _invalid(f"group_id must be a non-empty string of at most {MAX_ID_LENGTH} characters")
@@ -241,9 +275,9 @@ class ControlServicer(pb_grpc.ControlServicer):
         spec = GroupSpec(group_id=request.group_id, rendezvous=request.rendezvous, world_size=request.world_size,
                          rank=request.rank, part_id=part, partition_root=self.served.root,
                          data_address=c.effective_data_address, budget=c.work_budget, data_path=path.name,
-                         group_key=path.worker_key(bytes(request.group_key), c.token, part, num_parts),
+                         group_key=path.worker_key(bytes(request.group_key), token, part, num_parts),
                          tls_cert=c.tls_cert, tls_key=c.tls_key, tls_client_ca=c.tls_client_ca,
-                         tls_peer_ca=c.tls_peer_ca, **settings)
+                         tls_peer_ca=c.tls_peer_ca, namespace=job_namespace(request.job, team), **settings)
         return spec, float(lease)
 
     def _data_path(self, asked: str) -> DataPath:
@@ -267,7 +301,9 @@ class ControlServicer(pb_grpc.ControlServicer):
     @rpc
     async def OpenGroup(self, request, context):
         self._refuse_if_draining()
-        spec, lease = self._group_spec(request)
+        metadata = context.invocation_metadata()
+        token = bearer_token(metadata)   # the caller's own (a team's, or the trainers'): its keys are bound to it
+        spec, lease = self._group_spec(request, self.authority.team(metadata), token)
         self.registry.reserve_group(spec.group_id)
         try:
             if registry.data_path(spec.data_path).needs_rendezvous:   # a listening path dials no trainer
@@ -287,8 +323,8 @@ class ControlServicer(pb_grpc.ControlServicer):
             raise
         member = worker_name(spec.part_id)
         group = Group(group_id=spec.group_id, handle=handle, peer=context.peer(), lease_seconds=lease,
-                      deadline=self.registry.clock() + lease, worker_name=member,
-                      secret_root=group_root(bytes(request.group_key), self.config.token))
+                      deadline=self.registry.clock() + lease, worker_name=member, capability=new_capability(),
+                      secret_root=group_root(bytes(request.group_key), token))
         self.registry.add_group(group)
         endpoint = str(getattr(handle, "endpoint", "") or "")
         self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
@@ -298,11 +334,12 @@ class ControlServicer(pb_grpc.ControlServicer):
             self.registry.remove_group(spec.group_id, event="group_close", cause="server is draining")
             self._refuse_if_draining()
         return pb.OpenGroupReply(worker_name=member, worker_pid=int(handle.pid or 0), lease_seconds=lease,
-                                 data_path=spec.data_path, data_endpoint=endpoint)
+                                 data_path=spec.data_path, data_endpoint=endpoint,
+                                 group_capability=group.capability)
 
     @rpc
     async def JoinGroup(self, request, context):
-        group = self.registry.group(request.group_id)
+        group = self._owned_group(request.group_id, context)
         num_parts = self.served.meta.num_parts
         if len(request.endpoints) != num_parts:
             raise _invalid(f"endpoints has {len(request.endpoints)} entries: give one per part ({num_parts}), the "
@@ -318,13 +355,13 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     @rpc
     async def Heartbeat(self, request, context):
-        group = self.registry.group(request.group_id)
+        group = self._owned_group(request.group_id, context)
         group.renew(self.registry.clock())
         return pb.HeartbeatReply(lease_seconds=group.lease_seconds)
 
     @rpc
     async def CloseGroup(self, request, context):
-        self.registry.group(request.group_id)
+        self._owned_group(request.group_id, context)
         self.registry.remove_group(request.group_id, event="group_close", cause="closed by client")
         return pb.CloseGroupReply()
 
@@ -414,7 +451,7 @@ class ControlServicer(pb_grpc.ControlServicer):
     @rpc
     async def OpenSession(self, request, context):
         self._refuse_if_draining()
-        group = self.registry.group(request.group_id)
+        group = self._owned_group(request.group_id, context)
         spec = self._loader_spec(request)
         group.renew(self.registry.clock())
         self.registry.reserve_session(group)
@@ -438,7 +475,7 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     @rpc
     async def StartEpoch(self, request, context):
-        session, group = self.registry.session(request.session_id)
+        session, group = self._owned_session(request.session_id, context)
         if not 0 <= request.epoch <= MAX_EPOCH:
             raise _invalid(f"epoch = {request.epoch} is out of range: give 0..{MAX_EPOCH}")
         group.renew(self.registry.clock())
@@ -454,7 +491,7 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     @rpc
     async def CloseSession(self, request, context):
-        session, group = self.registry.session(request.session_id)
+        session, group = self._owned_session(request.session_id, context)
         self.registry.remove_session(session.session_id)
         try:
             await self._call(group, CloseSession(session.session_id))
@@ -517,14 +554,23 @@ class ControlServicer(pb_grpc.ControlServicer):
 
     @rpc
     async def GetStats(self, request, context):
-        per_group = await asyncio.gather(*(self._group_stats(g) for g in list(self.registry.groups.values())))
+        """The server's state and the caller's groups: every group and the server's totals for the admin
+        token (or a daemon without a token); otherwise only the groups whose capabilities the call carries,
+        and no server-wide counts (they would tell one job of the others' work)."""
+        metadata = context.invocation_metadata()
+        everything = self.authority.sees_all(metadata)
+        groups = [g for g in list(self.registry.groups.values()) if everything or holds(g.capability, metadata)]
+        per_group = await asyncio.gather(*(self._group_stats(g) for g in groups))
+        common = dict(state="draining" if self.is_draining() else "serving", part_id=self.served.part_id,
+                      groups_open=len(groups), sessions_open=sum(len(g.sessions) for g in groups),
+                      sessions=[s for rows in per_group for s in rows], metrics_port=self.metrics_port,
+                      uptime_seconds=time.monotonic() - self.started_at, sampler=self.sampler)
+        if not everything:
+            return pb.ServerStats(**common)
         reg = self.registry
         return pb.ServerStats(
-            state="draining" if self.is_draining() else "serving", part_id=self.served.part_id,
-            groups_open=len(reg.groups), sessions_open=len(reg.sessions),
-            sessions_opened_total=reg.sessions_opened_total, sessions_reaped_total=reg.sessions_reaped_total,
-            sessions=[s for rows in per_group for s in rows], uptime_seconds=time.monotonic() - self.started_at,
-            sessions_closed_total=reg.sessions_closed_total, metrics_port=self.metrics_port, sampler=self.sampler,
+            **common, sessions_opened_total=reg.sessions_opened_total,
+            sessions_reaped_total=reg.sessions_reaped_total, sessions_closed_total=reg.sessions_closed_total,
             **await self._served_totals())
 
     async def _served_totals(self) -> dict:

@@ -65,6 +65,7 @@ class Group:
     worker_name: str
     sessions: dict[str, Session] = field(default_factory=dict)
     secret_root: bytes = field(default=b"", repr=False)   # keys.group_root: the group's session secrets derive from it
+    capability: bytes = field(default=b"", repr=False)   # every later call on the group carries it (never logged)
 
     def renew(self, now: float) -> None:
         self.deadline = now + self.lease_seconds
@@ -108,12 +109,10 @@ class Registry:
                                f"group {group_id!r} is already open on this server; use a new group_id "
                                f"or CloseGroup it first")
         if len(self.groups) + len(self._pending_groups) >= self.max_groups:
-            peers = collections.Counter(g.peer for g in self.groups.values())
-            held = ", ".join(f"{peer} x{n}" for peer, n in peers.most_common(5))
+            # who holds them is other jobs' business: the operator sees them in the log and `graphfeed status`
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"this server already runs {len(self.groups) + len(self._pending_groups)} of "
-                               f"max_groups={self.max_groups} trainer groups (held by {held or 'groups starting'}); "
-                               f"close clients you no longer use, or raise max_groups in the server config")
+                               f"this server already runs max_groups={self.max_groups} trainer groups; close "
+                               f"clients you no longer use, or raise max_groups in the server config")
         self._pending_groups.add(group_id)
         self._empty.clear()
 

@@ -16,11 +16,20 @@ CA signed, an expired certificate) end in the TLS layer before any handler runs:
 client gets UNAVAILABLE, gRPC core logs them (``GRPC_VERBOSITY=debug``), this module
 never sees them.
 
+* Per-job authorization: ``OpenGroup`` hands its caller a group capability (32 random bytes); every
+  later call on that group or its sessions carries it as ``graphfeed-group-capability-bin`` metadata
+  (:func:`check_capability`, a constant-time compare).  One token is then no longer one trust domain:
+  another job holding the same token cannot list, close, re-point or read a group it did not open.
+  The refusal (PERMISSION_DENIED) names only what the caller sent.  ``GetStats`` lists only the groups
+  whose capabilities the caller holds, unless it carries the admin token (``admin_token``) or the
+  daemon has no token at all (:meth:`Authority.sees_all`).
+
 Raises :class:`StartupError` (exit code CONFIG) when a TLS file cannot be read.
 """
 from __future__ import annotations
 
 import hmac
+import secrets
 from pathlib import Path
 
 import grpc
@@ -28,10 +37,13 @@ import grpc
 from graphfeed.server.daemon.config import ServerConfig
 from graphfeed.server.daemon.exitcodes import ExitCode, StartupError
 from graphfeed.server.daemon.logs import EventLogger
+from graphfeed.server.daemon.registry import RequestError
 
 AUTH_HEADER = "authorization"
 BEARER = "bearer "
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)   # method prefixes callable without a token
+CAPABILITY_HEADER = "graphfeed-group-capability-bin"   # binary metadata: the group capability of OpenGroup
+CAPABILITY_BYTES = 32
 
 
 def _read(path: str, what: str) -> bytes:
@@ -73,13 +85,86 @@ def check_token(expected: str, metadata) -> str | None:
     return None
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Refuse (UNAUTHENTICATED) every call without the configured bearer token, except health checks."""
+def new_capability() -> bytes:
+    """A fresh group capability: only the caller of its OpenGroup learns it."""
+    return secrets.token_bytes(CAPABILITY_BYTES)
 
-    def __init__(self, token: str, log: EventLogger):
-        if not token:
+
+def capabilities(metadata) -> list[bytes]:
+    """Every group capability ``metadata`` carries (a client sends its group's; empty when none)."""
+    out = []
+    for key, value in metadata or ():
+        if key.lower() == CAPABILITY_HEADER:
+            out.append(value if isinstance(value, bytes) else str(value).encode("latin-1"))
+    return out
+
+
+def holds(capability: bytes, metadata) -> bool:
+    """Whether ``metadata`` carries ``capability`` (each candidate compared in constant time)."""
+    found = False
+    for got in capabilities(metadata):
+        found |= hmac.compare_digest(got, capability)
+    return found
+
+
+def check_capability(capability: bytes, metadata, what: str) -> None:
+    """PERMISSION_DENIED unless ``metadata`` carries ``capability``; the message names only ``what`` (the
+    caller's own input: the group or session id it sent), never the owner, its counts or its state."""
+    if holds(capability, metadata):
+        return
+    raise RequestError(grpc.StatusCode.PERMISSION_DENIED,
+                       f"this call does not carry the capability of {what}: only the trainer that opened a group may "
+                       f"call on it and its sessions (send the OpenGroupReply.group_capability as "
+                       f"{CAPABILITY_HEADER} metadata; graphfeed clients do)")
+
+
+class Authority:
+    """Who may call: the trainers' bearer token, each team's token (``tokens``: team -> token) and the
+    operators' admin token all pass the token check; the admin token also sees every group in GetStats,
+    and a team's token names the caller's team (its jobs' embedding namespace)."""
+
+    def __init__(self, token: str | None, admin_token: str | None = None, teams: dict[str, str] | None = None):
+        self.token, self.admin_token, self.teams = token, admin_token, dict(teams or {})
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> "Authority":
+        return cls(config.token, config.admin_token, config.tokens)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.token or self.teams)
+
+    def reason(self, metadata) -> str | None:
+        """None when ``metadata`` carries a token this daemon accepts; else why not."""
+        if not self.required:
+            return None
+        accepted = [t for t in (self.token, self.admin_token, *self.teams.values()) if t]
+        reasons = [check_token(t, metadata) for t in accepted]   # every one compared: no early exit
+        return None if None in reasons else reasons[0]
+
+    def is_admin(self, metadata) -> bool:
+        return bool(self.admin_token) and check_token(self.admin_token or "", metadata) is None
+
+    def team(self, metadata) -> str:
+        """The team whose token ``metadata`` carries; "" for the trainers' token (or none)."""
+        matched = [team for team, token in self.teams.items() if check_token(token, metadata) is None]
+        return matched[0] if matched else ""
+
+    def sees_all(self, metadata) -> bool:
+        """GetStats shows every group: to the admin token, or on a daemon without a token (no tenants to
+        tell apart: plain-text control planes are for trusted networks)."""
+        return not self.required or self.is_admin(metadata)
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Refuse (UNAUTHENTICATED) every call without the configured bearer token (or the admin token),
+    except health checks."""
+
+    def __init__(self, token: str | Authority, log: EventLogger):
+        authority = token if isinstance(token, Authority) else Authority(token)
+        if not authority.required:
             raise ValueError("TokenAuthInterceptor needs a non-empty token")
-        self._token = token
+        self._authority = authority
         self.log = log
         self.rejected_total = 0
 
@@ -87,7 +172,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if method.startswith(OPEN_SERVICES):
             return await continuation(handler_call_details)
-        reason = check_token(self._token, handler_call_details.invocation_metadata)
+        reason = self._authority.reason(handler_call_details.invocation_metadata)
         handler = await continuation(handler_call_details)
         if reason is None:
             return handler
@@ -113,4 +198,4 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def server_interceptors(config: ServerConfig, log: EventLogger) -> list[grpc.aio.ServerInterceptor]:
-    return [TokenAuthInterceptor(config.token, log)] if config.token else []
+    return [TokenAuthInterceptor(Authority.of(config), log)] if config.authenticates else []

@@ -59,6 +59,7 @@ class GroupSpec(WorkerSettings):
     tls_key: str | None = None
     tls_client_ca: str | None = None   # the daemon's mTLS client CA: the trainer must show a certificate it signed
     tls_peer_ca: str | None = None     # the CA of the other daemons' certificates: peers' are checked against it
+    namespace: str = "default"   # the job's folder under embedding_dir: its tables' checkpoints live there only
 
 
 # ---- errors ---------------------------------------------------------------------------------------

@@ -98,6 +98,15 @@ class SessionNotFound(NotFound, LookupError):
     """No such session here.  Also a LookupError: the type a trainer's pull of a closed session sees."""
 
 
+def job_folder(spec: GroupSpec) -> str:
+    """Where this group's embedding checkpoints live: its job's folder under ``embedding_dir`` ("" = saving
+    refused).  Another job's tables (another namespace) are out of reach: a tag or table name is one folder
+    name (``check_name``), so nothing a trainer sends leads out of its own folder."""
+    if not spec.embedding_dir:
+        return ""
+    return os.path.join(spec.embedding_dir, spec.namespace)
+
+
 class SessionWorker:
     """The worker's state: its partition, the group, and the trainer's sessions."""
 
@@ -113,7 +122,7 @@ class SessionWorker:
         # the group's learnable embedding tables (rows of this part's nodes; others' rows through the peers)
         self.embeddings = EmbeddingStore(spec.part_id, self.graph.books,
                                          lambda p, name, args: self.calls.call(p, name, args, spec.rpc_timeout),
-                                         timeout=spec.rpc_timeout, save_dir=spec.embedding_dir,
+                                         timeout=spec.rpc_timeout, save_dir=job_folder(spec),
                                          budget_bytes=spec.embedding_bytes, log_updates=spec.embedding_log)
         self.closed_totals: dict[str, ServedCounts] = {}   # kind -> counters of closed sessions
         self.sessions: dict[str, Session] = {}

@@ -261,9 +261,9 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
-            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.pt")) == \
-                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, and started its update log there
-            assert sorted(p.name for p in (tmp_path / "tables" / "author" / "ckpt").glob("*.log")) == \
+            assert sorted(p.name for p in (tmp_path / "tables" / "default" / "author" / "ckpt").glob("*.pt")) == \
+                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, under the job's namespace, and started its update log there
+            assert sorted(p.name for p in (tmp_path / "tables" / "default" / "author" / "ckpt").glob("*.log")) == \
                 [f"part_{k}.{table.replica}.log" for k in (0, 1)]
             (next(it)["author"].x * weight).sum().backward()
             opt.step()
@@ -368,8 +368,8 @@ def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_unin
         _train_through(servers, parts, fanouts, weight, "killed", kill_at=kill_and_restart)
     for name in ("author", "paper"):
         for part in (0, 1):
-            want = PartTable.load(tables, name, "uninterrupted", part)
-            got = PartTable.load(tables, name, "killed", part)
+            want = PartTable.load(tables / "default", name, "uninterrupted", part)
+            got = PartTable.load(tables / "default", name, "killed", part)
             assert got.seq == want.seq == 8, (name, part)
             assert torch.equal(got.rows, want.rows), (name, part)
             assert sorted(got.state) == ["exp_avg", "exp_avg_sq", "step"]

@@ -21,6 +21,7 @@ import pytest
 import torch
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from helpers import TESTS
+from helpers.capabilities import holding_capabilities
 from helpers.cluster import hermetic_env
 from helpers.graphs import synthetic_parts
 
@@ -76,8 +77,9 @@ def fake_server(partition_dir, fake_config, tmp_path_factory):
 
 @pytest.fixture
 def stub(fake_server):
+    """A trainer's control stub: its calls carry the capabilities of the groups it opened."""
     with grpc.insecure_channel(fake_server.address) as channel:
-        yield pb_grpc.ControlStub(channel)
+        yield pb_grpc.ControlStub(holding_capabilities(channel))
 
 
 def _status(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
@@ -288,7 +290,7 @@ def test_port_file_and_sigterm_drain_with_open_group(partition_dir, tmp_path):
     try:
         assert int(port_file.read_text()) == server.port
         with grpc.insecure_channel(server.address) as channel:
-            stub = pb_grpc.ControlStub(channel)
+            stub = pb_grpc.ControlStub(holding_capabilities(channel))
             gid, reply = open_group(stub, part=0)
             sid = stub.OpenSession(session_request(gid), timeout=RPC_TIMEOUT).session_id
             server.signal(signal.SIGTERM)
@@ -548,7 +550,7 @@ def test_real_worker_group_is_reaped_when_trainer_never_joins(partition_dir, tmp
     """OpenGroup starts a real worker; no trainer ever joins or heartbeats: the lease reaps it."""
     with running_cluster(partition_dir, parts=[0], log_dir=tmp_path) as (server,):
         with grpc.insecure_channel(server.address) as channel:
-            stub = pb_grpc.ControlStub(channel)
+            stub = pb_grpc.ControlStub(holding_capabilities(channel))
             with socket.socket() as s:  # a port nobody serves: the worker cannot join
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]

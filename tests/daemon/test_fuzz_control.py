@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import graphfeed.client as gf
 from graphfeed.proto import control_pb2 as pb
+from graphfeed.server.daemon.security import CAPABILITY_HEADER
 from graphfeed.server.partition.build import builder
 from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status, running_cluster
@@ -84,7 +85,8 @@ def live(server):
     """A real trainer group and session on the server, so fuzzed requests also reach its workers."""
     with gf.connect([server.address], timeout=60, reconnect_timeout=0) as client:
         loader = client.neighbor_loader("train", [3, 2], batch_size=16)
-        yield dict(strings=(client.group.group_id, loader.sessions[0]), ints=tuple(loader.counts) + (1, 2))
+        yield dict(strings=(client.group.group_id, loader.sessions[0]), ints=tuple(loader.counts) + (1, 2),
+                   capability=client.servers[0].capability)
         assert len(list(loader)) == len(loader)   # the fuzzing left the session usable
 
 
@@ -92,11 +94,11 @@ def live(server):
 USES_LIVE_IDS = {"Heartbeat", "OpenSession", "StartEpoch"}
 
 
-def _code(channel: grpc.Channel, method: str, request) -> grpc.StatusCode:
+def _code(channel: grpc.Channel, method: str, request, capability: bytes = b"") -> grpc.StatusCode:
     call = channel.unary_unary(f"/{SERVICE.full_name}/{method}", request_serializer=lambda m: m.SerializeToString(),
                                response_deserializer=lambda b: b)
-    try:
-        call(request, timeout=CALL_DEADLINE)
+    try:   # as the live trainer: its group's capability, so fuzzed calls on its ids reach its worker
+        call(request, timeout=CALL_DEADLINE, metadata=[(CAPABILITY_HEADER, capability)] if capability else None)
         return grpc.StatusCode.OK
     except grpc.RpcError as exc:
         return exc.code()
@@ -105,7 +107,7 @@ def _code(channel: grpc.Channel, method: str, request) -> grpc.StatusCode:
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_fuzzed_requests_get_a_status_and_server_stays_serving(server, live, method):
     cls = METHODS[method]
-    hints = live if method in USES_LIVE_IDS else {}
+    hints = {k: v for k, v in live.items() if k != "capability"} if method in USES_LIVE_IDS else {}
     seen: list[tuple[grpc.StatusCode, str]] = []
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -113,7 +115,7 @@ def test_fuzzed_requests_get_a_status_and_server_stays_serving(server, live, met
     @given(request=messages(cls, **hints))
     def one(request):
         with grpc.insecure_channel(server.address) as ch:
-            code = _code(ch, method, request)
+            code = _code(ch, method, request, live["capability"])
         seen.append((code, str(request)[:200]))
         assert code in ACCEPTED, f"{method}({request}) answered {code.name}"
 
