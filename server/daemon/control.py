@@ -14,7 +14,6 @@ import functools
 import ipaddress
 import math
 import re
-import secrets
 import time
 import uuid
 from importlib import metadata

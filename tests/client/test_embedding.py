@@ -261,9 +261,10 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
                     o.step()
             state = {"table": table.state_dict("ckpt"), "loader": loader.state_dict()}
             saved = table.rows(every)
-            assert sorted(p.name for p in (tmp_path / "tables" / "default" / "author" / "ckpt").glob("*.pt")) == \
-                ["part_0.pt", "part_1.pt"]   # each owner wrote its own part, under the job's namespace, and started its update log there
-            assert sorted(p.name for p in (tmp_path / "tables" / "default" / "author" / "ckpt").glob("*.log")) == \
+            # each owner wrote its own part, under the job's namespace, and started its update log there
+            ckpt = tmp_path / "tables" / "default" / "author" / "ckpt"
+            assert sorted(p.name for p in ckpt.glob("*.pt")) == ["part_0.pt", "part_1.pt"]
+            assert sorted(p.name for p in ckpt.glob("*.log")) == \
                 [f"part_{k}.{table.replica}.log" for k in (0, 1)]
             (next(it)["author"].x * weight).sum().backward()
             opt.step()
