@@ -339,6 +339,19 @@ def dequantize_features(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as a flat ``uint8`` tensor (a view where ``t`` is contiguous, else a copy).
+
+    A one-element tensor counts as contiguous whatever its stride (e.g. ``a[::2][:1]``), and a byte view
+    of it would fail on the stride: it is copied into fresh contiguous storage first."""
+    flat = t.detach().contiguous().reshape(-1)
+    if not flat.numel():
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
+    if flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
+
+
 def to_host(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``batch`` with every device tensor on the host, in one device-to-host copy (the batch as it is when
     every tensor is already there).
@@ -355,9 +368,9 @@ def to_host(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         total += -(-batch[k].numel() * batch[k].element_size() // 16) * 16
     packed = torch.empty(total, dtype=torch.uint8, device=device)
     for k in on_device:
-        t = batch[k].contiguous()
+        t = batch[k]
         if t.numel():
-            packed[offsets[k]:offsets[k] + t.numel() * t.element_size()].copy_(t.reshape(-1).view(torch.uint8))
+            packed[offsets[k]:offsets[k] + t.numel() * t.element_size()].copy_(byte_view(t))
     host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
     host.copy_(packed)
     out = dict(batch)

@@ -35,6 +35,8 @@ from typing import Any, Iterable
 
 import torch
 
+from graphfeed.core.batch import byte_view
+
 ALIGN = 16
 
 #: dtype names a tensor may have on the wire
@@ -125,9 +127,7 @@ def _enc_tensor(t: torch.Tensor, buffers: list[torch.Tensor]) -> dict:
     if t.device.type != "cpu":
         t = t.cpu()
     shape = [int(s) for s in t.shape]
-    flat = t.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-    buffers.append(raw)
+    buffers.append(byte_view(t))
     return {"$T": len(buffers) - 1, "d": name, "s": shape}
 
 

@@ -35,6 +35,16 @@ def test_values_tensors_and_records_round_trip():
     assert isinstance(got["t"], tuple) and got["spec"] == SamplingSpec((5, 3))
 
 
+def test_views_of_any_stride_travel_as_their_values():
+    # a one-element slice counts as contiguous whatever its stride: its bytes are copied, not viewed
+    base = torch.arange(40, dtype=torch.int64).reshape(4, 10)
+    value = {"one": base[::2, 3][:1], "col": base[:, 1], "t": base.t()[2:3, 1:2], "row": base[1:2, ::3]}
+    assert value["one"].stride() == (20,)
+    got = _roundtrip(value)
+    for k, v in value.items():
+        assert got[k].shape == v.shape and torch.equal(got[k], v), k
+
+
 def test_what_is_not_allowed_does_not_travel_or_decode():
     class Evil:
         def __reduce__(self):
