@@ -105,12 +105,16 @@ class ServerConn:
     def name(self) -> str:
         return f"{self.address} part {self.part}" if self.info is not None else self.address
 
+    @property
+    def metadata(self) -> list[tuple[str, bytes]] | None:
+        """The gRPC metadata of this trainer's calls: the group's capability once the group is open."""
+        return [(CAPABILITY_HEADER, self.capability)] if self.capability else None
+
     def call(self, method: str, request, timeout: float):
         """``method`` with the group's capability once the group is open (the server refuses a group's calls
         without it: PERMISSION_DENIED)."""
-        metadata = [(CAPABILITY_HEADER, self.capability)] if self.capability else None
         try:
-            return getattr(self.stub, method)(request, timeout=timeout, metadata=metadata)
+            return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(self.name, method, exc) from None
 

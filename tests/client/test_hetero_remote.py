@@ -78,7 +78,8 @@ def test_bad_typed_input_is_invalid_argument_and_the_servers_stay_up(cluster, co
     with connect(addresses, timeout=60) as client:
         bad = LoaderSpec.of(("venue", "train"), [3], batch_size=8)
         with pytest.raises(grpc.RpcError) as info:
-            client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30)
+            client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30,
+                                               metadata=client.servers[0].metadata)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "'venue'" in info.value.details() and "node types are" in info.value.details()
         cases = [(("venue", "train"), [3], "node type 'venue'"),

@@ -365,15 +365,26 @@ def test_peer_only_partition_is_a_bounded_error_and_frees_the_sessions(hosts, tm
 
 # ---- a bounded connect ----------------------------------------------------------------------------
 
-def test_gloo_on_loopback_fails_connect_at_once_naming_the_address_and_the_fix(hosts, tmp_path):
-    config = _config(hosts, timeout=20.0, out=str(tmp_path / "none.pt"))
-    t0 = time.monotonic()
-    done = hosts[0].run(["env", "GLOO_SOCKET_IFNAME=lo", sys.executable, "-c", TRAINER, json.dumps(config)],
-                        timeout=TRAINER_BOUND)
-    took = time.monotonic() - t0
-    lines = done.stdout.strip().splitlines()
-    assert done.returncode == 3 and len(lines) == 1, (done.stdout, done.stderr[-2000:])
-    assert "ServerError" in lines[0] and "GLOO_SOCKET_IFNAME" in lines[0] and hosts[0].address in lines[0], lines[0]
-    assert float(lines[0].split()[1]) < 20.0, f"connect(timeout=20) failed after {lines[0].split()[1]} s"
-    assert took < TRAINER_BOUND
-    _wait_no_sessions(hosts, 20.0)
+def test_gloo_on_loopback_fails_connect_at_once_naming_the_address_and_the_fix(hosts, parts_dir, tmp_path):
+    """torch RPC asked for by name on both ends (Gloo is its rendezvous; the default data path has none):
+    a trainer whose Gloo is pinned to loopback announces 127.0.0.1, which no server can reach."""
+    rpc = [hosts.start_server(host, hosts.copy_parts(host, parts_dir, [k]), k, log_dir=tmp_path / f"rpc{k}",
+                              env={"GRAPHFEED_DATA_PATH": "torch-rpc"}) for k, host in enumerate(hosts.hosts[1:])]
+    try:
+        config = _config(hosts, servers=[s.address for s in rpc], timeout=20.0, out=str(tmp_path / "none.pt"))
+        t0 = time.monotonic()
+        done = hosts[0].run(["env", "GLOO_SOCKET_IFNAME=lo", "GRAPHFEED_TRANSPORT=torch-rpc", sys.executable, "-c",
+                             TRAINER, json.dumps(config)], timeout=TRAINER_BOUND)
+        took = time.monotonic() - t0
+        lines = done.stdout.strip().splitlines()
+        assert done.returncode == 3 and len(lines) == 1, (done.stdout, done.stderr[-2000:])
+        assert "ServerError" in lines[0] and "GLOO_SOCKET_IFNAME" in lines[0] and hosts[0].address in lines[0], \
+            lines[0]
+        assert float(lines[0].split()[1]) < 20.0, f"connect(timeout=20) failed after {lines[0].split()[1]} s"
+        assert took < TRAINER_BOUND
+        _wait_no_sessions(hosts, 20.0)
+    finally:
+        for server in rpc:
+            server.proc.terminate()
+            server.proc.wait(30)
+            hosts.servers.remove(server)

@@ -167,7 +167,8 @@ def test_remote_typed_link_batches_equal_local_and_bad_input_is_invalid_argument
                 assert_same_batch(a, b)
         bad = LoaderSpec.of(LinkInput.of((("author", "likes", "paper"), seeds)), FANOUTS)
         with pytest.raises(grpc.RpcError) as info:
-            client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30)
+            client.servers[0].stub.OpenSession(open_session_request(bad, client.group.group_id), timeout=30,
+                                               metadata=client.servers[0].metadata)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "likes" in info.value.details()
     assert all(health_status(a) == SERVING for a in addresses)
     assert all(s.proc.poll() is None for s in cluster)

@@ -103,8 +103,10 @@ def test_embedding_training_survives_a_kill_9_mid_step(parts_dir, tmp_path):
             after = table.rows(every)
             assert torch.isfinite(after).all() and not torch.equal(after, start)   # the steps reached the owners
             table.save("end")   # every owner answers on the new group
-            saved = tmp_path / "tables" / table.spec.name / "end"
-            assert sorted(p.name for p in saved.iterdir()) == ["part_0.pt", "part_1.pt"]
+            saved = tmp_path / "tables" / "default" / table.spec.name / "end"   # the job's namespace
+            assert sorted(p.name for p in saved.glob("*.pt")) == ["part_0.pt", "part_1.pt"]
+            # each owner starts its update log next to the checkpoint it saved
+            assert sorted(p.name for p in saved.glob("*.log")) == [f"part_{k}.{table.replica}.log" for k in (0, 1)]
 
 
 def _kill_from_a_thread(restarter: Restarter) -> None:

@@ -219,7 +219,7 @@ def test_remote_disjoint_and_temporal_batches_equal_local(cluster, parts_dir, gr
             req.group_id = client.group.group_id
             change(req)
             with pytest.raises(grpc.RpcError) as info:
-                client.servers[0].stub.OpenSession(req, timeout=30)
+                client.servers[0].stub.OpenSession(req, timeout=30, metadata=client.servers[0].metadata)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in info.value.details()
         assert len(list(client.neighbor_loader(num_neighbors=FANOUTS, batch_size=200, time_attr="time"))) > 0
     for s in cluster:

@@ -370,7 +370,8 @@ def test_remote_weighted_and_temporal_typed_batches_equal_local_and_errors_keep_
         for options, fanouts, match in ERRORS:
             spec = LoaderSpec.of(("user", "train"), fanouts, batch_size=8, **options)
             with pytest.raises(grpc.RpcError) as info:
-                client.servers[0].stub.OpenSession(open_session_request(spec, client.group.group_id), timeout=30)
+                client.servers[0].stub.OpenSession(open_session_request(spec, client.group.group_id), timeout=30,
+                                                   metadata=client.servers[0].metadata)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert re.search(match, info.value.details()), info.value.details()
             with pytest.raises(ValueError, match=match) as err:

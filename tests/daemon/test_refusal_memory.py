@@ -52,8 +52,10 @@ def repeated_ids() -> np.ndarray:
     return np.random.default_rng(0).integers(0, 1000, NUM_IDS)
 
 
-def _open_session_call(server, request: pb.OpenSessionRequest):
-    """One raw OpenSession of ``request`` (serialized once): its status code and details."""
+def _open_session_call(server, client, request: pb.OpenSessionRequest):
+    """One raw OpenSession of ``request`` (serialized once) with the client's group capability on
+    ``server``: its status code and details."""
+    metadata = next(s.metadata for s in client.servers if s.address == server.address)
     data = request.SerializeToString()
     channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", -1)])
     call = channel.unary_unary("/graphfeed.control.v1.Control/OpenSession",
@@ -61,7 +63,7 @@ def _open_session_call(server, request: pb.OpenSessionRequest):
 
     def once() -> str:
         try:
-            call(data, timeout=120)
+            call(data, timeout=120, metadata=metadata)
         except grpc.RpcError as err:
             return f"{err.code().name}: {err.details()}"
         return "accepted"
@@ -97,9 +99,9 @@ def _refusals(server, client, ids: np.ndarray) -> dict:
         except Exception as exc:  # noqa: BLE001 -- the worker's refusal, checked by the caller
             return f"{type(exc).__name__}: {exc}"
         return "accepted"
-    return {"OpenSession node_ids": (_open_session_call(server, repeated), "INVALID_ARGUMENT: node_ids has"),
-            "OpenSession input_time": (_open_session_call(server, times), "INVALID_ARGUMENT: input_time has"),
-            "OpenSession feature_cache": (_open_session_call(server, cached), "sorted and distinct"),
+    return {"OpenSession node_ids": (_open_session_call(server, client, repeated), "INVALID_ARGUMENT: node_ids has"),
+            "OpenSession input_time": (_open_session_call(server, client, times), "INVALID_ARGUMENT: input_time has"),
+            "OpenSession feature_cache": (_open_session_call(server, client, cached), "sorted and distinct"),
             "online sample": (sample, "repeats id")}
 
 

@@ -240,12 +240,13 @@ def test_join_group_never_makes_a_worker_dial_a_third_party(token_cluster):
     with gf.connect([s.address for s in token_cluster], token=TOKEN, timeout=60, channel="rpc") as client:
         group = client.group
         foreign = ["203.0.113.9:22"] * len(token_cluster)
-        for server in token_cluster:
+        for server, conn in zip(token_cluster, client.servers, strict=True):
+            assert conn.address == server.address
             with grpc.insecure_channel(server.address) as channel:
-                with pytest.raises(grpc.RpcError) as err:
+                with pytest.raises(grpc.RpcError) as err:   # the group's own trainer (token and capability)
                     pb_grpc.ControlStub(channel).JoinGroup(
                         pb.JoinGroupRequest(group_id=group.group_id, endpoints=foreign),
-                        metadata=[("authorization", f"Bearer {TOKEN}")], timeout=30)
+                        metadata=[("authorization", f"Bearer {TOKEN}"), *conn.metadata], timeout=30)
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "endpoint '203.0.113.9:22' of part" in err.value.details()
             assert "set peer_networks" in err.value.details()

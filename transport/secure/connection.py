@@ -45,13 +45,17 @@ class Connection:
     ``party``: the other end's party (:mod:`.keys`), proven at the set-up.  Each direction's key is replaced by
     :func:`~.keys.ratchet` of it after :attr:`rekey_frames` frames or :attr:`rekey_bytes` bytes (header and body
     lengths, which both ends read from the prefixes): the sender after the frame that reaches the limit, the
-    receiver after reading that frame -- the same frame, no message about it."""
+    receiver after reading that frame -- the same frame, no message about it.
+
+    ``pooled``: large bodies received into reused buffers (:class:`.buffers.ReceiveBuffers`) -- a client's
+    connection, which receives batch after batch; a server's receives requests, mostly small, and a large one
+    (an online sample of millions of ids) is freed once answered or refused rather than kept for the next."""
 
     rekey_frames = REKEY_FRAMES
     rekey_bytes = REKEY_BYTES
 
     def __init__(self, sock, recv_key: bytes, send_key: bytes, mac: bool, where: str, seal: bool = False,
-                 party: int = TRAINER):
+                 party: int = TRAINER, pooled: bool = True):
         if mac and seal:
             raise ValueError("a connection's frames are MACed or sealed, not both")
         self.sock, self.where, self.mac, self.seal, self.party = sock, where, mac, seal, party
@@ -69,7 +73,7 @@ class Connection:
         self._lowat = 1   # the socket's SO_RCVLOWAT (0: cannot be set)
         self._poll = select.poll()
         self._poll.register(sock.fileno(), select.POLLIN)
-        self.buffers = ReceiveBuffers()
+        self.buffers = ReceiveBuffers() if pooled else ReceiveBuffers(keep=0)
         self._send_lock = threading.Lock()
         self.closed = False
         self._outbox: queue.SimpleQueue | None = None

@@ -111,7 +111,8 @@ class SecureServer:
                 self.on_refused(peer, reason)
             return
         sock.settimeout(None)
-        conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True, where=peer, party=agreed.party)
+        conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True, where=peer, party=agreed.party,
+                          pooled=False)   # requests: a large one is freed once answered, not kept
         conn.start_sender(f"{self.name}-send")
         with self._lock:
             if self._closed:
