@@ -82,3 +82,15 @@ def test_ci_builds_the_docs_after_lint_and_before_the_tests():
     steps = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     steps = [s for s in steps if s.startswith("bash scripts/dev.sh")]
     assert steps == ["bash scripts/dev.sh lint", "bash scripts/dev.sh docs", "bash scripts/dev.sh test"]
+
+
+def test_every_test_a_page_names_exists():
+    """A page that says "shown by tests/x.py::test_y" (the threat model, the how-tos) names a test that is there:
+    a renamed or removed test must not leave a claim without its proof."""
+    named = {(page.relative_to(ROOT), f, name) for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]
+             for f, name in re.findall(r"(tests/[\w/]+\.py)::(\w+)", page.read_text())}
+    assert any(page.name == "threat-model.md" for page, _, _ in named), "the threat model names no test"
+    missing = [f"{page}: {f}::{name}" for page, f, name in sorted(named)
+               if not (ROOT / f).is_file()
+               or not re.search(rf"^(async )?def {name}\(", (ROOT / f).read_text(), re.M)]
+    assert not missing, "pages name tests that do not exist:\n" + "\n".join(missing)
