@@ -49,6 +49,10 @@ class RemoteEmbedding:
         self._lock = threading.Lock()
         self._generation = -1   # the client's generation whose workers hold the table (set once made)
         self._inflight: dict[int, _Push] = {}   # the last step's pushes, until every owner applied them
+        # per owner: the number of its last push sent, in the owner's own sequence (the table's seq it reported
+        # when made, restored or loaded, plus one per push since); a push sent again carries its number, so an
+        # owner that applied it already (its answer lost with the group) does not apply it twice
+        self._numbers: dict[int, int] = {}
         self.replica = uuid.uuid4().hex[:16]   # names this object's update logs on the owners
         self.bounds = torch.zeros(1, dtype=torch.int64)
         self.bounds = client.call_with_recovery(self._what("emb_create"), self._made)
@@ -107,6 +111,7 @@ class RemoteEmbedding:
         except Exception:
             self._undo_create(pending)
             raise
+        self._numbers = {p: int(r[3]) for p, r in ranges.items()}
         bounds = [0]
         for p in sorted(ranges):
             start, stop = (int(v) for v in ranges[p][:2])
@@ -151,12 +156,11 @@ class RemoteEmbedding:
             generation = self.client.generation
             self._create()
             if self.checkpoint is not None:
-                self._on_parts("emb_load", {p: (self.spec.name, self.checkpoint) for p in self._all()})
-                log.warning("embedding table %r came back from checkpoint %r after the servers' group was re-formed "
-                            "(steps after that checkpoint are lost)", self.spec.name, self.checkpoint)
-            else:
-                log.warning("embedding table %r started again from its initial rows after the servers' group was "
-                            "re-formed (no checkpoint was saved: table.save(tag))", self.spec.name)
+                self._load_on_every_owner(self.checkpoint)
+            log.warning("embedding table %r came back after the servers' group was re-formed: from %s and the "
+                        "owners' update logs, at pushes %s", self.spec.name,
+                        f"checkpoint {self.checkpoint!r}" if self.checkpoint is not None else "its initial rows",
+                        dict(sorted(self._numbers.items())))
             self._generation = generation
 
     def _split(self, gids: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -205,12 +209,21 @@ class RemoteEmbedding:
             self._send_pushes(pushes)
 
     def _send_pushes(self, pushes: dict[int, _Push]) -> None:
-        """Send each push its current group's worker has not had yet."""
+        """Send each push its current group's worker has not had yet.  A push sent before the group was re-formed
+        is sent again only when its owner, restored from its update log, does not hold it (its number is past
+        the owner's); one the owner holds leaves ``pushes`` as applied."""
         generation, calls = self.client.generation, self.client.group.calls
-        for p, push in pushes.items():
-            if push.generation != generation:
-                push.pending = _sent(calls, p, "emb_push", push.args, self.client.rpc_timeout)
-                push.generation = generation
+        for p, push in list(pushes.items()):
+            if push.generation == generation:
+                continue
+            have = self._numbers.get(p, 0)
+            if push.number and push.number <= have:   # sent to the old group, which applied (and logged) it
+                del pushes[p]
+                continue
+            push.number = have + 1
+            self._numbers[p] = push.number
+            push.pending = _sent(calls, p, "emb_push", (*push.args, push.number), self.client.rpc_timeout)
+            push.generation = generation
 
     def _by_owner(self, gids: torch.Tensor, grads: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Per owning part: its ids ascending and their gradient rows; ValueError for ids outside the type."""
@@ -236,8 +249,11 @@ class RemoteEmbedding:
         try:
             self._wait("emb_push", {p: push.pending for p, push in pushes.items()})
         finally:
-            for p in [p for p, push in pushes.items() if _applied(push.pending)]:
-                del pushes[p]
+            for p, push in list(pushes.items()):
+                if _applied(push.pending):
+                    del pushes[p]
+                elif _refused(push.pending) and self._numbers.get(p) == push.number:
+                    self._numbers[p] = push.number - 1   # the owner refused it: its sequence did not move
 
     # ---- checkpoints -------------------------------------------------------------------------------
 
@@ -262,7 +278,15 @@ class RemoteEmbedding:
 
     def _on_every_owner(self, call: str, tag: str) -> None:
         self.ensure()
-        self._on_parts(call, {p: (self.spec.name, tag) for p in self._all()})
+        if call == "emb_load":
+            self._load_on_every_owner(tag)
+        else:
+            self._on_parts(call, {p: (self.spec.name, tag) for p in self._all()})
+
+    def _load_on_every_owner(self, tag: str) -> None:
+        """``emb_load`` of ``tag`` on every owner; each owner's push numbering continues from what it loaded."""
+        loaded = self._on_parts("emb_load", {p: (self.spec.name, tag) for p in self._all()})
+        self._numbers = {p: int(seq) for p, seq in loaded.items()}
 
     def state_dict(self, tag: str = "latest") -> dict:
         """Save checkpoint ``tag`` (:meth:`save`) and return what names it, for a training checkpoint."""
@@ -293,12 +317,13 @@ class RemoteEmbedding:
 class _Push:
     """One owner's share of a step: its arguments, and the call of the group (``generation``) it was sent to."""
 
-    __slots__ = ("args", "pending", "generation")
+    __slots__ = ("args", "pending", "generation", "number")
 
     def __init__(self, args: tuple):
         self.args = args
         self.pending: Pending = Pending.failed(RuntimeError("not sent"))
         self.generation = -1   # not sent to any group yet
+        self.number = 0        # its place in the owner's push sequence (0: not sent yet)
 
 
 def _sent(calls: DataCalls, part: int, name: str, args: tuple, timeout: float) -> Pending:
@@ -307,6 +332,19 @@ def _sent(calls: DataCalls, part: int, name: str, args: tuple, timeout: float) -
         return calls.call(part, name, args, timeout)
     except ConnectionError as exc:
         return Pending.failed(exc)
+
+
+def _refused(pending: Pending) -> bool:
+    """Whether ``pending`` failed with the owner's answer (not a lost owner, which may have applied it)."""
+    if not pending.done():
+        return False
+    try:
+        pending.result(0)
+    except ConnectionError:
+        return False
+    except Exception:  # noqa: BLE001 -- the owner's refusal
+        return True
+    return False
 
 
 def _applied(pending: Pending) -> bool:

@@ -56,9 +56,10 @@ class EmbeddingStore:
         self.fresh: set[str] = set()         # tables made here, not yet pushed to or loaded
         self.lock = threading.Lock()
 
-    def create(self, spec: EmbeddingSpec, replica: str = "") -> tuple[int, int, bool]:
+    def create(self, spec: EmbeddingSpec, replica: str = "") -> tuple[int, int, bool, int]:
         """Make this part's rows of ``spec`` (nothing when the same table exists: a retry); ``(start, stop)`` of
-        the ids it owns and whether it made them.  ``replica`` (a name; "" = no log) names the trainer's table
+        the ids it owns, whether it made them and the table's push sequence number (after a replayed log: the
+        pushes it holds).  ``replica`` (a name; "" = no log) names the trainer's table
         whose update log this table keeps: a log of it at the initial rows (a restarted owner) is replayed.
         ValueError for an unknown node type, a table of that name with another spec, or a table over the
         budget (one line naming the part, the limit, ``embedding_bytes`` and the fixes)."""
@@ -72,7 +73,7 @@ class EmbeddingStore:
                 if have.spec != spec:
                     raise ValueError(f"embedding table {spec.name!r} already exists in this job with another spec "
                                      f"({have.spec}); close it first or pick another name")
-                return start, stop, False
+                return start, stop, False, have.seq
             self._check_budget(spec, stop - start)
             table = self.tables[spec.name] = PartTable(spec, self.part_id, start, stop)
             self.replicas[spec.name] = replica
@@ -80,7 +81,7 @@ class EmbeddingStore:
         if self._logged(spec.name):
             with table.writes:
                 self._continue_log(table, INITIAL)
-        return start, stop, True
+        return start, stop, True, table.seq
 
     # ---- update logs -----------------------------------------------------------------------------
 
@@ -181,12 +182,13 @@ class EmbeddingStore:
             out[pos] = torch.as_tensor(pending.result(self.timeout)).to(out.dtype)
         return out
 
-    def push(self, name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:
+    def push(self, name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate,
+             number: int | None = None) -> int:
         """Apply one step's gradients of rows owned here, in the update log first when the table keeps one (one
-        sync per call); how many rows changed."""
+        sync per call); how many rows changed (0 for a push ``number`` applied already: :meth:`PartTable.apply`)."""
         table = self.table(name)
         self.fresh.discard(name)
-        return table.apply(torch.as_tensor(gids, dtype=torch.int64).reshape(-1), grads, update)
+        return table.apply(torch.as_tensor(gids, dtype=torch.int64).reshape(-1), grads, update, number)
 
     def save(self, name: str, tag: str) -> str:
         """Write this part's rows and state of table ``name`` as checkpoint ``tag`` (durable on return), and
@@ -199,10 +201,10 @@ class EmbeddingStore:
         self.fresh.discard(name)
         return str(path)
 
-    def load(self, name: str, tag: str) -> None:
-        """Replace the live table's rows and state with checkpoint ``tag`` (FileNotFoundError naming the file).
-        A table's first load after it was made here, before any push, is a restore: it replays the replica's
-        log of ``tag``; any other load starts a new log."""
+    def load(self, name: str, tag: str) -> int:
+        """Replace the live table's rows and state with checkpoint ``tag`` (FileNotFoundError naming the file);
+        the table's push sequence number after it.  A table's first load after it was made here, before any push,
+        is a restore: it replays the replica's log of ``tag``; any other load starts a new log."""
         table = self.table(name)
         loaded = PartTable.load(self._folder(), name, tag, self.part_id, table.spec, table.start, table.stop)
         with table.writes:
@@ -210,6 +212,7 @@ class EmbeddingStore:
             if self._logged(name):
                 (self._continue_log if name in self.fresh else self._switch_log)(table, tag)
         self.fresh.discard(name)
+        return table.seq
 
     def _folder(self) -> Path:
         if not self.save_dir:

@@ -35,6 +35,7 @@ class PartTable:
         self.rows = rows if rows is not None else spec.initial_rows(self.start, self.stop - self.start)
         self.state: dict[str, torch.Tensor] = dict(state or {})
         self.seq = int(seq)      # pushes applied since the initial rows (a checkpoint keeps it)
+        self.duplicates = 0      # pushes acknowledged without applying them again (numbered at or below seq)
         self.lock = threading.Lock()     # the rows and state: reads and the mutation of a push
         self.writes = threading.Lock()   # pushes and checkpoints, one at a time (reads go on meanwhile)
         self.log: UpdateLog | None = None
@@ -67,9 +68,14 @@ class PartTable:
         with self.lock:
             return self.rows.index_select(0, local)
 
-    def apply(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:
+    def apply(self, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate, number: int | None = None) -> int:
         """Apply one step: duplicate ids' gradient rows summed, then ``update`` per distinct row; returns how
-        many rows changed.  ValueError for ids not owned here or gradients of the wrong shape."""
+        many rows changed.  ValueError for ids not owned here or gradients of the wrong shape.
+
+        ``number``: the push's number in this table's sequence, as its trainer counts (the ``seq`` it had when
+        the trainer last heard, plus one per push since).  A push numbered at or below ``seq`` was applied
+        already -- it reached this owner (and its update log) but its answer was lost with a re-formed group --
+        and is acknowledged without applying it again (0 rows)."""
         grads = torch.as_tensor(grads)
         if grads.dim() != 2 or grads.size(0) != gids.numel() or grads.size(1) != self.spec.dim:
             raise ValueError(f"embedding table {self.spec.name!r}: gradients of shape {list(grads.shape)} for "
@@ -78,6 +84,9 @@ class PartTable:
         local = self.local(ids)
         began = time.perf_counter()
         with self.writes:
+            if number is not None and number <= self.seq:
+                self.duplicates += 1
+                return 0
             with self.lock:
                 if self.log is not None:
                     self._append(LogRecord(self.seq + 1, ids, summed, update))

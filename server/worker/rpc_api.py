@@ -47,7 +47,7 @@ also carry the session's secret.
 * ``part_identity()`` -- which files this worker's part is (host boot id, device, inode): a peer
   that sees the same files on the same host reads them directly (:func:`.peers.colocate`).
 * ``emb_create(spec, replica)`` / ``emb_close(name)`` / ``emb_attach(session_id, secret, names)`` /
-  ``emb_push(name, gids, grads, update)`` / ``emb_save(name, tag)`` / ``emb_load(name, tag)`` -- the trainer's
+  ``emb_push(name, gids, grads, update, number)`` / ``emb_save(name, tag)`` / ``emb_load(name, tag)`` -- the trainer's
   learnable embedding tables (:mod:`graphfeed.server.embedding`): this part's rows, a session's batches carrying
   them, a sparse optimizer step, a checkpoint written by this owner.  ``emb_rows(name, gids)`` -- rows by
   global id (peers filling a batch, the trainer reading a table).
@@ -344,9 +344,10 @@ def part_identity() -> tuple | None:
 
 # ---- learnable embedding tables (graphfeed.server.embedding: the rows this part owns, per trainer group) ----
 
-def emb_create(spec: EmbeddingSpec, replica: str = "") -> tuple[int, int, bool]:
+def emb_create(spec: EmbeddingSpec, replica: str = "") -> tuple[int, int, bool, int]:
     """Make this part's rows of table ``spec`` in the group (nothing when the same table exists: a retry is
-    accepted); ``(start, stop)`` of the global ids it owns and whether this call made them.  ``replica``: the
+    accepted); ``(start, stop)`` of the global ids it owns, whether this call made them and the table's push
+    sequence number (a restarted owner's replayed update log: the pushes it holds).  ``replica``: the
     trainer's table whose update log this part keeps (``""``: none).  ValueError for an unknown type, a clash
     of names or a table over the budget."""
     if not isinstance(spec, EmbeddingSpec):
@@ -366,12 +367,15 @@ def emb_rows(name: str, gids: torch.Tensor, dtype: str | None = None) -> torch.T
     return _bound().embeddings.rows(str(name), gids, None if dtype is None else str(dtype))
 
 
-def emb_push(name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate) -> int:
+def emb_push(name: str, gids: torch.Tensor, grads: torch.Tensor, update: SparseUpdate,
+             number: int | None = None) -> int:
     """Apply one optimizer step (rule ``update``) to this part's rows ``gids`` with gradient rows ``grads``
-    (duplicates summed); how many rows changed.  ValueError for ids not owned here or a bad shape."""
+    (duplicates summed); how many rows changed.  ``number``: the push's place in the table's sequence (a push
+    sent again after a re-formed group, applied already, is acknowledged with 0).  ValueError for ids not owned
+    here or a bad shape."""
     if not isinstance(update, SparseUpdate):
         raise ValueError(f"emb_push takes a SparseUpdate, got {type(update).__name__}")
-    return _bound().embeddings.push(str(name), gids, grads, update)
+    return _bound().embeddings.push(str(name), gids, grads, update, None if number is None else int(number))
 
 
 def emb_attach(session_id: str, secret: bytes, names: list[str]) -> None:
@@ -390,9 +394,10 @@ def emb_save(name: str, tag: str) -> str:
     return _bound().embeddings.save(str(name), str(tag))
 
 
-def emb_load(name: str, tag: str) -> None:
-    """Replace this part's rows and state of table ``name`` with its checkpoint ``tag``."""
-    _bound().embeddings.load(str(name), str(tag))
+def emb_load(name: str, tag: str) -> int:
+    """Replace this part's rows and state of table ``name`` with its checkpoint ``tag``; the table's push sequence
+    number after it."""
+    return _bound().embeddings.load(str(name), str(tag))
 
 
 ALLOWED = frozenset({pull, pull_into, attach, detach, sample, one_hop, gather, has_edges, edge_attr, to_global,

@@ -24,9 +24,11 @@ class ScriptedCalls(DataCalls):
 
     kind, label = "scripted", "a scripted data path"
 
-    def __init__(self, lose: set[tuple[int, str]] = frozenset()):   # type: ignore[assignment]
+    def __init__(self, lose: set[tuple[int, str]] = frozenset(),   # type: ignore[assignment]
+                 seqs: tuple[int, int] = (0, 0)):
         super().__init__()
         self.lose, self.log = set(lose), []
+        self.seqs = seqs   # each owner's push sequence number once its table is made or loaded (a replayed log)
 
     def call(self, part: int, name: str, args: tuple, timeout: float) -> Pending:
         self._check_open()
@@ -34,7 +36,9 @@ class ScriptedCalls(DataCalls):
         if (part, name) in self.lose:
             return Pending.failed(PeerLost(part, "EOF", self.label))
         if name == "emb_create":
-            return Pending.completed((ROWS[part], ROWS[part + 1]))
+            return Pending.completed((ROWS[part], ROWS[part + 1], True, self.seqs[part]))
+        if name == "emb_load":
+            return Pending.completed(self.seqs[part])
         return Pending.completed(None)
 
 
@@ -115,7 +119,7 @@ def test_past_the_bound_one_server_error_names_the_server_and_the_setting():
 
 
 def test_a_push_an_owner_lost_is_sent_again_to_the_re_formed_group_only_to_that_owner():
-    old, new = ScriptedCalls(lose={(1, "emb_push")}), ScriptedCalls()
+    old, new = ScriptedCalls(lose={(1, "emb_push")}), ScriptedCalls(seqs=(1, 0))   # part 0's log holds push 1
     client = FakeClient(old, new)
     table = RemoteEmbedding(client, EmbeddingSpec("author", "author", 4))   # type: ignore[arg-type]
     table.checkpoint = "ckpt"
@@ -129,5 +133,22 @@ def test_a_push_an_owner_lost_is_sent_again_to_the_re_formed_group_only_to_that_
                                                (1, "emb_load"), (1, "emb_push")]
     again = new.log[-1][2]
     assert torch.equal(again[1], torch.tensor([15])) and again[1] is pushed_old[1][1][1]   # the same push, resent
+    assert again[-1] == pushed_old[1][1][-1] == 1   # as push 1 of part 1's sequence
     table.flush()   # nothing owed any more
     assert len(new.log) == 5
+
+
+def test_a_push_both_owners_lost_the_answer_of_is_sent_again_only_where_the_restored_log_lacks_it():
+    """Both answers lost with the group; part 0 had applied and logged the push (its restored sequence says 1),
+    part 1 had not (0): only part 1 gets it again, so no owner applies a step twice."""
+    old = ScriptedCalls(lose={(0, "emb_push"), (1, "emb_push")})
+    new = ScriptedCalls(seqs=(1, 0))
+    client = FakeClient(old, new)
+    table = RemoteEmbedding(client, EmbeddingSpec("author", "author", 4))   # type: ignore[arg-type]
+    table.push(torch.tensor([3, 15]), torch.ones(2, 4), SparseUpdate("adam", 0.1))
+    table.flush()
+    assert [(p, n) for p, n, _ in new.log] == [(0, "emb_create"), (1, "emb_create"), (1, "emb_push")]
+    assert new.log[-1][2][-1] == 1
+    table.push(torch.tensor([4, 16]), torch.ones(2, 4), SparseUpdate("adam", 0.1))   # the next step: push 2 on both
+    table.flush()
+    assert [(p, a[-1]) for p, n, a in new.log[3:] if n == "emb_push"] == [(0, 2), (1, 2)]

@@ -151,8 +151,8 @@ def _logs(tmp_path) -> list[str]:
 
 def test_a_restarted_owner_restores_checkpoint_and_log_and_a_save_starts_a_new_log(tmp_path):
     store = _store(tmp_path)
-    assert store.create(SPEC, "r1") == (0, 50, True)
-    assert store.create(SPEC, "r1") == (0, 50, False)   # a retry with the same spec: accepted, nothing made
+    assert store.create(SPEC, "r1") == (0, 50, True, 0)
+    assert store.create(SPEC, "r1") == (0, 50, False, 0)   # a retry with the same spec: accepted, nothing made
     pushes = _pushes(9)
     for ids, grads in pushes[:3]:
         store.push("t", ids, grads, ADAM)
@@ -228,3 +228,24 @@ def test_a_checkpoint_keeps_its_push_number_and_an_older_one_reads_as_zero(tmp_p
     del payload["seq"]
     torch.save(payload, path)
     assert PartTable.load(tmp_path, "t", "c", 0).seq == 0
+
+
+def test_a_numbered_push_the_owner_holds_already_is_acknowledged_not_applied_again(tmp_path):
+    """A push sent again after its answer was lost with the group: the restarted owner replayed it from its log,
+    so its number is at or below the table's seq and it changes nothing; the next number applies."""
+    store = _store(tmp_path)
+    store.create(SPEC, "r1")
+    pushes = _pushes(3)
+    for k, (ids, grads) in enumerate(pushes[:2], start=1):
+        assert store.push("t", ids, grads, ADAM, number=k) > 0
+    restarted = _store(tmp_path)   # killed after push 2 was logged, before its answer left
+    assert restarted.create(SPEC, "r1") == (0, 50, True, 2)   # the replayed log: 2 pushes
+    before = restarted.table("t").rows.clone()
+    assert restarted.push("t", *pushes[1], ADAM, number=2) == 0   # sent again: held already
+    assert torch.equal(restarted.table("t").rows, before) and restarted.table("t").seq == 2
+    assert restarted.table("t").duplicates == 1
+    assert restarted.push("t", *pushes[2], ADAM, number=3) > 0
+    store.push("t", *pushes[2], ADAM, number=3)
+    _same(restarted.table("t"), store.table("t"))   # as if the push had been applied once
+    store.save("t", "a")
+    assert store.load("t", "a") == 3   # a load says where the owner's sequence goes on from

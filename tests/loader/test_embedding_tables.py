@@ -189,7 +189,7 @@ def test_store_refuses_a_table_over_the_budget_in_one_line():
     assert list(store.tables) == ["small"]
     with pytest.raises(ValueError, match="already exists in this job with another spec"):
         store.create(EmbeddingSpec("small", "n", 8))
-    assert store.create(EmbeddingSpec("small", "n", 4)) == (0, 1000, False)   # the same table again: nothing new
+    assert store.create(EmbeddingSpec("small", "n", 4)) == (0, 1000, False, 0)   # the same table again: nothing new
     with pytest.raises(LookupError, match="no embedding table 'big'"):
         store.rows("big", torch.tensor([1]))
     with pytest.raises(ValueError, match="node type 'm' is not in the graph"):
@@ -200,7 +200,7 @@ def test_store_refuses_a_table_over_the_budget_in_one_line():
 
 def test_store_rows_of_its_own_part_and_refused_ids():
     store = EmbeddingStore(1, {"n": BOOK})
-    assert store.create(EmbeddingSpec("t", "n", DIM)) == (7, 12, True)
+    assert store.create(EmbeddingSpec("t", "n", DIM)) == (7, 12, True, 0)
     local = LocalEmbedding(EmbeddingSpec("t", "n", DIM), BOOK)
     assert torch.equal(store.rows("t", torch.tensor([11, 7])), local.rows(torch.tensor([11, 7])))
     with pytest.raises(ValueError, match="id 12 is outside"):
