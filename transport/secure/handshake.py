@@ -28,7 +28,6 @@ HELLO = len(MAGIC) + 1 + _PARTIES.size + NONCE + SHARE
 REPLY = len(MAGIC) + 1 + NONCE + SHARE
 MAC = 32
 KEY_BYTES = 32
-HANDSHAKE_TIMEOUT = 10.0      # seconds an unauthenticated sender has to finish the set-up
 
 
 class Refused(ConnectionError):
