@@ -313,9 +313,9 @@ class Gate:
         try:
             agreed = setup.advance()
         except Exception as exc:  # noqa: BLE001 -- whatever a sender's bytes cause ends only its connection
-            self._drop(setup)
             self._refused(setup.peer, str(exc) if isinstance(exc, Refused)
                           else f"no group handshake ({type(exc).__name__}: {exc})", "handshake_failed")
+            self._drop(setup)
             return
         if agreed is None:
             self._sel.modify(setup.sock, setup.want, setup)
@@ -331,23 +331,23 @@ class Gate:
                 sock = leave_tls(sock)
             sock.settimeout(None)
         except (OSError, ValueError) as exc:
-            close_socket(sock)
             self._refused(setup.peer, f"no group handshake ({type(exc).__name__}: {exc})", "handshake_failed")
+            close_socket(sock)
             return
         try:
             self.admit(sock, agreed, setup.peer)
         except Exception as exc:  # noqa: BLE001 -- "can't start new thread", out of memory: the connection goes
-            close_socket(sock)
             self.stats.count("thread_error" if isinstance(exc, RuntimeError) else "accept_error")
             self.pause(f"cannot take the connection from {setup.peer} ({type(exc).__name__}: {exc}); it was closed")
+            close_socket(sock)
 
     def _expire(self, now: float) -> None:
         while self._queue and self._queue[0].deadline <= now:
             setup = self._queue.popleft()
-            if not setup.finished:
-                self._drop(setup)
+            if not setup.finished:   # counted before the close the other end sees
                 self._refused(setup.peer, f"no group handshake within {self.limits.handshake_timeout:g} s",
                               "handshake_timeout")
+                self._drop(setup)
 
     def _release(self, setup: Setup) -> None:
         """Take ``setup`` out of the gate's books (its socket stays open)."""

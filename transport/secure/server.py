@@ -100,12 +100,12 @@ class SecureServer:
             if not (full or self._closed):
                 self._conns.add(conn)
         if full or self._closed:
-            conn.close()
-            if full:
+            if full:   # counted and said before the close, which the other end sees at once
                 self.stats.count("refused_connections")
                 self._log("connections", f"data path: refused {party_name(agreed.party)} from {peer}: "
                           f"{self.limits.connections} authenticated connections are open, the most data_connections "
                           f"allows (raise it for a group of more parts, or find the party that keeps reconnecting)")
+            conn.close()
             return
         try:
             conn.start_sender(f"{self.name}-send")
