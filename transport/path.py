@@ -50,6 +50,28 @@ class TlsFiles:
 
 
 @dataclass(frozen=True)
+class ListenerLimits:
+    """The bounds of a worker's data listener (the daemon's ``data_*`` settings): what an outsider who can reach it
+    may hold, and what the key holders may.
+
+    ``handshake_timeout``: seconds from accept to the client's proof, one deadline however the bytes trickle in;
+    ``handshakes``: connections in set-up at once (more are closed at once); ``handshakes_per_source``: of those,
+    from one IP address; ``connections``: authenticated connections at once (a group's trainer and peers);
+    ``call_bytes``: the largest frame body one call may carry (a longer one ends its connection, unread)."""
+
+    handshake_timeout: float = 10.0
+    handshakes: int = 256
+    handshakes_per_source: int = 32
+    connections: int = 256
+    call_bytes: int = 1 << 30
+
+    def __post_init__(self):
+        if not (self.handshake_timeout > 0 and min(self.handshakes, self.handshakes_per_source, self.connections,
+                                                   self.call_bytes) >= 1):
+            raise ValueError(f"listener limits must be positive: {self}")
+
+
+@dataclass(frozen=True)
 class WorkerPlace:
     """Where a session worker's end stands: its group as the daemon described it (``GroupSpec``)."""
 
@@ -66,6 +88,7 @@ class WorkerPlace:
     tls_key: str | None = None
     tls_client_ca: str | None = None  # the CA of the daemon's mTLS clients: the trainer must show a certificate
     tls_peer_ca: str | None = None    # the CA of the other daemons' certificates: a peer's is checked against it
+    listener: ListenerLimits = ListenerLimits()   # the bounds of a listening path's listener
 
     def say(self, line: str) -> str:
         """A log line of this worker (the daemon's log: the worker's stderr)."""
@@ -98,6 +121,11 @@ class WorkerEnd(ABC):
 
     def serve(self, hooks: WorkerHooks) -> None:  # noqa: B027 -- optional: a listening path serves already
         """After ``Started``: take part in the group (in the background); ``hooks.formed`` once it formed."""
+
+    def listener_figures(self) -> dict[str, Any]:
+        """The listener's cumulative counts by kind (``counts``) and whether its set-up slots are all taken
+        (``saturated``: 0 or 1), for the worker's metrics; {} for a path without a listener."""
+        return {}
 
     def join_peers(self, endpoints: Mapping[int, str], hooks: WorkerHooks) -> None:
         """The peers' listeners (part -> ``host:port``, this part left out), for a path that :attr:`joins_peers`."""

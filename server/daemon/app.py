@@ -53,6 +53,9 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+DATA_PATH_SERVICE = "graphfeed.data_path"   # health: NOT_SERVING while a worker's data listener is saturated
+DATA_PATH_CHECK_ROUNDS = 5   # housekeeping rounds between two looks at the workers' data listeners
+DATA_PATH_REFRESH_WAIT = 1.0   # seconds such a look waits for the workers' fresh figures
 HOUSEKEEPING_INTERVAL = 1.0   # seconds between part-file checks and malloc_trim calls (each well under 1 ms)
 
 
@@ -125,6 +128,7 @@ class Daemon:
         self.registry: Registry | None = None
         self.control: ControlServicer | None = None
         self.figures: WorkerFigures | None = None
+        self._data_path_saturated = False
         self.metrics: MetricsEndpoint | None = None
         self.metrics_port: int | None = None
         self.implementation = ""          # "native" or "reference": what the session workers sample with
@@ -208,6 +212,7 @@ class Daemon:
         self._health = health.aio.HealthServicer()
         await self._health.set("", NOT_SERVING)
         await self._health.set(SERVICE_NAME, NOT_SERVING)
+        await self._health.set(DATA_PATH_SERVICE, NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -224,6 +229,7 @@ class Daemon:
         self._start_metrics(figures, control)
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
+        await self._health.set(DATA_PATH_SERVICE, SERVING)
         self._announce(served)
         self._notify(f"READY=1\nSTATUS=serving part {c.part} on port {self.port}\nMAINPID={os.getpid()}")
         interval = sdnotify.watchdog_interval()
@@ -253,9 +259,13 @@ class Daemon:
         MB after a few refused requests -- until ``malloc_trim``.
         """
         trim = _malloc_trim()
+        rounds = 0
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             await self._check_files()
+            rounds += 1
+            if rounds % DATA_PATH_CHECK_ROUNDS == 0:
+                await self._check_data_path()
             if trim is not None:
                 trim(0)
 
@@ -274,6 +284,28 @@ class Daemon:
             status = NOT_SERVING if self.draining else SERVING
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
+
+    async def _check_data_path(self) -> None:
+        """Health of :data:`DATA_PATH_SERVICE`: NOT_SERVING while a worker's secure data listener has every set-up
+        slot taken (``data_handshakes``: a flood, or a burst of trainers), so a balancer or an operator sees it;
+        SERVING again once a slot is free (``graphfeed_data_path_saturated`` says the same on /metrics)."""
+        if self.figures is None or self._health is None or self.draining:
+            return
+        try:   # a worker slow to answer leaves its last figures in use; the file checks do not wait for it
+            await asyncio.wait_for(asyncio.shield(self.figures.refresh()), DATA_PATH_REFRESH_WAIT)
+        except asyncio.TimeoutError:
+            pass
+        saturated = self.figures.merged()[0]["listener_saturated"] > 0
+        if saturated == self._data_path_saturated:
+            return
+        self._data_path_saturated = saturated
+        if saturated:
+            self.log.warning("data_path_saturated", part=self.config.part, handshakes=self.config.data_handshakes,
+                             cause="a session worker's data listener has every set-up slot taken; new connections "
+                                   "are closed at once (a flood? else raise data_handshakes)")
+        else:
+            self.log.info("data_path_unsaturated", part=self.config.part)
+        await self._health.set(DATA_PATH_SERVICE, NOT_SERVING if saturated else SERVING)
 
     def _check_sampler(self) -> str:
         """Decide the sampling implementation once, before any worker starts (a first-use native build
@@ -375,6 +407,7 @@ class Daemon:
         if self._health is not None:
             await self._health.set("", NOT_SERVING)
             await self._health.set(SERVICE_NAME, NOT_SERVING)
+            await self._health.set(DATA_PATH_SERVICE, NOT_SERVING)
         reg, grace = self.registry, self.config.drain_grace_seconds
         if reg is None:   # stopped before startup loaded the partition: nothing to drain
             return

@@ -401,6 +401,11 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "embedding_dir": _string(allow_empty=True),
     "embedding_bytes": _bytes_or_auto,
     "embedding_log": _flag,
+    "data_handshake_timeout": _seconds(0.0, 3600.0),
+    "data_handshakes": _int(1, 1 << 16),
+    "data_handshakes_per_source": _int(1, 1 << 16),
+    "data_connections": _int(1, 1 << 16),
+    "data_call_bytes": _bytes,
 }
 KEYS = tuple(f.name for f in fields(ServerConfig))
 REQUIRED = ("partition", "part")

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from graphfeed.core.metric_names import LATENCY_BUCKETS, MetricSpec
 from graphfeed.server.worker.commands import Metrics, ServedCounts
+from graphfeed.transport.secure.gate import LISTENER_KINDS
 
 PREFIX = "graphfeed_"
 
@@ -80,6 +81,16 @@ METRICS: dict[str, MetricSpec] = {
                                                          "from its GPU feature cache (result=\"hit\") or from pinned "
                                                          "host memory (\"miss\"); hit rate = hit / (hit + miss).",
                                                          ("result",)),
+    "graphfeed_data_path_listener_total": MetricSpec("counter", "Connections to the session workers' secure "
+                                                     "data listeners by what became of them: accepted, "
+                                                     "authenticated, refused_cap / refused_source (closed at once: "
+                                                     "data_handshakes / data_handshakes_per_source in set-up), "
+                                                     "refused_connections (data_connections open), "
+                                                     "handshake_timeout, handshake_failed, frame_refused; and "
+                                                     "accept_error / thread_error (accepting paused, then resumed).",
+                                                     ("kind",)),
+    "graphfeed_data_path_saturated": MetricSpec("gauge", "1 while a session worker's data listener has every set-up "
+                                                "slot taken (data_handshakes): new connections are closed at once."),
     # ---- learnable embedding tables (graphfeed.server.embedding), summed over the trainer groups ---------
     "graphfeed_embedding_rows": MetricSpec("gauge", "Rows of embedding tables this part holds, per table name "
                                            "(summed over the open trainer groups).", ("table",)),
@@ -146,7 +157,7 @@ def _add_hist(into: dict, h: dict) -> None:
 
 def empty_figures() -> dict:
     return {"kinds": {}, "stages": {}, "remote": {}, "remote_errors": {}, "errors": {}, "gpu_cache": {},
-            "embeddings": {}}
+            "embeddings": {}, "listener": {}, "listener_saturated": 0}
 
 
 EMBEDDING_GAUGES, EMBEDDING_COUNTERS = ("rows", "bytes"), ("pushes", "rows_applied")
@@ -160,9 +171,11 @@ def merge_figures(total: dict, snap: dict, *, gauges: bool = True) -> dict:
     for section in ("stages", "remote"):
         for key, h in (snap.get(section) or {}).items():
             _add_hist(total[section].setdefault(key, {}), h)
-    for section in ("remote_errors", "errors", "gpu_cache"):
+    for section in ("remote_errors", "errors", "gpu_cache", "listener"):
         for key, n in (snap.get(section) or {}).items():
             total[section][key] = total[section].get(key, 0) + int(n)
+    if gauges:   # 1 while any open group's listener is saturated; a stopped one's is not
+        total["listener_saturated"] = max(total["listener_saturated"], int(snap.get("listener_saturated") or 0))
     for table, figures in (snap.get("embeddings") or {}).items():   # a stopped group's tables hold no rows
         into = total["embeddings"].setdefault(table, dict.fromkeys(EMBEDDING_GAUGES + EMBEDDING_COUNTERS, 0))
         for key in EMBEDDING_COUNTERS + (EMBEDDING_GAUGES if gauges else ()):
@@ -321,6 +334,7 @@ class ServerCollector:
         yield from self._process()
         yield from self._sessions()
         yield from self._data_path(figures)
+        yield from self._listener(figures)
         yield from self._latency(figures)
         yield from self._embeddings(figures)
         yield from self._errors(figures, age)
@@ -365,6 +379,13 @@ class ServerCollector:
             for kind in SESSION_KINDS:  # every kind always present: a fixed, small series set
                 f.add_metric([kind], getattr(kinds.get(kind, ServedCounts()), key))
             yield f
+
+    def _listener(self, figures: dict):
+        f = _family("graphfeed_data_path_listener_total")
+        for kind in LISTENER_KINDS:   # every kind always present (0 too), so an alert on its rate has a series
+            f.add_metric([kind], figures["listener"].get(kind, 0))
+        yield f
+        yield self._single("graphfeed_data_path_saturated", figures["listener_saturated"])
 
     def _latency(self, figures: dict):
         f = _family("graphfeed_stage_seconds")

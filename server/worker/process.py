@@ -91,7 +91,7 @@ def place_of(spec: GroupSpec) -> WorkerPlace:
                        data_address=spec.data_address, rendezvous=spec.rendezvous, rank=spec.rank,
                        world_size=spec.world_size, rpc_timeout=spec.rpc_timeout, join_timeout=spec.join_timeout,
                        tls_cert=spec.tls_cert, tls_key=spec.tls_key, tls_client_ca=spec.tls_client_ca,
-                       tls_peer_ca=spec.tls_peer_ca)
+                       tls_peer_ca=spec.tls_peer_ca, listener=spec.listener_limits)
 
 
 class SessionNotFound(NotFound, LookupError):
@@ -256,12 +256,15 @@ class SessionWorker:
 
     def metrics(self, cmd: Metrics) -> MetricsSnapshot:
         """Cumulative figures since this worker started (see :mod:`.telemetry`), plus ``kinds``:
-        per session kind, its :class:`ServedCounts` (closed sessions included; the open ones' gauges)."""
+        per session kind, its :class:`ServedCounts` (closed sessions included; the open ones' gauges); ``listener``:
+        its data listener's counts by kind and ``listener_saturated`` (1 while its set-up slots are all taken)."""
         kinds = dict(self.closed_totals)
         for row in self._rows():
             kinds[row.kind] = kinds.get(row.kind, ServedCounts()) + row.counts
         hits = sum(g.hits for g in self.gpu_sources)
-        return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds,
+        listener = self.end.listener_figures()
+        return MetricsSnapshot(dict(self.telemetry.snapshot(), kinds=kinds, listener=listener.get("counts", {}),
+                                    listener_saturated=listener.get("saturated", 0),
                                     gpu_cache={"hit": hits, "miss": sum(g.reads for g in self.gpu_sources) - hits},
                                     embeddings=self.embeddings.stats()))
 

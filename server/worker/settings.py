@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from graphfeed.transport.path import ListenerLimits
+
 DOC = "doc"   # the field-metadata key of a setting's one-line description
 
 
@@ -49,6 +51,15 @@ class WorkerSettings:
                                      'refused)')
     embedding_bytes: int = setting(0, "what one trainer group's embedding tables may hold on this server, "
                                       "rows and optimizer state (0 = 1/4 of the memory limit)")
+    data_handshake_timeout: float = setting(10.0, "secure data path: seconds from accept to a client's proof of its "
+                                                  "key, one deadline however slowly its bytes arrive")
+    data_handshakes: int = setting(256, "secure data path: connections in set-up at once per session worker "
+                                        "(more are closed at once)")
+    data_handshakes_per_source: int = setting(32, "secure data path: of those, from one IP address")
+    data_connections: int = setting(256, "secure data path: authenticated connections at once per session worker "
+                                         "(the trainer and the peers; more are refused)")
+    data_call_bytes: int = setting(1 << 30, "secure data path: the largest body of one call a session worker "
+                                            "reads (a longer one ends its connection unread)")
     embedding_log: bool = setting(True, "with embedding_dir: every embedding push is written to its table's update "
                                         "log (one fsync per push) before it is acknowledged, so a restarted "
                                         "server loses none")
@@ -65,3 +76,10 @@ class WorkerSettings:
         """The worker settings of ``config`` (the daemon's ``ServerConfig``) by name: what a worker is started
         with, never the daemon's own settings (its token, its TLS files)."""
         return {f.name: getattr(config, f.name) for f in fields(WorkerSettings)}
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        """The ``data_*`` settings as the bounds of a worker's data listener."""
+        return ListenerLimits(handshake_timeout=self.data_handshake_timeout, handshakes=self.data_handshakes,
+                              handshakes_per_source=self.data_handshakes_per_source,
+                              connections=self.data_connections, call_bytes=self.data_call_bytes)

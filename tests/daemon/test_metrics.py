@@ -112,6 +112,11 @@ def test_epoch_moves_counters_by_the_batches_delivered(cluster):
                 total(before[k], "graphfeed_remote_calls_total", peer=f"part{1 - k}")
             assert value(now, "graphfeed_sessions_opened_total") == \
                 value(before[k], "graphfeed_sessions_opened_total") + 1
+            # the worker's secure listener took the trainer's connection and its peer's (the peer's remote calls)
+            assert value(now, "graphfeed_data_path_listener_total", kind="authenticated") - \
+                value(before[k], "graphfeed_data_path_listener_total", kind="authenticated") >= 2
+            assert value(now, "graphfeed_data_path_listener_total", kind="handshake_timeout") == 0
+            assert value(now, "graphfeed_data_path_saturated") == 0
         assert value(during[k], "graphfeed_sessions_open", kind="train") == 1
         assert value(during[k], "graphfeed_groups_open") == 1
         assert value(after[k], "graphfeed_sessions_open", kind="train") == 0

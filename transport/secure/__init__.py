@@ -20,7 +20,8 @@ connection's secret (a fresh exchange per connection, so a capture of every mess
 connection key) behind the pair key of the two parties (so only the party the hello names can finish, and the
 listener learns who called).  The binding is the SHA-256 of the server's certificate (empty without TLS), so a man
 in the middle who terminates TLS with its own certificate cannot relay the proofs.  The server reads only the fixed
-77 bytes of step 1 and the 32 of step 3 from an unauthenticated sender, within :data:`HANDSHAKE_TIMEOUT`; a wrong
+77 bytes of step 1 and the 32 of step 3 from an unauthenticated sender, within one deadline from accept to proof
+(``ListenerLimits.handshake_timeout``; one thread, :mod:`.gate`, runs every set-up without blocking); a wrong
 proof, an unknown party, a wrong magic, a slow or failed TLS handshake drops the connection, calls the server's
 ``on_refused`` (the worker counts it in ``graphfeed_errors_total{kind="data_path_refused"}`` and logs one line per
 :data:`REFUSAL_LOG_INTERVAL`).  Nothing the sender wrote is ever decoded.  The trainer may then call every function

@@ -55,10 +55,12 @@ class Connection:
     rekey_bytes = REKEY_BYTES
 
     def __init__(self, sock, recv_key: bytes, send_key: bytes, mac: bool, where: str, seal: bool = False,
-                 party: int = TRAINER, pooled: bool = True):
+                 party: int = TRAINER, max_header: int = MAX_HEADER, max_body: int = MAX_BODY,
+                 pooled: bool = True):
         if mac and seal:
             raise ValueError("a connection's frames are MACed or sealed, not both")
         self.sock, self.where, self.mac, self.seal, self.party = sock, where, mac, seal, party
+        self.max_header, self.max_body = max_header, max_body   # checked from a frame's prefix, before any read
         self._sent = [0, 0]       # frames, bytes under the current send key
         self._received = [0, 0]   # frames, bytes under the current receive key
         self.rekeys = [0, 0]      # keys replaced: sending, receiving
@@ -127,8 +129,9 @@ class Connection:
         """The next frame's ``(header, value)``; FrameError (drop the connection) when it does not authenticate."""
         prefix = recv_exact(self.sock, PREFIX.size)
         header_len, body_len = PREFIX.unpack(prefix)
-        if header_len > MAX_HEADER or body_len > MAX_BODY:
-            raise FrameError(f"frame of {header_len} + {body_len} bytes exceeds the limits")
+        if header_len > self.max_header or body_len > self.max_body:
+            raise FrameError(f"a frame of {header_len} + {body_len} bytes (header + body) exceeds this end's limits "
+                             f"({self.max_header} + {self.max_body}); it was not read")
         if self.seal:
             header, body = self._recv_sealed(prefix, header_len, body_len)
             return _decoded(header, body, body_len)

@@ -28,7 +28,6 @@ HELLO = len(MAGIC) + 1 + _PARTIES.size + NONCE + SHARE
 REPLY = len(MAGIC) + 1 + NONCE + SHARE
 MAC = 32
 KEY_BYTES = 32
-HANDSHAKE_TIMEOUT = 10.0      # seconds an unauthenticated sender has to finish the set-up
 
 
 class Refused(ConnectionError):
@@ -137,32 +136,63 @@ def recv_exact(sock, n: int) -> bytes:
 
 
 def server_handshake(sock, keys: PartyKeys, binding: bytes, trainer_cert: bool = False) -> Agreed:
-    """The listener's side: read the fixed-size hello, answer with this end's share and proof, check the
-    client's proof.  Refused when the client is not a party holding a pair key with this worker, or fails;
-    ``trainer_cert``: also when it claims to be the trainer without a client certificate TLS verified."""
-    hello = recv_exact(sock, len(MAGIC) + 1)   # refused at once when it is no hello of this version
-    if hello[:len(MAGIC)] != MAGIC:
-        raise Refused("not a graphfeed data-path hello")
-    if hello[len(MAGIC)] != VERSION:
-        raise Refused(f"data-path protocol version {hello[len(MAGIC)]} (this worker speaks {VERSION})")
+    """The listener's side on a blocking socket: read the fixed-size hello, answer with this end's share and proof,
+    check the client's proof.  Refused when the client is not a party holding a pair key with this worker, or
+    fails; ``trainer_cert``: also when it claims to be the trainer without a client certificate TLS verified.
+    (The listener itself runs the same steps without blocking: :class:`.gate.Setup`.)"""
+    hello = recv_exact(sock, HELLO_START)   # refused at once when it is no hello of this version
+    check_hello_start(hello)
     hello += recv_exact(sock, HELLO - len(hello))
-    client, server = _PARTIES.unpack_from(hello, len(MAGIC) + 1)
-    if server != keys.me:
-        raise Refused(f"the sender asked for {party_name(server)}; this listener is {party_name(keys.me)}")
-    pair = keys.key(client)
-    if pair is None:
-        raise Refused(f"the sender claims to be {party_name(client)}, which is no party of this group")
-    if trainer_cert and client == TRAINER and not sock.getpeercert():
-        raise Refused("the trainer showed no client certificate (this daemon's control plane is mTLS: so is its data "
-                      "path; connect with tls_cert and tls_key)")
-    private, public = _ephemeral()
-    reply = MAGIC + bytes([VERSION]) + secrets.token_bytes(NONCE) + public
-    master = _master(private, hello[-SHARE:], pair, hello + reply + binding)
-    sock.sendall(reply + _proof(master, b"server"))
-    if not hmac.compare_digest(recv_exact(sock, MAC), _proof(master, b"client")):
-        raise Refused(f"wrong proof from a sender claiming to be {party_name(client)} (it does not hold that "
-                      f"party's key of this trainer group)")
-    return Agreed(_direction(master, b"c2s"), _direction(master, b"s2c"), client)
+    answer = ServerAnswer.of(hello, keys, binding, trainer_cert and not sock.getpeercert())
+    sock.sendall(answer.reply)
+    return answer.check(recv_exact(sock, MAC))
+
+
+HELLO_START = len(MAGIC) + 1   # the bytes of a hello that say whether it is one of this version
+
+
+def check_hello_start(start: bytes) -> None:
+    """Refused unless ``start`` (the first :data:`HELLO_START` bytes) opens a hello of this version."""
+    if start[:len(MAGIC)] != MAGIC:
+        raise Refused("not a graphfeed data-path hello")
+    if start[len(MAGIC)] != VERSION:
+        raise Refused(f"data-path protocol version {start[len(MAGIC)]} (this worker speaks {VERSION})")
+
+
+@dataclass(frozen=True)
+class ServerAnswer:
+    """The listener's answer to a whole hello: ``reply`` (its share and proof) to send, and what checks the
+    client's proof (:meth:`check`)."""
+
+    reply: bytes
+    master: bytes = field(repr=False)
+    client: int
+
+    @classmethod
+    def of(cls, hello: bytes, keys: PartyKeys, binding: bytes, no_trainer_cert: bool = False) -> "ServerAnswer":
+        """Refused when the hello names another listener or no party of the group, or the trainer without the
+        client certificate mTLS asks for (``no_trainer_cert``: TLS verified none)."""
+        check_hello_start(hello)
+        client, server = _PARTIES.unpack_from(hello, len(MAGIC) + 1)
+        if server != keys.me:
+            raise Refused(f"the sender asked for {party_name(server)}; this listener is {party_name(keys.me)}")
+        pair = keys.key(client)
+        if pair is None:
+            raise Refused(f"the sender claims to be {party_name(client)}, which is no party of this group")
+        if no_trainer_cert and client == TRAINER:
+            raise Refused("the trainer showed no client certificate (this daemon's control plane is mTLS: so is its "
+                          "data path; connect with tls_cert and tls_key)")
+        private, public = _ephemeral()
+        reply = MAGIC + bytes([VERSION]) + secrets.token_bytes(NONCE) + public
+        master = _master(private, hello[-SHARE:], pair, hello + reply + binding)
+        return cls(reply + _proof(master, b"server"), master, client)
+
+    def check(self, proof: bytes) -> Agreed:
+        """The connection's keys once ``proof`` (the client's :data:`MAC` bytes) is right; Refused otherwise."""
+        if not hmac.compare_digest(proof, _proof(self.master, b"client")):
+            raise Refused(f"wrong proof from a sender claiming to be {party_name(self.client)} (it does not hold "
+                          f"that party's key of this trainer group)")
+        return Agreed(_direction(self.master, b"c2s"), _direction(self.master, b"s2c"), self.client)
 
 
 def client_handshake(sock, keys: PartyKeys, server: int, binding: bytes, where: str) -> Agreed:

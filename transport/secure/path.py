@@ -36,11 +36,14 @@ class SecureWorker(WorkerEnd):
         tls = TlsServer(p.tls_cert, p.tls_key, p.tls_client_ca) if p.tls_cert and p.tls_key else None
         refused = RefusalLog(say=hooks.say, count=hooks.refused)
         self.server = SecureServer(p.data_address, p.group_key, hooks.functions(), name=f"part{p.part_id}-dp",
-                                   tls=tls, on_refused=refused).start()
+                                   tls=tls, on_refused=refused, limits=p.listener, say=hooks.say).start()
         host = self.server.host
         if host in ("0.0.0.0", "::"):   # a wildcard bind: peers reach this host by its name
             host = socket.gethostbyname(socket.gethostname())
         return f"[{host}]:{self.server.port}" if ":" in host else f"{host}:{self.server.port}"
+
+    def listener_figures(self) -> dict:
+        return self.server.stats.figures() if self.server is not None else {}
 
     def join_peers(self, endpoints: Mapping[int, str], hooks: WorkerHooks) -> None:
         import threading

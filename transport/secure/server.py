@@ -3,7 +3,6 @@ the group key (:class:`SecureServer`), and logs refused connections at a bounded
 from __future__ import annotations
 
 import socket
-import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,20 +10,18 @@ from typing import Any, Callable, Mapping
 
 from graphfeed.transport import wire
 from graphfeed.transport.calls import Function, Handler
+from graphfeed.transport.path import ListenerLimits
 from graphfeed.transport.pending import Pending
 from graphfeed.transport.secure.connection import Connection
 from graphfeed.transport.secure.frames import FrameError
-from graphfeed.transport.secure.handshake import (
-    HANDSHAKE_TIMEOUT,
-    Refused,
-    TlsServer,
-    close_socket,
-    leave_tls,
-    server_handshake,
-)
+from graphfeed.transport.secure.gate import Gate, ListenerStats, Throttled, stderr_line
+from graphfeed.transport.secure.handshake import Agreed, TlsServer
 from graphfeed.transport.secure.keys import TRAINER, PartyKeys, party_keys, party_name
 
 REFUSAL_LOG_INTERVAL = 60.0   # seconds between two log lines about refused connections
+BACKLOG = 1024                # connections the kernel queues for the gate (a flood's burst, not a limit of ours)
+CALL_HEADER = 64 << 10        # bytes of a call's header a listener reads at most: names, ids, records (tensors
+                              # travel in the body); a longer one ends its connection before a byte of it is read
 
 class RefusalLog:
     """Counts refused connections and logs at most one line per ``interval`` seconds (with the count since)."""
@@ -57,23 +54,32 @@ class RefusalLog:
 class SecureServer:
     """A listener on ``host`` (port 0 unless given) answering :class:`Function` calls from the parties ``key`` shares
     a pair key with (:class:`PartyKeys`; bytes: a group root, this listener being part 0): the trainer may call every
-    function, a peer worker only those marked ``peers``."""
+    function, a peer worker only those marked ``peers``.
+
+    Connections are accepted and set up by one :class:`~.gate.Gate` thread within ``limits``
+    (:class:`ListenerLimits`); one that proved its key gets a thread of its own (its reads) and a sender, up to
+    ``limits.connections`` at once.  ``on_refused(peer, reason)``: a failed set-up or a refused frame (counted and
+    logged at a bounded rate by :class:`RefusalLog`); ``say``: the listener's other lines (throttled: caps reached,
+    a pause in accepting).  :attr:`stats` counts every kind of :data:`~.gate.LISTENER_KINDS`."""
 
     def __init__(self, host: str, key: bytes | PartyKeys, functions: Mapping[str, Function], *, name: str,
                  tls: TlsServer | None = None, on_refused: Callable[[str, str], None] | None = None,
-                 threads: int = 16, port: int = 0):
+                 threads: int = 16, port: int = 0, limits: ListenerLimits | None = None,
+                 say: Callable[[str], None] | None = None):
         self.keys, self.functions, self.name = party_keys(key, me=0), dict(functions), name
-        self.tls = tls
-        self._ctx = tls.context() if tls is not None else None
-        self._binding = tls.binding() if tls is not None else b""
+        self.tls, self.limits, self.stats = tls, limits or ListenerLimits(), ListenerStats()
         self.on_refused = on_refused or (lambda peer, reason: None)
+        self._log = Throttled(say or stderr_line)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"{name}-call")
-        self._sock = socket.create_server((host, port), backlog=64)
-        self.host, self.port = self._sock.getsockname()[:2]
+        sock = socket.create_server((host, port), backlog=BACKLOG)
+        self.host, self.port = sock.getsockname()[:2]
         self._conns: set[Connection] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._accept = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
+        self._gate = Gate(sock, name=name, keys=self.keys, ctx=tls.context() if tls is not None else None,
+                          binding=tls.binding() if tls is not None else b"", trainer_cert=bool(tls and tls.client_ca),
+                          limits=self.limits, stats=self.stats, admit=self._admit,
+                          on_refused=lambda peer, reason: self.on_refused(peer, reason), log=self._log)
 
     @property
     def address(self) -> str:
@@ -81,57 +87,57 @@ class SecureServer:
         return f"{host}:{self.port}"
 
     def start(self) -> "SecureServer":
-        self._accept.start()
+        self._gate.start()
         return self
 
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                sock, addr = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, f"{addr[0]}:{addr[1]}"), daemon=True,
-                             name=f"{self.name}-conn").start()
-
-    def _serve(self, sock: socket.socket, peer: str) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(HANDSHAKE_TIMEOUT)
-        try:
-            if self._ctx is not None:
-                sock = self._ctx.wrap_socket(sock, server_side=True)
-            agreed = server_handshake(sock, self.keys, self._binding, bool(self.tls and self.tls.client_ca))
-            if isinstance(sock, ssl.SSLSocket):
-                sock = leave_tls(sock)
-        except (Refused, OSError, ssl.SSLError, ValueError) as exc:
-            reason = str(exc) if isinstance(exc, Refused) else f"no group handshake ({type(exc).__name__}: {exc})"
-            if isinstance(exc, socket.timeout):
-                reason = f"no group handshake within {HANDSHAKE_TIMEOUT:g} s"
-            close_socket(sock)
-            if not self._closed:
-                self.on_refused(peer, reason)
-            return
-        sock.settimeout(None)
+    def _admit(self, sock: socket.socket, agreed: Agreed, peer: str) -> None:
+        """A connection that proved its key: its threads, within ``limits.connections``.  RuntimeError (the
+        connection closed) when a thread does not start."""
         conn = Connection(sock, agreed.recv_key, agreed.send_key, mac=False, seal=True, where=peer, party=agreed.party,
+                          max_header=CALL_HEADER, max_body=self.limits.call_bytes,
                           pooled=False)   # requests: a large one is freed once answered, not kept
-        conn.start_sender(f"{self.name}-send")
         with self._lock:
-            if self._closed:
-                conn.close()
-                return
-            self._conns.add(conn)
+            full = len(self._conns) >= self.limits.connections
+            if not (full or self._closed):
+                self._conns.add(conn)
+        if full or self._closed:
+            if full:   # counted and said before the close, which the other end sees at once
+                self.stats.count("refused_connections")
+                self._log("connections", f"data path: refused {party_name(agreed.party)} from {peer}: "
+                          f"{self.limits.connections} authenticated connections are open, the most data_connections "
+                          f"allows (raise it for a group of more parts, or find the party that keeps reconnecting)")
+            conn.close()
+            return
+        try:
+            conn.start_sender(f"{self.name}-send")
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True, name=f"{self.name}-conn").start()
+        except RuntimeError:
+            self._forget(conn)
+            raise
+
+    def _serve(self, conn: Connection, peer: str) -> None:
         try:
             while True:
                 meta, value = conn.recv()
                 self._dispatch(conn, meta, value)
         except FrameError as exc:
-            if not self._closed and not conn.closed:
-                self.on_refused(peer, str(exc))
-        except (OSError, ValueError):
-            pass   # the peer went away, or sent a frame this version cannot read: end its connection
+            self._refuse_frame(conn, peer, str(exc))
+        except OSError:
+            pass   # the peer went away
+        except Exception as exc:  # noqa: BLE001 -- a frame that does not decode ends its connection, never the worker
+            self._refuse_frame(conn, peer, f"a frame that does not decode ({type(exc).__name__}: {exc})")
         finally:
-            conn.close()
-            with self._lock:
-                self._conns.discard(conn)
+            self._forget(conn)
+
+    def _refuse_frame(self, conn: Connection, peer: str, reason: str) -> None:
+        if not self._closed and not conn.closed:
+            self.stats.count("frame_refused")
+            self.on_refused(peer, f"{party_name(conn.party)}: {reason}")
+
+    def _forget(self, conn: Connection) -> None:
+        conn.close()
+        with self._lock:
+            self._conns.discard(conn)
 
     def _dispatch(self, conn: Connection, meta: dict, value: Any) -> None:
         call_id, name = meta.get("id"), meta.get("fn")
@@ -169,13 +175,11 @@ class SecureServer:
         _send(conn, {"k": "ok", "id": call_id}, value, call_id)
 
     def close(self) -> None:
+        """Stop listening, end every connection (waits for the gate's thread, not for calls running)."""
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), set()
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        self._gate.close()
         for c in conns:
             c.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
