@@ -62,7 +62,7 @@ class _Stub:
             raise _Error(self.error)
         return pb.HeartbeatReply(lease_seconds=LEASE, incarnation=self.incarnation)
 
-    def StartEpoch(self, req, timeout, metadata=None):   # noqa: N802
+    def StartEpoch(self, req, timeout, metadata=None):   # noqa: N802 -- named as the gRPC method it stands in for
         self.calls.append("StartEpoch")
         if self.calls.count("StartEpoch") <= 2:
             raise _Error(grpc.StatusCode.DEADLINE_EXCEEDED)
