@@ -504,7 +504,8 @@ class Client:
         deadline = time.monotonic() + group.patience() + PROBE_TIMEOUT
         while group.silent and not (set(group.silent) <= group.given_up) and time.monotonic() < deadline:
             time.sleep(RECONNECT_RETRY)
-            group.probe()
+            if group.probe():   # one is gone (it answered that it lost the group, or refuses): recover() re-forms
+                break
         return True
 
     def _probe_dead(self, cause: BaseException | None) -> dict[str, str]:

@@ -249,6 +249,7 @@ class DataGroup:
             try:
                 reply = s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
             except NotFound:
+                self._heard(s.name)
                 self._failed(s.name, "the server no longer knows this trainer's group (it was reaped or restarted)")
                 continue
             except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
@@ -262,6 +263,7 @@ class DataGroup:
             misses = 0
             restarted = self._restarted(s, reply.incarnation)
             if restarted:
+                self._heard(s.name)
                 self._failed(s.name, restarted)
                 continue
             self._answered(s.name)
@@ -292,13 +294,17 @@ class DataGroup:
         self._failed(server, reason)
         return reason
 
-    def _answered(self, server: str) -> None:
-        """``server`` answered: it is neither silent nor failed (any more)."""
+    def _heard(self, server: str) -> None:
+        """``server`` answered something (perhaps that it no longer knows the group): it is not silent."""
         with self._silence_lock:
             since = self.silent.pop(server, None)
         if since is not None:
             log.warning("graphfeed: %s answers again after %.1f s", server, time.monotonic() - since)
         self.given_up.discard(server)
+
+    def _answered(self, server: str) -> None:
+        """``server`` answered and holds the group: it is neither silent nor failed (any more)."""
+        self._heard(server)
         self.failures.pop(server, None)
 
     @staticmethod
@@ -335,14 +341,14 @@ class DataGroup:
             try:
                 reply = s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
             except NotFound as exc:   # the server's message says why: a worker's signal, a lapsed lease
+                self._heard(s.name)
                 return f"the server no longer knows this trainer's group ({first_line(exc)})"
             except Exception as exc:  # noqa: BLE001 -- any other failure means the server is not answering
                 if unanswered(exc):
                     return self._unanswered(s.name, exc)
                 return f"its control port does not answer ({first_line(exc)})"
             restarted = self._restarted(s, reply.incarnation)
-            if restarted is None:
-                self._answered(s.name)
+            (self._heard if restarted else self._answered)(s.name)
             return restarted
 
         with ThreadPoolExecutor(len(self.servers)) as pool:

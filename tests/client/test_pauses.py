@@ -149,6 +149,17 @@ def test_a_refused_heartbeat_and_a_new_incarnation_are_gone():
         _stop(group)
 
 
+def test_a_silent_server_that_answers_it_lost_the_group_is_gone_and_no_longer_silent():
+    """A link down past the lease: the server reaped the group meanwhile, so its first answer is NOT_FOUND."""
+    group, stub, _ = _group(reconnect_timeout=60)
+    name = group.servers[0].name
+    stub.error = grpc.StatusCode.DEADLINE_EXCEEDED
+    assert group.probe() == {} and name in group.silent
+    stub.error = grpc.StatusCode.NOT_FOUND
+    assert "no longer knows this trainer's group" in group.probe()[name]
+    assert name not in group.silent
+
+
 def test_a_start_epoch_nobody_answers_is_sent_again_within_the_patience_and_raises_past_it():
     stub = _Stub()
     server = _Conn(address="127.0.0.1:5000", channel=None, stub=stub, info=pb.ClusterInfo(part_id=0), patience=30)
