@@ -18,8 +18,8 @@ from typing_extensions import Unpack
 
 from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
 from graphfeed.client.embedding import RemoteEmbedding
-from graphfeed.client.errors import InvalidRequest, NotFound, ServerError
-from graphfeed.client.group import DataGroup
+from graphfeed.client.errors import InvalidRequest, NotFound, ServerError, unanswered
+from graphfeed.client.group import PROBE_TIMEOUT, DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
 from graphfeed.client.security import from_cluster
@@ -48,6 +48,7 @@ CHANNELS = (registry.AUTO, "rpc")   # connect(channel=...)'s values, deprecated:
 RECONNECT_RETRY = 1.0               # seconds between attempts to re-form the group
 WORKER_DEATH_WAIT = 10.0            # seconds a lost data-path connection waits for its server to see the death
 MAX_RECOVERIES = 3                  # re-formed groups one call_with_recovery() waits through before it gives up
+AT_EXIT_BOUND = 30.0                # seconds closing this process's clients at interpreter exit may take in all
 T = TypeVar("T")
 _OPEN: list["Client"] = []   # this process's open clients (one: torch allows one RPC group per process)
 _OPEN_LOCK = threading.Lock()
@@ -112,7 +113,13 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     client is open returns that client (as when a module that connects is imported twice -- PyG's
     ``to_hetero`` re-imports the script), and it closes when each ``connect()`` that returned it was
     closed.  An open client closes itself at interpreter exit (a script that ``break``s out of an
-    epoch and never calls ``close()`` exits 0, and the servers free its workers at once).
+    epoch and never calls ``close()`` exits 0, and the servers free its workers at once), within
+    ``AT_EXIT_BOUND`` (30 s, logged when hit) and without waiting on other DDP ranks.
+
+    Pauses are not deaths: a server whose control calls time out (SIGSTOP, a frozen VM, an overloaded host) is
+    waited for up to ``reconnect_timeout`` while the loaders keep pulling from its worker, and a StartEpoch it
+    does not answer is sent again; a server that is gone -- its port refuses, it no longer knows the group, or its
+    heartbeat answers with a new daemon incarnation (it restarted) -- is recovered from as above.
 
     Raises :class:`ClusterError` (a ValueError) for a wrong cluster, ValueError for a bad setting or
     transport, TypeError for an unknown keyword, :class:`ServerError` if a server fails, RuntimeError if
@@ -168,6 +175,8 @@ class Client:
         self.servers, self.group = list(servers), group
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
         self.reconnect_timeout = float(reconnect_timeout)
+        for s in self.servers:   # a StartEpoch its server does not answer (paused, busy) is sent again this long
+            s.patience = self.reconnect_timeout
         self.generation = 0      # +1 each time the data-path group is re-formed (sessions re-opened)
         self.reconnects = 0      # how often that happened (also in the log)
         self._recover_lock = threading.Lock()
@@ -406,9 +415,17 @@ class Client:
             if self.reconnect_timeout <= 0:
                 self._fail((where[0], f"{where[1]} (reconnect_timeout=0: the client does not wait for a lost "
                                       f"server to come back)"), cause)
+            waited = self._wait_silent()
             dead = self._probe_dead(cause)
+            if not dead and (waited or unanswered(cause)):
+                # a pause, not a death: every server answers again and still holds the group -- the caller retries
+                log.warning("graphfeed: every server answers again (%s); continuing on the same group", where[1])
+                return self.generation
             if not dead:
                 self._fail(where, cause)
+            silent = [name for name in dead if name in self.group.given_up]
+            if silent:   # it was waited for reconnect_timeout already: no second wait
+                self._fail((", ".join(silent), f"{dead[silent[0]]}; {where[1]}"), cause)
             stopping = self.group.stopping(dead)
             if stopping:   # a drain is a stop on purpose: nothing comes back to wait for
                 self._fail((", ".join(stopping), f"is shutting down (it announced a drain: SIGTERM/SIGINT), so the "
@@ -463,6 +480,8 @@ class Client:
             return self.server_name(lost.part), f"{what} failed: {lost}"
         if self.generation != generation:
             return "cluster", f"{what} failed while the group was re-formed: {exc}"
+        if unanswered(exc):   # a control call that timed out: recover() waits for a paused server, or re-forms
+            return exc.server, f"{what} failed: {exc}"
         if isinstance(exc, (ServerError, NotFound, ConnectionError)):
             dead = self.group.probe()
             if dead:
@@ -473,6 +492,21 @@ class Client:
         """``host:port part K`` of part ``part``'s server (``part K`` when no server holds it)."""
         s = next((s for s in self.servers if s.part == part), None)
         return s.name if s is not None else f"part {part}"
+
+    def _wait_silent(self) -> bool:
+        """Wait while servers are silent (their control calls time out: paused or busy) until each answers or
+        has been silent past the group's patience (it then counts as gone); True when there was one to wait for.
+        Bounded by ``reconnect_timeout`` plus a probe."""
+        group = self.group
+        group.probe()
+        if not group.silent:
+            return False
+        deadline = time.monotonic() + group.patience() + PROBE_TIMEOUT
+        while group.silent and not (set(group.silent) <= group.given_up) and time.monotonic() < deadline:
+            time.sleep(RECONNECT_RETRY)
+            if group.probe():   # one is gone (it answered that it lost the group, or refuses): recover() re-forms
+                break
+        return True
 
     def _probe_dead(self, cause: BaseException | None) -> dict[str, str]:
         """The servers that lost this trainer's group.  After a lost data-path connection (a session worker
@@ -597,12 +631,31 @@ def _at_exit(fn) -> None:
 
 def _close_at_exit() -> None:
     """Close every client left open (at interpreter exit, before torch's own handlers stop RPC): the
-    loaders' in-flight pulls are waited for, the sessions and groups closed on the servers."""
+    loaders' in-flight pulls are waited for, the sessions and groups closed on the servers.
+
+    Bounded: at most AT_EXIT_BOUND seconds in all, logged when hit; the process then exits and the servers free
+    what was left when its lease lapses.  Only this process's sessions and groups are closed -- nothing here
+    waits on another rank of a DDP job (no collective call), so ranks that exit at different times each exit."""
     with _OPEN_LOCK:
         clients = list(_OPEN)
-    for client in clients:
-        client._holds = 1
-        try:
-            client.close()
-        except Exception as exc:  # noqa: BLE001 -- at exit a failure is reported, never raised
-            log.warning("graphfeed: closing the client at exit failed: %s", exc)
+    if not clients:
+        return
+    started, done = time.monotonic(), threading.Event()
+
+    def close_all() -> None:
+        for client in clients:
+            client._holds = 1
+            try:
+                client.close()
+            except Exception as exc:  # noqa: BLE001 -- at exit a failure is reported, never raised
+                log.warning("graphfeed: closing the client at exit failed: %s", exc)
+        done.set()
+
+    # a daemon thread: a close that never ends cannot keep the interpreter from exiting past the bound
+    threading.Thread(target=close_all, name="graphfeed-close-at-exit", daemon=True).start()
+    if done.wait(AT_EXIT_BOUND):
+        log.info("graphfeed: closed %d client(s) at exit in %.1f s", len(clients), time.monotonic() - started)
+        return
+    log.warning("graphfeed: closing the client at exit took more than AT_EXIT_BOUND=%g s (%s); exiting without "
+                "it: the servers free its workers when its lease lapses", AT_EXIT_BOUND,
+                ", ".join(repr(c) for c in clients))

@@ -1,6 +1,7 @@
 """The servers of a cluster: parsing the description, control channels, consistency checks."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -9,10 +10,11 @@ from typing import Sequence
 
 import grpc
 
-from graphfeed.client.errors import ClusterError, ServerError, from_rpc_error
+from graphfeed.client.errors import ClusterError, ServerError, from_rpc_error, unanswered
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 
+log = logging.getLogger("graphfeed.client")
 CONNECT_PROBE_TIMEOUT = 1.0   # seconds a TCP connect to a server may take before gRPC's wait takes over
 RECONNECT_POLL = 0.5          # seconds between checks whether a restarted server is back
 # grpc.health.v1 Check, called without the grpcio-health-checking package (a server-only dependency):
@@ -21,6 +23,10 @@ HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 HEALTH_SERVING = b"\x08\x01"
 # The group capability OpenGroup returned, sent on every later control call (server/daemon/security.py).
 CAPABILITY_HEADER = "graphfeed-group-capability-bin"
+# Calls sent again when their server does not answer in time (DEADLINE_EXCEEDED: paused or busy, not gone), for
+# up to ServerConn.patience seconds: calls a second delivery cannot harm (StartEpoch restarts the epoch at the
+# same batch).  Others raise at their first timeout.
+RETRIED_WHEN_UNANSWERED = frozenset({"StartEpoch"})
 
 
 def parse_cluster(cluster) -> list[str]:
@@ -89,6 +95,8 @@ class ServerConn:
     security: object = None   # ClientSecurity the channel was made with (None = plain text)
     # this trainer group's capability on this server (OpenGroupReply.group_capability; b"" before the group)
     capability: bytes = field(default=b"", repr=False)
+    incarnation: str = ""     # the daemon's incarnation its OpenGroup answered (another one later: it restarted)
+    patience: float = 0.0     # seconds a call of RETRIED_WHEN_UNANSWERED is sent again while unanswered
 
     @property
     def cluster_info(self) -> pb.ClusterInfo:
@@ -110,9 +118,35 @@ class ServerConn:
         """The gRPC metadata of this trainer's calls: the group's capability once the group is open."""
         return [(CAPABILITY_HEADER, self.capability)] if self.capability else None
 
+    @property
+    def worker_start_seconds(self) -> float:
+        """How long the server waits for a session worker to start (ClusterInfo; 0 from an older server)."""
+        return float(getattr(self.info, "worker_start_seconds", 0.0) or 0.0)
+
     def call(self, method: str, request, timeout: float):
         """``method`` with the group's capability once the group is open (the server refuses a group's calls
-        without it: PERMISSION_DENIED)."""
+        without it: PERMISSION_DENIED).  A call of :data:`RETRIED_WHEN_UNANSWERED` that its server does not
+        answer within ``timeout`` is sent again until :attr:`patience` seconds passed: a paused server answers
+        once it runs again (ServerError with code DEADLINE_EXCEEDED, naming the wait, past it)."""
+        until = time.monotonic() + self.patience
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return self._call_once(method, request, timeout)
+            except ServerError as exc:
+                if method not in RETRIED_WHEN_UNANSWERED or not unanswered(exc):
+                    raise
+                if time.monotonic() >= until:
+                    if attempts == 1:
+                        raise
+                    raise ServerError(self.name, f"{method} had no answer in {attempts} tries of {timeout:g} s "
+                                                 f"(waited up to reconnect_timeout={self.patience:g} s for a paused "
+                                                 f"or busy server): {exc}", exc.code) from None
+                log.warning("graphfeed: %s did not answer %s within %g s (paused or busy?); sending it again, "
+                            "for up to %g s in all", self.name, method, timeout, self.patience)
+
+    def _call_once(self, method: str, request, timeout: float):
         try:
             return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
         except grpc.RpcError as exc:

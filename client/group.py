@@ -24,12 +24,13 @@ import logging
 import secrets
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 from graphfeed.client.cluster import ServerConn
-from graphfeed.client.errors import NotFound, ServerError
+from graphfeed.client.errors import NotFound, ServerError, unanswered
 from graphfeed.client.settings import ConnectSettings
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.transport import registry
@@ -45,6 +46,9 @@ _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
 GROUP_KEY_BYTES = 32
 HEARTBEAT_MISSES = 2   # consecutive failed heartbeats before a server counts as gone
+# seconds an OpenGroup waits beyond the server's worker_start_seconds (ClusterInfo): the daemon's own slack
+# over the worker's start and its queueing on a busy host
+OPEN_GROUP_SLACK = 15.0
 
 
 def local_address_towards(host: str, port: int) -> str:
@@ -72,6 +76,11 @@ class DataGroup:
         # called as on_failure(server name, reason) when a heartbeat fails (the client fails its pulls in flight)
         self.on_failure: Callable[[str, str], None] | None = None
         self.draining: set[str] = set()      # servers whose health said NOT_SERVING: stopping on purpose
+        # servers whose control port does not answer in time (DEADLINE_EXCEEDED: paused or busy, not gone) ->
+        # since when (time.monotonic()); a server silent past patience() counts as gone, and is in given_up
+        self.silent: dict[str, float] = {}
+        self.given_up: set[str] = set()
+        self._silence_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.opened: list[ServerConn] = []
@@ -156,8 +165,9 @@ class DataGroup:
             req = pb.OpenGroupRequest(group_id=self.group_id, rendezvous=self.rendezvous, world_size=world,
                                       rank=1 + s.part, lease_seconds=self.lease_request, group_key=self.group_key,
                                       data_path=self.data_path, job=self.settings.job)
-            reply = s.call("OpenGroup", req, timeout=self.timeout)
+            reply = s.call("OpenGroup", req, timeout=self.open_timeout(s))
             s.capability = bytes(reply.group_capability)   # every later call on the group carries it
+            s.incarnation = reply.incarnation
             s.group_lease = reply.lease_seconds
             self._start_heartbeat(s)
             s.extra["worker_pid"] = reply.worker_pid
@@ -178,6 +188,13 @@ class DataGroup:
                     errors.append(exc)
         if errors:
             raise errors[0]
+
+    def open_timeout(self, s: ServerConn) -> float:
+        """Seconds ``s``'s OpenGroup may take: ``timeout``, and at least the server's own bound on its worker's
+        start (``worker_start_seconds``, which a busy host may need) plus :data:`OPEN_GROUP_SLACK`, so the
+        server's error naming that bound, not this deadline, is what a slow start ends with."""
+        bound = s.worker_start_seconds
+        return max(self.timeout, bound + OPEN_GROUP_SLACK) if bound > 0 else self.timeout
 
     def _join(self) -> None:
         if self.path.joins_peers:
@@ -222,21 +239,83 @@ class DataGroup:
     # ---- liveness -------------------------------------------------------------------------------
 
     def _heartbeat(self, s: ServerConn) -> None:
+        """Renew ``s``'s lease every quarter lease (0.2..5 s) until the group closes, and judge ``s``'s liveness
+        by the answers: gone when it no longer knows the group (NOT_FOUND), answers with another incarnation
+        (it restarted), refuses HEARTBEAT_MISSES heartbeats in a row (its port closed: UNAVAILABLE) or stays
+        silent past :meth:`patience`; a heartbeat that merely times out is a paused or busy server, waited for."""
         interval = max(0.2, min(5.0, (s.group_lease or 30.0) / 4))
         misses = 0
         while not self._stop.wait(interval):
             try:
-                s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
-                self.failures.pop(s.name, None)
-                misses = 0
-                if s.draining(timeout=max(1.0, interval)):   # the daemon announced a drain
-                    self.draining.add(s.name)
+                reply = s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=max(1.0, interval))
             except NotFound:
+                self._heard(s.name)
                 self._failed(s.name, "the server no longer knows this trainer's group (it was reaped or restarted)")
+                continue
             except Exception as exc:  # noqa: BLE001 -- a missed heartbeat of any cause counts
+                if unanswered(exc):
+                    self._unanswered(s.name, exc, interval)
+                    continue
                 misses += 1
                 if misses >= HEARTBEAT_MISSES:  # one slow answer on a loaded host is not a dead server
                     self._failed(s.name, f"its control port does not answer ({first_line(exc)})")
+                continue
+            misses = 0
+            restarted = self._restarted(s, reply.incarnation)
+            if restarted:
+                self._heard(s.name)
+                self._failed(s.name, restarted)
+                continue
+            self._answered(s.name)
+            if s.draining(timeout=max(1.0, interval)):   # the daemon announced a drain
+                self.draining.add(s.name)
+
+    def patience(self, interval: float = 0.0) -> float:
+        """Seconds a server may stay silent (its control calls time out: paused, overloaded) before it counts
+        as gone: ``reconnect_timeout`` -- the wait a lost server gets anyway -- and at least HEARTBEAT_MISSES
+        heartbeats of ``interval`` s (``reconnect_timeout=0``: a silent server fails as soon as that)."""
+        return max(float(self.settings.reconnect_timeout), HEARTBEAT_MISSES * interval)
+
+    def _unanswered(self, server: str, exc: BaseException, interval: float = 0.0) -> str | None:
+        """Note that ``server`` did not answer in time; the reason it counts as gone once silent past
+        :meth:`patience` (also pushed to :attr:`on_failure`), else None."""
+        now = time.monotonic()
+        with self._silence_lock:
+            since = self.silent.setdefault(server, now)
+        silent_for, patience = now - since, self.patience(interval)
+        if since == now:
+            log.warning("graphfeed: %s does not answer in time (%s): paused or busy; waiting up to %g s for it",
+                        server, first_line(exc), patience)
+        if silent_for < patience:
+            return None
+        reason = (f"its control port has not answered for {silent_for:.0f} s ({first_line(exc)}; waited "
+                  f"reconnect_timeout={self.settings.reconnect_timeout:g} s for a paused or busy server)")
+        self.given_up.add(server)
+        self._failed(server, reason)
+        return reason
+
+    def _heard(self, server: str) -> None:
+        """``server`` answered something (perhaps that it no longer knows the group): it is not silent."""
+        with self._silence_lock:
+            since = self.silent.pop(server, None)
+        if since is not None:
+            log.warning("graphfeed: %s answers again after %.1f s", server, time.monotonic() - since)
+        self.given_up.discard(server)
+
+    def _answered(self, server: str) -> None:
+        """``server`` answered and holds the group: it is neither silent nor failed (any more)."""
+        self._heard(server)
+        self.failures.pop(server, None)
+
+    @staticmethod
+    def _restarted(s: ServerConn, incarnation: str) -> str | None:
+        """Why ``s`` counts as gone when a heartbeat answered with another daemon incarnation than its
+        OpenGroup (the daemon restarted: this group is gone with its worker); None when it is the same (or either
+        is unknown: an older server)."""
+        if not (incarnation and s.incarnation) or incarnation == s.incarnation:
+            return None
+        return (f"the server restarted (incarnation {s.incarnation[:8]} -> {incarnation[:8]}): this trainer's "
+                f"group is gone with its worker")
 
     def _failed(self, server: str, reason: str) -> None:
         """Record a failed heartbeat and push it to :attr:`on_failure` (pulls waiting on the server fail at once)."""
@@ -255,15 +334,22 @@ class DataGroup:
         return [n for n in names if n in self.draining or (n in by_name and by_name[n].draining(PROBE_TIMEOUT))]
 
     def probe(self) -> dict[str, str]:
-        """Servers that fail a heartbeat now (name -> reason), checked in parallel."""
+        """Servers that are gone now (name -> reason), checked in parallel: those that refuse a heartbeat (their
+        port closed: UNAVAILABLE), no longer know the group, answer with another incarnation, or have been silent
+        past :meth:`patience`.  A server that only does not answer in time is in :attr:`silent`, not here."""
         def check(s: ServerConn):
             try:
-                s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
-                return None
+                reply = s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
             except NotFound as exc:   # the server's message says why: a worker's signal, a lapsed lease
+                self._heard(s.name)
                 return f"the server no longer knows this trainer's group ({first_line(exc)})"
-            except Exception as exc:  # noqa: BLE001 -- any failure means the server is not answering
+            except Exception as exc:  # noqa: BLE001 -- any other failure means the server is not answering
+                if unanswered(exc):
+                    return self._unanswered(s.name, exc)
                 return f"its control port does not answer ({first_line(exc)})"
+            restarted = self._restarted(s, reply.incarnation)
+            (self._heard if restarted else self._answered)(s.name)
+            return restarted
 
         with ThreadPoolExecutor(len(self.servers)) as pool:
             results = list(pool.map(check, self.servers))

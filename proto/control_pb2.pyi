@@ -31,7 +31,7 @@ class EdgeType(_message.Message):
     def __init__(self, src: _Optional[str] = ..., rel: _Optional[str] = ..., dst: _Optional[str] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
-    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address", "node_types", "edge_types", "label_type", "num_nodes_by_type", "data_path")
+    __slots__ = ("server_version", "format_version", "graph_name", "fingerprint", "num_parts", "part_id", "node_ranges", "num_edges", "features", "num_classes", "split_sizes", "local_split_sizes", "topologies", "data_address", "node_types", "edge_types", "label_type", "num_nodes_by_type", "data_path", "worker_start_seconds")
     class SplitSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class ClusterInfo(_message.Message):
     LABEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_NODES_BY_TYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
+    WORKER_START_SECONDS_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     format_version: int
     graph_name: str
@@ -91,7 +92,8 @@ class ClusterInfo(_message.Message):
     label_type: str
     num_nodes_by_type: _containers.ScalarMap[str, int]
     data_path: str
-    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ..., num_nodes_by_type: _Optional[_Mapping[str, int]] = ..., data_path: _Optional[str] = ...) -> None: ...
+    worker_start_seconds: float
+    def __init__(self, server_version: _Optional[str] = ..., format_version: _Optional[int] = ..., graph_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_parts: _Optional[int] = ..., part_id: _Optional[int] = ..., node_ranges: _Optional[_Iterable[int]] = ..., num_edges: _Optional[int] = ..., features: _Optional[_Iterable[_Union[FeatureInfo, _Mapping]]] = ..., num_classes: _Optional[int] = ..., split_sizes: _Optional[_Mapping[str, int]] = ..., local_split_sizes: _Optional[_Mapping[str, int]] = ..., topologies: _Optional[_Iterable[str]] = ..., data_address: _Optional[str] = ..., node_types: _Optional[_Iterable[str]] = ..., edge_types: _Optional[_Iterable[_Union[EdgeType, _Mapping]]] = ..., label_type: _Optional[str] = ..., num_nodes_by_type: _Optional[_Mapping[str, int]] = ..., data_path: _Optional[str] = ..., worker_start_seconds: _Optional[float] = ...) -> None: ...
 
 class OpenGroupRequest(_message.Message):
     __slots__ = ("group_id", "rendezvous", "world_size", "rank", "lease_seconds", "group_key", "data_path", "job")
@@ -114,20 +116,22 @@ class OpenGroupRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., rendezvous: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., group_key: _Optional[bytes] = ..., data_path: _Optional[str] = ..., job: _Optional[str] = ...) -> None: ...
 
 class OpenGroupReply(_message.Message):
-    __slots__ = ("worker_name", "worker_pid", "lease_seconds", "data_path", "data_endpoint", "group_capability")
+    __slots__ = ("worker_name", "worker_pid", "lease_seconds", "data_path", "data_endpoint", "group_capability", "incarnation")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     WORKER_PID_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     GROUP_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     worker_pid: int
     lease_seconds: float
     data_path: str
     data_endpoint: str
     group_capability: bytes
-    def __init__(self, worker_name: _Optional[str] = ..., worker_pid: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_path: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., group_capability: _Optional[bytes] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_name: _Optional[str] = ..., worker_pid: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., data_path: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., group_capability: _Optional[bytes] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class JoinGroupRequest(_message.Message):
     __slots__ = ("group_id", "endpoints")
@@ -148,10 +152,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, group_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("lease_seconds",)
+    __slots__ = ("lease_seconds", "incarnation")
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     lease_seconds: float
-    def __init__(self, lease_seconds: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, lease_seconds: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class CloseGroupRequest(_message.Message):
     __slots__ = ("group_id",)

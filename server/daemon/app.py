@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import signal
 import socket
@@ -91,15 +92,16 @@ def check_bindable(host: str, port: int) -> None:
             raise StartupError(ExitCode.BIND, f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
 
 
-def default_factory(spec: GroupSpec) -> SessionWorkerHandle:
-    """Start a real session worker process (tests pass ``Daemon(worker_factory=...)`` instead); what it
-    prints becomes one ``worker_output`` log line per line (so JSON logs stay JSON)."""
+def default_factory(spec: GroupSpec, start_timeout: float) -> SessionWorkerHandle:
+    """Start a real session worker process, waiting up to ``start_timeout`` s for it (tests pass
+    ``Daemon(worker_factory=...)`` instead); what it prints becomes one ``worker_output`` log line per line
+    (so JSON logs stay JSON)."""
     log = logs.get()
 
     def output(line: str) -> None:
         log.warning("worker_output", group=spec.group_id, part=spec.part_id, line=line)
 
-    return SessionWorkerHandle.start(spec, output=output)
+    return SessionWorkerHandle.start(spec, start_timeout=start_timeout, output=output)
 
 
 #: what a token without TLS protects, and what not (docs/how-to/security.md has the table)
@@ -117,7 +119,8 @@ class Daemon:
                  port_file: str | os.PathLike | None = None, ready_stream: TextIO | None = None,
                  install_signals: bool = True, log: logs.EventLogger | None = None):
         self.config = config
-        self.worker_factory = worker_factory or default_factory
+        self.worker_factory = worker_factory or functools.partial(default_factory,
+                                                                  start_timeout=config.worker_start_seconds)
         self.port_file = Path(port_file) if port_file else None
         self.ready_stream = ready_stream if ready_stream is not None else sys.stdout
         self.install_signals = install_signals

@@ -84,6 +84,9 @@ class ServerConfig(WorkerSettings):
     max_groups: int = 16               # trainer groups (session worker processes) at once
     max_sessions_per_group: int = 16   # loaders per trainer group
     call_timeout: float = 60.0         # bound on every daemon -> worker command (open_session, stats, ...)
+    # bound on a session worker's start in OpenGroup (a process importing torch and mapping the part: tens of
+    # seconds when many start at once on a busy host); trainers learn it from ClusterInfo and wait longer
+    worker_start_seconds: float = 120.0
     max_hops: int = DEFAULT_MAX_HOPS   # a loader's hops at most
     max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
@@ -378,6 +381,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gpu_cache_bytes": _bytes,
     "gpu_topology": _choice(("auto", "gpu", "uva")),
     "call_timeout": _seconds(0.0, 86400.0),
+    "worker_start_seconds": _seconds(0.0, 3600.0),
     "max_hops": _int(1, 1000),
     "max_batch_nodes": _int(0),
     "max_batch_edges": _int(0),

@@ -166,6 +166,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.gpu_topology = "auto"      # set by the daemon when it samples on a GPU: "gpu" or "uva"
         self.unreadable: str | None = None   # set by the daemon while the part's files cannot be read
         self.authority = Authority.of(config)
+        # new at every daemon start: a trainer whose Heartbeat answers another one knows its group is gone
+        self.incarnation = uuid.uuid4().hex
 
     # ---- per-job authorization: a group's calls carry the capability its OpenGroup returned ------------
 
@@ -242,7 +244,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             data_address=self.config.effective_data_address, node_types=list(meta.node_types),
             edge_types=[edge_type_to_proto(e) for e in meta.edge_types], label_type=_label_type(meta),
             num_nodes_by_type={t: int(r[-1]) for t, r in meta.node_ranges.items()},
-            data_path=self.config.data_transport.name)
+            data_path=self.config.data_transport.name, worker_start_seconds=self.config.worker_start_seconds)
 
     # ---- groups ----------------------------------------------------------------------------------
 
@@ -312,11 +314,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             self.registry.release_group(spec.group_id)
             raise
         try:
-            handle = await asyncio.to_thread(self.worker_factory, spec)
-        except (WorkerError, OSError) as exc:
-            self.registry.release_group(spec.group_id)
-            self.log.error("group_open_failed", group=spec.group_id, peer=context.peer(), cause=str(exc))
-            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"cannot start a session worker: {exc}") from None
+            handle = await self._start_worker(spec, context)
         except BaseException:
             self.registry.release_group(spec.group_id)
             raise
@@ -334,7 +332,54 @@ class ControlServicer(pb_grpc.ControlServicer):
             self._refuse_if_draining()
         return pb.OpenGroupReply(worker_name=member, worker_pid=int(handle.pid or 0), lease_seconds=lease,
                                  data_path=spec.data_path, data_endpoint=endpoint,
-                                 group_capability=group.capability)
+                                 group_capability=group.capability, incarnation=self.incarnation)
+
+    async def _start_worker(self, spec: GroupSpec, context) -> Any:
+        """The group's session worker, started off the loop and waited for at most ``worker_start_seconds``
+        (UNAVAILABLE naming the setting past it).  The start runs on whatever the caller does: when the caller
+        gives up meanwhile (its deadline passes -- gRPC then cancels this handler -- or it cancels), the worker
+        is stopped as soon as it is up and the abandonment is logged, so no worker outlives a trainer that
+        never got its reply."""
+        bound = self.config.worker_start_seconds
+        start = asyncio.ensure_future(asyncio.to_thread(self.worker_factory, spec))
+        try:
+            handle = await asyncio.wait_for(asyncio.shield(start), bound + CALL_SLACK)
+        except asyncio.CancelledError:
+            self._abandon(start, spec, context.peer(), "the caller gave up (its deadline passed or it cancelled) "
+                                                       "while its session worker started")
+            raise
+        except asyncio.TimeoutError:
+            self._abandon(start, spec, context.peer(), f"the session worker did not start within "
+                                                       f"worker_start_seconds={bound:g} s")
+            raise RequestError(grpc.StatusCode.UNAVAILABLE,
+                               f"the session worker did not start within worker_start_seconds={bound:g} s (+"
+                               f"{CALL_SLACK:g} s): the host is busy; retry, or raise worker_start_seconds in the "
+                               f"server config") from None
+        except (WorkerError, OSError) as exc:
+            self.log.error("group_open_failed", group=spec.group_id, peer=context.peer(), cause=str(exc))
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"cannot start a session worker (waited for its start "
+                                                            f"up to worker_start_seconds={bound:g} s): {exc}") from None
+        if _caller_gone(context):   # its deadline passed as the worker came up, before gRPC cancelled this handler
+            self._abandon(start, spec, context.peer(), f"the caller gave up before its session worker pid "
+                                                       f"{handle.pid} was up")
+            raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"the caller's deadline passed while its session worker (pid {handle.pid}) started; "
+                               f"the worker was stopped: give OpenGroup more time than worker_start_seconds="
+                               f"{bound:g} s")
+        return handle
+
+    def _abandon(self, start: asyncio.Future, spec: GroupSpec, peer: str, cause: str) -> None:
+        """Stop the worker ``start`` gives (now, or once it is up) and log why nobody will use it."""
+        def stop(done: asyncio.Future) -> None:
+            if done.cancelled() or done.exception() is not None:   # it never started: nothing to stop
+                self.log.warning("group_open_abandoned", group=spec.group_id, peer=peer, cause=cause)
+                return
+            handle = done.result()
+            self.log.warning("group_open_abandoned", group=spec.group_id, peer=peer, worker_pid=handle.pid,
+                             cause=cause)
+            self.registry.stop_worker(spec.group_id, handle)
+
+        start.add_done_callback(stop)
 
     @rpc
     async def JoinGroup(self, request, context):
@@ -356,7 +401,7 @@ class ControlServicer(pb_grpc.ControlServicer):
     async def Heartbeat(self, request, context):
         group = self._owned_group(request.group_id, context)
         group.renew(self.registry.clock())
-        return pb.HeartbeatReply(lease_seconds=group.lease_seconds)
+        return pb.HeartbeatReply(lease_seconds=group.lease_seconds, incarnation=self.incarnation)
 
     @rpc
     async def CloseGroup(self, request, context):
@@ -583,6 +628,14 @@ class ControlServicer(pb_grpc.ControlServicer):
         total = sum(self.figures.merged()[0]["kinds"].values(), ServedCounts())
         return dict(batches_served_total=total.batches_served, bytes_served_total=total.bytes_served,
                     buffered_batches=total.buffered_batches, buffered_bytes=total.buffered_bytes)
+
+
+def _caller_gone(context) -> bool:
+    """Whether the caller of this handler no longer waits for its answer: it cancelled, or its deadline passed."""
+    if context.cancelled() or context.done():
+        return True
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
 
 
 def estimate_batch(spec: LoaderSpec, meta) -> BatchEstimate:

@@ -12,7 +12,7 @@ import collections
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import grpc
 
@@ -165,21 +165,31 @@ class Registry:
         return group
 
     def _stop_worker(self, group: Group, grace: float) -> None:
-        task = asyncio.get_running_loop().create_task(self._stop(group, grace))
+        self._track_stop(self._stop(group, grace))
+
+    def stop_worker(self, group_id: str, handle: Any) -> None:
+        """Stop, in the background, a worker no group holds: one whose OpenGroup's caller gave up before the
+        worker was up.  Tracked like a reaped group's (a drain waits for it, a forced exit kills it)."""
+        self._track_stop(self._stop_handle(group_id, handle, self.stop_grace))
+
+    def _track_stop(self, stop: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(stop)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
     async def _stop(self, group: Group, grace: float) -> None:
-        self._stopping_handles.append(group.handle)
+        await self._before_stop(group)
+        await self._stop_handle(group.group_id, group.handle, grace)
+
+    async def _stop_handle(self, group_id: str, handle: Any, grace: float) -> None:
+        self._stopping_handles.append(handle)
         try:
-            await self._before_stop(group)
-            code = await asyncio.to_thread(group.handle.stop, grace)
-            self.log.debug("worker_stop", group=group.group_id, worker_pid=getattr(group.handle, "pid", None),
-                           exitcode=code)
+            code = await asyncio.to_thread(handle.stop, grace)
+            self.log.debug("worker_stop", group=group_id, worker_pid=getattr(handle, "pid", None), exitcode=code)
         except Exception as exc:  # noqa: BLE001 -- never let a failed stop escape into the loop
-            self.log.error("worker_stop_failed", group=group.group_id, cause=repr(exc))
+            self.log.error("worker_stop_failed", group=group_id, cause=repr(exc))
         finally:
-            self._stopping_handles.remove(group.handle)
+            self._stopping_handles.remove(handle)
 
     async def _before_stop(self, group: Group) -> None:
         if self.before_stop is None:

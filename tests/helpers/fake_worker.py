@@ -97,7 +97,7 @@ class FakeWorkerHandle:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, spec) -> "FakeWorkerHandle":
+    def start(cls, spec, start_timeout: float = 0.0) -> "FakeWorkerHandle":
         return cls(spec)
 
     def alive(self) -> bool:

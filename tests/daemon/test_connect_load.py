@@ -1,0 +1,127 @@
+"""Connecting under load: an ``OpenGroup`` waits for its session worker's start up to the daemon's
+``worker_start_seconds`` (trainers read it from ClusterInfo and give OpenGroup longer), and a caller that gives up
+meanwhile leaves no worker behind -- the daemon logs it and stops the worker as soon as it is up.
+
+Seen before: four trainers connecting at once on a busy 2-core host all failed ``OpenGroup
+(DEADLINE_EXCEEDED)`` at the client's 30 s, the daemons logged nothing, and their four session workers were still
+alive 20 s after the trainers exited."""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from helpers.graphs import synthetic_parts
+
+from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import control_pb2_grpc as pb_grpc
+from graphfeed.testing.cluster import running_cluster
+
+TRAINERS = 8
+BUSY_LOOPS = 2
+REAP_WAIT = 60.0        # seconds an abandoned worker may take to come up and be stopped (a loaded host)
+TRAINERS_WAIT = 540.0   # seconds for every trainer to connect and close (16 workers starting on 2 busy cores)
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    import graphfeed.client as gf
+    started = time.monotonic()
+    client = gf.connect(sys.argv[1].split(","))   # the default timeout: OpenGroup's deadline is derived
+    connected = time.monotonic() - started
+    client.close()
+    print(f"connected {connected:.1f} closed {time.monotonic() - started:.1f}", flush=True)
+""")
+BUSY_LOOP = "while True: pass"
+
+
+@pytest.fixture(scope="module")
+def parts_dir(tmp_path_factory) -> Path:
+    return synthetic_parts(tmp_path_factory.mktemp("connect_load") / "parts", nodes=600, avg_degree=4, features=4,
+                           classes=2, parts=2, name="connect-load-600")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (its session workers)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            out += [int(c) for c in fh.read().split()]
+    return out
+
+
+def stats(address: str) -> pb.ServerStats:
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.ControlStub(channel).GetStats(pb.StatsRequest(), timeout=30)
+
+
+def wait_no_workers(server, bound: float) -> float:
+    """Seconds until ``server`` has no session worker and no group; AssertionError naming them past ``bound``."""
+    started = time.monotonic()
+    while True:
+        left, groups = children(server.pid), stats(server.address).groups_open
+        if not left and groups == 0:
+            return time.monotonic() - started
+        assert time.monotonic() - started < bound, \
+            f"{server.name} still has worker pids {left} and {groups} groups {bound:g} s later"
+        time.sleep(0.2)
+
+
+def test_the_servers_bound_on_a_workers_start_reaches_the_client(parts_dir, tmp_path):
+    with running_cluster(parts_dir, log_dir=tmp_path, env={"GRAPHFEED_WORKER_START_SECONDS": "75"}) as servers:
+        with grpc.insecure_channel(servers[0].address) as channel:
+            info = pb_grpc.ControlStub(channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=30)
+    assert info.worker_start_seconds == 75.0
+
+
+def test_a_caller_that_gives_up_leaves_no_worker_behind(parts_dir, tmp_path):
+    """OpenGroup with a deadline far below a worker's start (it imports torch): the caller gets
+    DEADLINE_EXCEEDED, the daemon logs the abandoned open and stops the worker once it is up."""
+    with running_cluster(parts_dir, log_dir=tmp_path) as servers:
+        server = servers[1]
+        with grpc.insecure_channel(server.address) as channel:
+            request = pb.OpenGroupRequest(group_id="gives-up", world_size=3, rank=2, group_key=secrets.token_bytes(32))
+            with pytest.raises(grpc.RpcError) as err:
+                pb_grpc.ControlStub(channel).OpenGroup(request, timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        took = wait_no_workers(server, REAP_WAIT)
+        log = server.logs()
+        assert "group_open_abandoned" in log and "gives-up" in log and "the caller gave up" in log
+        assert "worker_pid=" in next(line for line in log.splitlines() if "group_open_abandoned" in line)
+        print(f"abandoned worker gone {took:.1f} s after the caller gave up")
+
+
+@pytest.mark.slow
+def test_eight_trainers_connect_at_once_to_a_busy_host_and_close(parts_dir, tmp_path):
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(BUSY_LOOPS)]
+    try:
+        with running_cluster(parts_dir, log_dir=tmp_path) as servers:
+            addresses = ",".join(s.address for s in servers)
+            started = time.monotonic()
+            trainers = [subprocess.Popen([sys.executable, "-c", TRAINER, addresses], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True) for _ in range(TRAINERS)]
+            outputs = []
+            for p in trainers:
+                try:
+                    outputs.append(p.communicate(timeout=max(1.0, TRAINERS_WAIT - (time.monotonic() - started)))[0])
+                except subprocess.TimeoutExpired:
+                    for q in trainers:
+                        q.kill()
+                    raise AssertionError(f"trainer pid {p.pid} did not connect and close within "
+                                         f"{TRAINERS_WAIT:g} s") from None
+            wall = time.monotonic() - started
+            codes = [p.returncode for p in trainers]
+            assert codes == [0] * TRAINERS, "\n".join(o[-2000:] for o in outputs)
+            for s in servers:
+                wait_no_workers(s, REAP_WAIT)
+            print(f"{TRAINERS} trainers with {BUSY_LOOPS} busy loops: all connected and closed in {wall:.1f} s; "
+                  + "; ".join(o.strip().splitlines()[-1] for o in outputs))
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait(10)
