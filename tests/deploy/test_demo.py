@@ -37,6 +37,13 @@ EPOCH_LINE = re.compile(r"^epoch\s+(\d+)\s+loss\s+([0-9.]+)\s+val acc\s+([0-9.]+
 TEST_LINE = re.compile(r"^test acc\s+([0-9.]+)")
 
 
+# The demo as a terminal's foreground job starts it: SIGINT at its default.  A runner that starts the suite
+# with SIGINT ignored (a shell's background job; pytest-xdist's workers then) passes SIG_IGN down through
+# exec, and Python keeps it: Ctrl-C would then reach only the servers, which set their own handler.
+IN_FOREGROUND = (sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 class DemoRun:
     """The demo as a subprocess in its own process group; stdout lines and every descendant seen."""
 
@@ -44,7 +51,7 @@ class DemoRun:
         self.workdir = workdir
         self.stderr_path = workdir.parent / f"{workdir.name}.stderr"
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "graphfeed.cli", "demo", "--workdir", str(workdir),
+            self.proc = subprocess.Popen([*IN_FOREGROUND, "-m", "graphfeed.cli", "demo", "--workdir", str(workdir),
                                           *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                                          text=True, start_new_session=True)
         self.lines: list[str] = []
