@@ -608,8 +608,9 @@ class LinkInput:
     seed edges the servers resolve, the parts' lists one after another (no ``label``; on a typed graph
     with the split's ``edge_type``: ``edge_label_index=((src, rel, dst), "val")``).  Or neither
     ``index`` nor ``split`` but ``edge_type``: every edge of that type (PyG's ``edge_label_index=(src, rel,
-    dst)``), as if ``index`` were that type's input ``edge_index`` -- the servers list them (from out-edges,
-    ``graphfeed partition --topology both``), each at its input position, so batches equal the explicit form's.
+    dst)``), as if ``index`` were that type's input ``edge_index`` -- the servers list them (from their out-edges,
+    ``graphfeed partition --topology both``, or else from every part's in-edges in their folder), each at its
+    input position, so batches equal the explicit form's.
 
     A seed edge belongs to the part that owns its source node; its position in ``index`` is its
     ``input_id``.  ``edge_type`` (a typed graph's ``(src, rel, dst)``; None = the homogeneous graph's one

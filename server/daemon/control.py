@@ -32,6 +32,7 @@ from graphfeed.server.daemon.metrics import WorkerFigures
 from graphfeed.server.daemon.registry import Group, Registry, RequestError, Session
 from graphfeed.server.daemon.security import Authority, bearer_token, check_capability, holds, new_capability
 from graphfeed.server.daemon.served import ServedPartition
+from graphfeed.server.partition.format.layout import PartitionPaths
 from graphfeed.server.partition.format.store import check_every_edge, check_link_split_type, check_link_types
 from graphfeed.server.sampling.budget import BatchEstimate, BudgetExceeded, footprint, graph_bound
 from graphfeed.server.sampling.budget import estimate as budget_estimate
@@ -488,7 +489,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             check_link_types(meta, link)
             check_link_ids(link, lambda ntype: int(meta.node_ranges[ntype or _label_type(meta)][-1]))
             if link.every_edge:
-                check_every_edge(meta, link.edge_type)  # type: ignore[arg-type]
+                check_every_edge(meta, link.edge_type, PartitionPaths(self.served.root))  # type: ignore[arg-type]
         except ValueError as exc:
             raise _invalid(str(exc)) from None
 

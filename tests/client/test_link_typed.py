@@ -17,6 +17,8 @@ import graphfeed.client as gf
 from graphfeed.core.spec import LinkInput, LoaderSpec
 from graphfeed.proto.convert import loader_spec_from_proto, open_session_request
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
+from graphfeed.server.partition.build import builder
+from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import SERVING, health_status
 
 WRITES = ("author", "writes", "paper")
@@ -133,6 +135,21 @@ def test_every_edge_label_index_form_pyg_accepts_equals_the_explicit_form(mag, s
         LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=WRITES, edge_label=torch.ones(3), **kw)
     with pytest.raises(ValueError, match=r"names no edge type\(s\) from 'field' to 'author'.*full \(src, rel, dst\)"):
         LocalLinkNeighborLoader(mag[0], FANOUTS, edge_label_index=(("field", "author"), seeds), **kw)
+
+
+def test_every_edge_of_a_type_from_in_edges_only_equals_the_explicit_form(tmp_path):
+    """A typed partition of in-edges only (the CLI's default): every 'writes' edge, listed from both parts'
+    in-edges, gives the batches of the explicit form."""
+    graph = synth.generate_mag_preset("mag-tiny", seed=0)
+    builder.partition_graph(graph, 2, tmp_path / "csc", method="metis", topologies=("csc",), seed=0)
+    ei = torch.as_tensor(graph.edges[WRITES].edge_index)
+    kw = dict(neg_sampling="binary", batch_size=4096, shuffle=True, seed=3)
+    explicit = list(LocalLinkNeighborLoader(tmp_path / "csc", FANOUTS, edge_label_index=(WRITES, ei), **kw))
+    every = list(LocalLinkNeighborLoader(tmp_path / "csc", FANOUTS, edge_label_index=WRITES, **kw))
+    assert sum(b[WRITES].input_id.numel() for b in every) == ei.size(1)
+    assert len(every) == len(explicit)
+    for a, b in zip(every, explicit, strict=True):
+        assert_same_batch(a, b)
 
 
 @pytest.fixture(scope="module")

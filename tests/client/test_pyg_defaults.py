@@ -6,15 +6,19 @@ PyG's own ``NeighborLoader``/``LinkNeighborLoader`` give the expected lengths; t
 """
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import pytest
 import torch
-from helpers.graphs import assert_same_batch
+from helpers.graphs import assert_same_batch, partition_arrays
+from helpers.shared import serving
 from torch_geometric.data import Data
 
 from graphfeed.server.loader.link import LocalLinkNeighborLoader
 from graphfeed.server.loader.local import LocalNeighborLoader
+from graphfeed.server.partition.format.layout import DEFAULT_EDGE_TYPE, PartitionPaths, read_meta
+from graphfeed.server.partition.format.store import Partition
 
 FANOUTS = [4, 2]
 
@@ -53,6 +57,34 @@ def test_edge_label_index_none_is_every_edge_local_equals_remote_equals_explicit
     for a, b, c in zip(every, explicit, remote, strict=True):
         assert_same_batch(a, b)
         assert_same_batch(a, c)
+
+
+def test_every_edge_of_a_partition_of_in_edges_only_is_read_from_every_part_s_in_edges(shared_graph, tmp_path,
+                                                                                          connect):
+    """``graphfeed partition``'s default topology (CSC) holds no part's out-edges: each part lists the edges
+    whose source it owns from every part's in-edges in its folder; batches equal the explicit form's, local and
+    remote.  A folder without another part's in-edges refuses in one line naming the three fixes."""
+    parts = partition_arrays(shared_graph, tmp_path / "csc", classes=4, parts=2, name="csc-only", method="metis")
+    assert read_meta(parts).topologies == ["csc"]
+    ei = torch.as_tensor(shared_graph[0])
+    args = dict(batch_size=512, shuffle=True, seed=5, neg_sampling="binary")
+    every = list(LocalLinkNeighborLoader(parts, FANOUTS, **args))
+    explicit = list(LocalLinkNeighborLoader(parts, FANOUTS, edge_label_index=ei, **args))
+    with serving(parts, log_dir=tmp_path / "logs") as servers:
+        with connect([s.address for s in servers], timeout=60) as client:
+            remote = list(client.link_neighbor_loader(FANOUTS, **args))
+    assert sum(b.input_id.numel() for b in every) == ei.size(1)
+    assert len(every) == len(explicit) == len(remote)
+    for a, b, c in zip(every, explicit, remote, strict=True):
+        assert_same_batch(a, b)
+        assert_same_batch(a, c)
+    lacking = shutil.copytree(parts, tmp_path / "lacking")
+    PartitionPaths(lacking).edge_file(1, "csc", "eid").unlink()
+    with pytest.raises(ValueError, match=r"every edge of the type\) lists each part's out-edges, which this partition "
+                                         r"lacks .*part_1.* is not in this server's folder: give each server the "
+                                         r"whole partition folder, re-partition with `graphfeed partition --topology "
+                                         r"both`, or pass"):
+        Partition(lacking, 0, read_meta(lacking)).every_edge(DEFAULT_EDGE_TYPE)
 
 
 def test_edge_label_index_none_on_several_edge_types_names_them(shared_mag):

@@ -421,16 +421,35 @@ class Partition:
     def every_edge(self, etype: EdgeType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(positions, src, dst)`` of this part's edges of type ``etype`` whose source it owns: their positions
         in the type's input ``edge_index`` (ascending) and global endpoint ids -- a link loader's seed edges for
-        ``edge_label_index=etype``.  ValueError naming the fix when the part has no out-edges (CSR)."""
+        ``edge_label_index=etype``.  Read from this part's out-edges (CSR) or, in a partition of in-edges only,
+        from every part's in-edges (CSC) in this folder; ValueError naming the fix when neither can be read."""
         edges = self.edges(etype)
-        check_every_edge(self.meta, edges.etype)
-        topo = edges.topology("csr")
-        eid = topo.eid.to(torch.int64)
+        check_every_edge(self.meta, edges.etype, self.paths)
+        if "csr" in self.meta.topologies:
+            topo = edges.topology("csr")
+            rows = torch.repeat_interleave(torch.arange(topo.num_nodes, dtype=torch.int64),
+                                           topo.indptr.to(torch.int64).diff())
+            eid, src, dst = topo.eid.to(torch.int64), rows + self.nodes(edges.etype[0]).start, topo.indices
+        else:
+            eid, src, dst = self._owned_sources_of_in_edges(edges.etype)
         order = torch.argsort(eid, stable=True)
-        degrees = topo.indptr.to(torch.int64).diff()
-        rows = torch.repeat_interleave(torch.arange(topo.num_nodes, dtype=torch.int64), degrees)
-        src = rows + self.nodes(edges.etype[0]).start
-        return eid[order], src[order], topo.indices.to(torch.int64)[order]
+        return eid[order], src[order], dst[order].to(torch.int64)
+
+    def _owned_sources_of_in_edges(self, etype: EdgeType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(eid, src, dst)`` of every part's in-edges of ``etype`` whose source this part owns (one pass over
+        each part's CSC files, memory-mapped)."""
+        src_nodes, dst_book = self.nodes(etype[0]), RangePartitionBook(self.meta.node_ranges[etype[2]])
+        pieces = []
+        for k in range(self.meta.num_parts):
+            indptr, indices, eid = (_tensor(self.paths.edge_file(k, "csc", name, etype))
+                                    for name in ("indptr", "indices", "eid"))
+            indices = indices.to(torch.int64)
+            mine = (indices >= src_nodes.start) & (indices < src_nodes.stop)
+            cols = torch.repeat_interleave(torch.arange(indptr.numel() - 1, dtype=torch.int64),
+                                           indptr.to(torch.int64).diff()) + dst_book.range(k)[0]
+            pieces.append((eid.to(torch.int64)[mine], indices[mine], cols[mine]))
+        eid, src, dst = (torch.cat(column) for column in zip(*pieces, strict=True))
+        return eid, src, dst
 
     def stored_link_seeds(self, link: LinkInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(positions, src, dst)`` of this part's seed edges of a link input the servers list: a stored link
@@ -502,12 +521,20 @@ def check_link_split_type(meta: PartitionMeta, link: LinkInput) -> None:
                      f"edge_label_index=({stored}, {link.split!r})")
 
 
-def check_every_edge(meta: PartitionMeta, etype: EdgeType) -> None:
-    """ValueError naming the fix unless the parts can list their edges of ``etype`` by source (CSR)."""
-    if "csr" not in meta.topologies:
-        raise ValueError(f"edge_label_index={tuple(etype)} (every edge of the type) lists each part's out-edges, "
-                         f"which this partition lacks: re-partition with `graphfeed partition --topology both`, "
-                         f"or pass ({tuple(etype)}, edge_index)")
+def check_every_edge(meta: PartitionMeta, etype: EdgeType, paths: PartitionPaths) -> None:
+    """ValueError naming the fix unless the parts can list their edges of ``etype`` by source: from their
+    out-edges (CSR), or, in a partition of in-edges only, from every part's in-edges (CSC), which the partition
+    folder ``paths`` (this server's) must then hold."""
+    if "csr" in meta.topologies:
+        return
+    files = (paths.edge_file(k, "csc", "eid", etype) for k in range(meta.num_parts))
+    missing = next((f for f in files if not f.is_file()), None)
+    if missing is None:
+        return
+    raise ValueError(f"edge_label_index={tuple(etype)} (every edge of the type) lists each part's out-edges, which "
+                     f"this partition lacks (in-edges only), or else every part's in-edges, and {missing} is not "
+                     f"in this server's folder: give each server the whole partition folder, re-partition with "
+                     f"`graphfeed partition --topology both`, or pass ({tuple(etype)}, edge_index)")
 
 
 def open_parts(root: str | os.PathLike) -> tuple[PartitionMeta, list[Partition]]:
