@@ -25,8 +25,9 @@ HEALTH_SERVING = b"\x08\x01"
 CAPABILITY_HEADER = "graphfeed-group-capability-bin"
 # Calls sent again when their server does not answer in time (DEADLINE_EXCEEDED: paused or busy, not gone), for
 # up to ServerConn.patience seconds: calls a second delivery cannot harm (StartEpoch restarts the epoch at the
-# same batch).  Others raise at their first timeout.
-RETRIED_WHEN_UNANSWERED = frozenset({"StartEpoch"})
+# same batch; an OpenSession carries its open_key, and the server answers a repeat with the session the first
+# delivery opened).  Others raise at their first timeout.
+RETRIED_WHEN_UNANSWERED = frozenset({"StartEpoch", "OpenSession"})
 
 
 def parse_cluster(cluster) -> list[str]:

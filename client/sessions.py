@@ -10,6 +10,7 @@ the servers must then report the same input counts (same partition, same inputs)
 """
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, TypeVar
@@ -81,6 +82,7 @@ class SessionSet:
     def _open_all(self) -> tuple[int, list[pb.OpenSessionReply]]:
         client = self.client
         generation, req = client.generation, self._request()
+        req.open_key = uuid.uuid4().hex   # a repeat of this open (no answer in time) gets the first's session
         opened: dict[int, str] = {}
 
         def open_one(s: ServerConn) -> pb.OpenSessionReply:

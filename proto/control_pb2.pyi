@@ -252,7 +252,7 @@ class LinkSeeds(_message.Message):
     def __init__(self, src: _Optional[_Iterable[int]] = ..., dst: _Optional[_Iterable[int]] = ..., float_label: _Optional[_Iterable[float]] = ..., int_label: _Optional[_Iterable[int]] = ..., neg: _Optional[_Union[NegativeSampling, _Mapping]] = ..., time: _Optional[_Iterable[int]] = ..., edge_type: _Optional[_Iterable[str]] = ..., split: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype", "input_time", "ordered", "feature_cache", "pack_partial")
+    __slots__ = ("group_id", "spec", "split", "node_ids", "link", "batch_size", "shuffle", "drop_last", "seed", "rank", "world_size", "kind", "node_type", "feature_dtype", "input_time", "ordered", "feature_cache", "pack_partial", "open_key")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,7 @@ class OpenSessionRequest(_message.Message):
     ORDERED_FIELD_NUMBER: _ClassVar[int]
     FEATURE_CACHE_FIELD_NUMBER: _ClassVar[int]
     PACK_PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    OPEN_KEY_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     spec: SamplingSpec
     split: str
@@ -289,7 +290,8 @@ class OpenSessionRequest(_message.Message):
     ordered: bool
     feature_cache: FeatureCache
     pack_partial: bool
-    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ..., input_time: _Optional[_Iterable[int]] = ..., ordered: _Optional[bool] = ..., feature_cache: _Optional[_Union[FeatureCache, _Mapping]] = ..., pack_partial: _Optional[bool] = ...) -> None: ...
+    open_key: str
+    def __init__(self, group_id: _Optional[str] = ..., spec: _Optional[_Union[SamplingSpec, _Mapping]] = ..., split: _Optional[str] = ..., node_ids: _Optional[_Union[NodeIds, _Mapping]] = ..., link: _Optional[_Union[LinkSeeds, _Mapping]] = ..., batch_size: _Optional[int] = ..., shuffle: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., seed: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., kind: _Optional[str] = ..., node_type: _Optional[str] = ..., feature_dtype: _Optional[str] = ..., input_time: _Optional[_Iterable[int]] = ..., ordered: _Optional[bool] = ..., feature_cache: _Optional[_Union[FeatureCache, _Mapping]] = ..., pack_partial: _Optional[bool] = ..., open_key: _Optional[str] = ...) -> None: ...
 
 class FeatureCache(_message.Message):
     __slots__ = ("node_type", "node_ids")

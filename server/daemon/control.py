@@ -60,6 +60,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name   # "graphfee
 MAX_EPOCH = 1 << 40
 MAX_LEASE_SECONDS = 3600.0
 MAX_ID_LENGTH = 256
+MAX_OPEN_KEY = 64          # characters of an OpenSession's open_key kept (the client sends 32)
 MIN_GROUP_KEY_BYTES = 16   # the trainer group's data-path key (the client makes 32 random bytes)
 MAX_GROUP_KEY_BYTES = 1024
 STATS_TIMEOUT = 5.0        # seconds: GetStats must answer even when a worker is slow
@@ -499,6 +500,24 @@ class ControlServicer(pb_grpc.ControlServicer):
         group = self._owned_group(request.group_id, context)
         spec = self._loader_spec(request)
         group.renew(self.registry.clock())
+        key = request.open_key[:MAX_OPEN_KEY]
+        if not key:
+            return await self._open_session(group, spec, context)
+        earlier = group.opens.get(key)
+        if earlier is not None:   # the trainer sent this open again (it had no answer in time): the first's session
+            reply = await asyncio.shield(earlier)
+            if reply is not None and reply.session_id in group.sessions:
+                self.log.info("session_open_repeat", session=reply.session_id, group=group.group_id,
+                              peer=context.peer())
+                return reply
+        opening, reply = group.begin_open(key), None
+        try:
+            reply = await self._open_session(group, spec, context)
+            return reply
+        finally:
+            group.end_open(key, opening, reply)
+
+    async def _open_session(self, group: Group, spec: LoaderSpec, context) -> pb.OpenSessionReply:
         self.registry.reserve_session(group)
         session_id = uuid.uuid4().hex
         # derived, never sent: the trainer derives the same secret from its group key (keys.session_secret)

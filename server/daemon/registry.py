@@ -55,6 +55,9 @@ class Session:
     epoch: int = -1
 
 
+OPEN_KEYS_KEPT = 64    # OpenSession keys a group remembers (a trainer's retries of an open come within seconds)
+
+
 @dataclass
 class Group:
     group_id: str
@@ -66,9 +69,28 @@ class Group:
     sessions: dict[str, Session] = field(default_factory=dict)
     secret_root: bytes = field(default=b"", repr=False)   # keys.group_root: the group's session secrets derive from it
     capability: bytes = field(default=b"", repr=False)   # every later call on the group carries it (never logged)
+    # OpenSession by the trainer's open_key: a future of the reply (None: that delivery failed, open anew), so a
+    # repeat the trainer sent after a timeout gets the session the first delivery opened (the last OPEN_KEYS_KEPT)
+    opens: collections.OrderedDict[str, asyncio.Future] = field(default_factory=collections.OrderedDict, repr=False)
 
     def renew(self, now: float) -> None:
         self.deadline = now + self.lease_seconds
+
+    def begin_open(self, key: str) -> asyncio.Future:
+        """The future a repeat of OpenSession ``key`` waits on (resolve it with :meth:`end_open`)."""
+        opening = asyncio.get_running_loop().create_future()
+        self.opens[key] = opening
+        self.opens.move_to_end(key)
+        while len(self.opens) > OPEN_KEYS_KEPT:
+            self.opens.popitem(last=False)
+        return opening
+
+    def end_open(self, key: str, opening: asyncio.Future, reply: Any) -> None:
+        """The open of ``key`` ended: ``reply`` (None when it failed: a repeat opens anew)."""
+        if reply is None and self.opens.get(key) is opening:
+            del self.opens[key]
+        if not opening.done():
+            opening.set_result(reply)
 
 
 class Registry:

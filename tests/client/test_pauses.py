@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,7 @@ from graphfeed.client.errors import ServerError
 from graphfeed.client.group import DataGroup
 from graphfeed.client.settings import ConnectSettings
 from graphfeed.proto import control_pb2 as pb
+from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster, start_server
 
@@ -233,6 +235,59 @@ def test_a_5_s_pause_of_a_daemon_is_waited_through(parts_dir, tmp_path):
 @pytest.mark.parametrize("pause", [30.0, 60.0, 120.0])
 def test_long_pauses_of_a_daemon_are_waited_through(parts_dir, tmp_path, pause):
     _paused_run(parts_dir, tmp_path, pause)
+
+
+def _sessions_opened(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        return int(pb_grpc.ControlStub(channel).GetStats(pb.StatsRequest(), timeout=10).sessions_opened_total)
+
+
+def test_a_loader_opened_while_its_daemon_is_paused_opens_once_it_runs_again(parts_dir, tmp_path):
+    """An OpenSession its daemon does not answer within the client's 3 s is sent again with the same open_key
+    until the daemon runs again (8 s later): the loader opens with one session on that daemon (a repeat of
+    an open the daemon got is answered with the first's session), and its batches equal a loader opened
+    before the pause."""
+    with running_cluster(parts_dir, log_dir=tmp_path) as servers, \
+            gf.connect([s.address for s in servers], timeout=3, reconnect_timeout=60) as client:
+        args = dict(batch_size=8, shuffle=True, seed=5)
+        reference = client.neighbor_loader("train", FANOUTS, **args)
+        expected = [_key(b) for b in reference]
+        reference.close()
+        before = _sessions_opened(servers[0].address)
+        servers[0].signal(signal.SIGSTOP)
+        resume = threading.Timer(8.0, servers[0].signal, (signal.SIGCONT,))
+        resume.start()
+        started = time.monotonic()
+        try:
+            loader = client.neighbor_loader("train", FANOUTS, **args)
+        finally:
+            resume.join()
+        assert time.monotonic() - started >= 7.5, "the loader opened while its daemon was stopped"
+        assert _sessions_opened(servers[0].address) - before == 1
+        assert [_key(b) for b in loader] == expected
+        assert client.reconnects == 0
+    assert "group_reap" not in servers[0].logs()
+
+
+def test_an_open_delivered_again_with_its_key_gets_the_first_s_session(parts_dir, tmp_path):
+    """The daemon's side of the retry: deliveries of one OpenSession with the same open_key, at once (the
+    repeat waits for the first) or later, open one session and all answer its id; another key opens another."""
+    with running_cluster(parts_dir, log_dir=tmp_path) as servers, \
+            gf.connect([s.address for s in servers], timeout=30) as client:
+        loader = client.neighbor_loader("train", FANOUTS, batch_size=8, shuffle=True, seed=5)
+        server, before = client.servers[0], _sessions_opened(servers[0].address)
+        request = loader._session_request()
+        request.open_key = "k" * 32
+        with ThreadPoolExecutor(3) as pool:
+            at_once = list(pool.map(lambda _: server.call("OpenSession", request, timeout=30), range(3)))
+        later = server.call("OpenSession", request, timeout=30)
+        assert len({r.session_id for r in at_once + [later]}) == 1
+        assert len({r.local_input_nodes for r in at_once + [later]}) == 1
+        assert _sessions_opened(servers[0].address) - before == 1
+        request.open_key = "m" * 32
+        assert server.call("OpenSession", request, timeout=30).session_id != later.session_id
+        assert _sessions_opened(servers[0].address) - before == 2
+    assert "session_open_repeat" in servers[0].logs()
 
 
 def test_a_restarted_daemon_is_gone_and_recovered(parts_dir, tmp_path):
