@@ -61,7 +61,7 @@ from graphfeed.server.worker.commands import (
 )
 from graphfeed.server.worker.memory import released, trim_heap
 from graphfeed.server.worker.peers import PeerError, colocate, replicate_hot_rows, worker_graph
-from graphfeed.server.worker.session import Session
+from graphfeed.server.worker.session import Session, part_input_seeds
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import registry
 from graphfeed.transport.path import WorkerEnd, WorkerHooks, WorkerPlace
@@ -212,8 +212,7 @@ class SessionWorker:
             raise BadRequest(f"part {self.spec.part_id} samples on {self.graph.device}: {refused}")
         try:
             self.part.check_loader(cmd.spec)
-            inputs = self.part.input_nodes(cmd.spec.input)
-            positions = self.part.input_positions(cmd.spec.input)
+            inputs, positions, _ = part_input_seeds(self.part, cmd.spec.input)
         except ValueError as exc:  # ids out of range, unknown split, bad weights: the request's fault
             raise BadRequest(str(exc)) from None
         s = self.spec

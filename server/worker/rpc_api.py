@@ -218,7 +218,7 @@ def part_edges(etype: tuple, max_edges: int) -> dict:
     topo = store.topology(kind)
     center_type, other_type = (etype[2], etype[0]) if kind == "csc" else (etype[0], etype[2])
     owned = worker.part.nodes(center_type)
-    center = torch.repeat_interleave(torch.arange(topo.num_nodes), topo.indptr.diff()) + owned.start
+    center = topo.centers(owned.start)
     other = topo.indices.to(torch.int64)
     src, dst = (other, center) if kind == "csc" else (center, other)
     orig = {t: (int(worker.part.nodes(t).start), worker.part.nodes(t).orig_id.clone()) for t in {etype[0], etype[2]}}

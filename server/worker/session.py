@@ -35,11 +35,10 @@ def part_input_seeds(part, seed_input: SeedInput) -> tuple[torch.Tensor, torch.T
     :meth:`Partition.input_nodes`, :meth:`Partition.input_positions` (None: they follow from the counts) and,
     for seed edges the parts list (a link split, every edge of a type), their global endpoints ``[2, k]``
     (None otherwise)."""
-    inputs, ends = part.input_nodes(seed_input), None
     if isinstance(seed_input, LinkInput) and seed_input.index is None:   # a link split or every edge of a type
-        _, src, dst = part.stored_link_seeds(seed_input)
-        ends = torch.stack([src, dst])
-    return inputs, part.input_positions(seed_input), ends
+        positions, src, dst = part.stored_link_seeds(seed_input)   # listed once (every edge: a pass over edges)
+        return positions, positions, torch.stack([src, dst])
+    return part.input_nodes(seed_input), part.input_positions(seed_input), None
 
 
 class EpochSuperseded(RuntimeError):

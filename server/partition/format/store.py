@@ -58,6 +58,11 @@ class Topology:
     def num_nodes(self) -> int:
         return self.indptr.numel() - 1
 
+    def centers(self, start: int = 0) -> torch.Tensor:
+        """The owned node of each edge, in ``indices``' order, as ``start`` + its local id (int64)."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes, dtype=torch.int64),
+                                       self.indptr.to(torch.int64).diff()) + start
+
 
 def _tensor(path) -> torch.Tensor:
     return torch.from_numpy(load_array(path))
@@ -392,12 +397,9 @@ class Partition:
         for ids outside the graph, or typed seed edges without their edge type.  For a link split: the
         part's stored seed edges, at positions after every earlier part's (the parts' lists one after
         another, as a node split's)."""
-        if link.split is not None:
-            check_link_split_type(self.meta, link)
-            return self.link_split(link.split)[0]
+        if link.split is not None or link.every_edge:
+            return self.stored_link_seeds(link)[0]
         check_link_types(self.meta, link)
-        if link.every_edge:
-            return self.every_edge(link.edge_type)[0]  # type: ignore[arg-type]
         check_link_ids(link, lambda t: self.nodes(t or self.label_type).book.num_nodes)
         assert link.index is not None   # a LinkInput has a split or an index
         mask, _ = self.nodes(link.type_or(self.label_type)).to_global(link.index[0])
@@ -427,9 +429,7 @@ class Partition:
         check_every_edge(self.meta, edges.etype, self.paths)
         if "csr" in self.meta.topologies:
             topo = edges.topology("csr")
-            rows = torch.repeat_interleave(torch.arange(topo.num_nodes, dtype=torch.int64),
-                                           topo.indptr.to(torch.int64).diff())
-            eid, src, dst = topo.eid.to(torch.int64), rows + self.nodes(edges.etype[0]).start, topo.indices
+            eid, src, dst = topo.eid.to(torch.int64), topo.centers(self.nodes(edges.etype[0]).start), topo.indices
         else:
             eid, src, dst = self._owned_sources_of_in_edges(edges.etype)
         order = torch.argsort(eid, stable=True)
@@ -441,13 +441,11 @@ class Partition:
         src_nodes, dst_book = self.nodes(etype[0]), RangePartitionBook(self.meta.node_ranges[etype[2]])
         pieces = []
         for k in range(self.meta.num_parts):
-            indptr, indices, eid = (_tensor(self.paths.edge_file(k, "csc", name, etype))
-                                    for name in ("indptr", "indices", "eid"))
-            indices = indices.to(torch.int64)
+            topo = Topology(*(_tensor(self.paths.edge_file(k, "csc", name, etype))
+                              for name in ("indptr", "indices", "eid")))
+            indices = topo.indices.to(torch.int64)
             mine = (indices >= src_nodes.start) & (indices < src_nodes.stop)
-            cols = torch.repeat_interleave(torch.arange(indptr.numel() - 1, dtype=torch.int64),
-                                           indptr.to(torch.int64).diff()) + dst_book.range(k)[0]
-            pieces.append((eid.to(torch.int64)[mine], indices[mine], cols[mine]))
+            pieces.append((topo.eid.to(torch.int64)[mine], indices[mine], topo.centers(dst_book.range(k)[0])[mine]))
         eid, src, dst = (torch.cat(column) for column in zip(*pieces, strict=True))
         return eid, src, dst
 
@@ -455,9 +453,11 @@ class Partition:
         """``(positions, src, dst)`` of this part's seed edges of a link input the servers list: a stored link
         split (:meth:`link_split`) or every edge of a type (:meth:`every_edge`)."""
         if link.split is not None:
+            check_link_split_type(self.meta, link)
             return self.link_split(link.split)
         if not link.every_edge:
             raise ValueError("the seed edges of edge_label_index as a tensor are the trainer's, not stored")
+        check_link_types(self.meta, link)
         return self.every_edge(link.edge_type)  # type: ignore[arg-type]
 
     def link_split_eids(self, name: str) -> torch.Tensor:
