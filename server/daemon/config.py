@@ -87,6 +87,10 @@ class ServerConfig(WorkerSettings):
     # bound on a session worker's start in OpenGroup (a process importing torch and mapping the part: tens of
     # seconds when many start at once on a busy host); trainers learn it from ClusterInfo and wait longer
     worker_start_seconds: float = 120.0
+    # session workers started at once (0 = the CPUs this daemon may use); more OpenGroups wait their turn, in order,
+    # within worker_start_seconds: a burst of trainers then connects one after another instead of every start
+    # sharing the CPUs until all of them pass the bound together
+    worker_starts: int = 0
     max_hops: int = DEFAULT_MAX_HOPS   # a loader's hops at most
     max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
@@ -382,6 +386,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "gpu_topology": _choice(("auto", "gpu", "uva")),
     "call_timeout": _seconds(0.0, 86400.0),
     "worker_start_seconds": _seconds(0.0, 3600.0),
+    "worker_starts": _int(0, 4096),
     "max_hops": _int(1, 1000),
     "max_batch_nodes": _int(0),
     "max_batch_edges": _int(0),

@@ -13,6 +13,7 @@ import collections
 import functools
 import ipaddress
 import math
+import os
 import re
 import time
 import uuid
@@ -170,6 +171,8 @@ class ControlServicer(pb_grpc.ControlServicer):
         self.authority = Authority.of(config)
         # new at every daemon start: a trainer whose Heartbeat answers another one knows its group is gone
         self.incarnation = uuid.uuid4().hex
+        # session workers starting at once (worker_starts): the others wait their turn, in order
+        self._starts = asyncio.Semaphore(starts_at_once(config))
 
     # ---- per-job authorization: a group's calls carry the capability its OpenGroup returned ------------
 
@@ -316,7 +319,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             self.registry.release_group(spec.group_id)
             raise
         try:
-            handle = await self._start_worker(spec, context)
+            handle, queued, took = await self._start_worker(spec, context)
         except BaseException:
             self.registry.release_group(spec.group_id)
             raise
@@ -328,7 +331,7 @@ class ControlServicer(pb_grpc.ControlServicer):
         endpoint = str(getattr(handle, "endpoint", "") or "")
         self.log.info("group_open", group=spec.group_id, peer=context.peer(), worker_pid=handle.pid,
                       data_path=spec.data_path, rendezvous=spec.rendezvous or None, endpoint=endpoint or None,
-                      lease_seconds=lease)
+                      lease_seconds=lease, queued_seconds=round(queued, 3), start_seconds=round(took, 3))
         if self.is_draining():  # the drain began while the worker was starting
             self.registry.remove_group(spec.group_id, event="group_close", cause="server is draining")
             self._refuse_if_draining()
@@ -336,27 +339,45 @@ class ControlServicer(pb_grpc.ControlServicer):
                                  data_path=spec.data_path, data_endpoint=endpoint,
                                  group_capability=group.capability, incarnation=self.incarnation)
 
-    async def _start_worker(self, spec: GroupSpec, context) -> Any:
-        """The group's session worker, started off the loop and waited for at most ``worker_start_seconds``
-        (UNAVAILABLE naming the setting past it).  The start runs on whatever the caller does: when the caller
-        gives up meanwhile (its deadline passes -- gRPC then cancels this handler -- or it cancels), the worker
-        is stopped as soon as it is up and the abandonment is logged, so no worker outlives a trainer that
-        never got its reply."""
+    async def _start_worker(self, spec: GroupSpec, context) -> tuple[Any, float, float]:
+        """The group's session worker, with the seconds it waited for its turn and took to start.
+
+        At most ``worker_starts`` workers start at once (:func:`starts_at_once`); the others wait their turn in
+        order, so a burst of trainers connects one after another instead of every start sharing the CPUs until
+        all pass the bound together.  Waiting and starting run off the loop and take at most
+        ``worker_start_seconds`` (+ :data:`CALL_SLACK`; UNAVAILABLE naming the setting past it).  The start runs
+        on whatever the caller does: when the caller gives up meanwhile (its deadline passes -- gRPC then cancels
+        this handler -- or it cancels), a worker still waiting for its turn is never started, a starting one is
+        stopped as soon as it is up, and the abandonment is logged, so no worker outlives a trainer that never
+        got its reply."""
         bound = self.config.worker_start_seconds
-        start = asyncio.ensure_future(asyncio.to_thread(self.worker_factory, spec))
+        asked = time.monotonic()
+        gave_up = asyncio.Event()
+
+        async def start_in_turn() -> tuple[Any, float, float]:
+            async with self._starts:
+                if gave_up.is_set():
+                    raise asyncio.CancelledError   # its caller is gone: the turn passes on, nothing started
+                turn = time.monotonic()
+                handle = await asyncio.to_thread(self.worker_factory, spec)
+                return handle, turn - asked, time.monotonic() - turn
+
+        start = asyncio.ensure_future(start_in_turn())
         try:
-            handle = await asyncio.wait_for(asyncio.shield(start), bound + CALL_SLACK)
+            handle, queued, took = await asyncio.wait_for(asyncio.shield(start), bound + CALL_SLACK)
         except asyncio.CancelledError:
+            gave_up.set()
             self._abandon(start, spec, context.peer(), "the caller gave up (its deadline passed or it cancelled) "
                                                        "while its session worker started")
             raise
         except asyncio.TimeoutError:
+            gave_up.set()
             self._abandon(start, spec, context.peer(), f"the session worker did not start within "
                                                        f"worker_start_seconds={bound:g} s")
             raise RequestError(grpc.StatusCode.UNAVAILABLE,
                                f"the session worker did not start within worker_start_seconds={bound:g} s (+"
-                               f"{CALL_SLACK:g} s): the host is busy; retry, or raise worker_start_seconds in the "
-                               f"server config") from None
+                               f"{CALL_SLACK:g} s, {starts_at_once(self.config)} starting at once): the host is "
+                               f"busy; retry, or raise worker_start_seconds in the server config") from None
         except (WorkerError, OSError) as exc:
             self.log.error("group_open_failed", group=spec.group_id, peer=context.peer(), cause=str(exc))
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"cannot start a session worker (waited for its start "
@@ -368,7 +389,7 @@ class ControlServicer(pb_grpc.ControlServicer):
                                f"the caller's deadline passed while its session worker (pid {handle.pid}) started; "
                                f"the worker was stopped: give OpenGroup more time than worker_start_seconds="
                                f"{bound:g} s")
-        return handle
+        return handle, queued, took
 
     def _abandon(self, start: asyncio.Future, spec: GroupSpec, peer: str, cause: str) -> None:
         """Stop the worker ``start`` gives (now, or once it is up) and log why nobody will use it."""
@@ -376,7 +397,7 @@ class ControlServicer(pb_grpc.ControlServicer):
             if done.cancelled() or done.exception() is not None:   # it never started: nothing to stop
                 self.log.warning("group_open_abandoned", group=spec.group_id, peer=peer, cause=cause)
                 return
-            handle = done.result()
+            handle = done.result()[0]
             self.log.warning("group_open_abandoned", group=spec.group_id, peer=peer, worker_pid=handle.pid,
                              cause=cause)
             self.registry.stop_worker(spec.group_id, handle)
@@ -648,6 +669,16 @@ class ControlServicer(pb_grpc.ControlServicer):
         total = sum(self.figures.merged()[0]["kinds"].values(), ServedCounts())
         return dict(batches_served_total=total.batches_served, bytes_served_total=total.bytes_served,
                     buffered_batches=total.buffered_batches, buffered_bytes=total.buffered_bytes)
+
+
+def starts_at_once(config: ServerConfig) -> int:
+    """Session workers a daemon starts at once: ``worker_starts``, or (0) the CPUs this process may use."""
+    if config.worker_starts:
+        return config.worker_starts
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _caller_gone(context) -> bool:

@@ -7,6 +7,7 @@ Seen before: four trainers connecting at once on a busy 2-core host all failed `
 alive 20 s after the trainers exited."""
 from __future__ import annotations
 
+import datetime
 import os
 import secrets
 import subprocess
@@ -23,10 +24,12 @@ from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
 from graphfeed.testing.cluster import running_cluster
 
-TRAINERS = 8
+TRAINERS = 4
 BUSY_LOOPS = 2
 REAP_WAIT = 60.0        # seconds an abandoned worker may take to come up and be stopped (a loaded host)
-TRAINERS_WAIT = 540.0   # seconds for every trainer to connect and close (16 workers starting on 2 busy cores)
+TRAINERS_WAIT = 540.0   # seconds for every trainer to connect and close (8 workers starting on 2 busy cores)
+IN_TURN = 3             # trainers connecting at once to daemons that start one worker at a time
+OVERLAP_SLACK = 0.1     # seconds two starts in turn may seem to overlap (ms log stamps, a release before the log)
 
 TRAINER = textwrap.dedent("""
     import sys, time
@@ -96,8 +99,39 @@ def test_a_caller_that_gives_up_leaves_no_worker_behind(parts_dir, tmp_path):
         print(f"abandoned worker gone {took:.1f} s after the caller gave up")
 
 
+def opens(log: str) -> list[tuple[float, float, float]]:
+    """(logged at, seconds queued, seconds starting) of every ``group_open`` line of a daemon's logfmt log."""
+    found = []
+    for line in log.splitlines():
+        if "event=group_open " not in line:
+            continue
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        stamp = datetime.datetime.strptime(fields["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc)
+        found.append((stamp.timestamp(), float(fields["queued_seconds"]), float(fields["start_seconds"])))
+    return sorted(found)
+
+
 @pytest.mark.slow
-def test_eight_trainers_connect_at_once_to_a_busy_host_and_close(parts_dir, tmp_path):
+def test_workers_start_in_turn(parts_dir, tmp_path):
+    """worker_starts=1: three trainers connecting at once all connect, and each daemon started their workers
+    one after another (no two starts overlap; the later opens waited their turn)."""
+    with running_cluster(parts_dir, log_dir=tmp_path, env={"GRAPHFEED_WORKER_STARTS": "1"}) as servers:
+        addresses = ",".join(s.address for s in servers)
+        trainers = [subprocess.Popen([sys.executable, "-c", TRAINER, addresses], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True) for _ in range(IN_TURN)]
+        outputs = [p.communicate(timeout=TRAINERS_WAIT)[0] for p in trainers]
+        assert [p.returncode for p in trainers] == [0] * IN_TURN, "\n".join(o[-2000:] for o in outputs)
+        for s in servers:
+            found = opens(s.logs())
+            assert len(found) == IN_TURN, s.logs()[-3000:]
+            for (done, _, _), (later, queued, took) in zip(found, found[1:]):
+                assert later - took >= done - OVERLAP_SLACK, f"{s.name}: two workers started at once: {found}"
+                assert queued > 0, f"{s.name}: an open did not wait for its turn: {found}"
+            print(f"{s.name}: (queued s, start s) {[(q, t) for _, q, t in found]}")
+
+
+@pytest.mark.slow
+def test_trainers_connect_at_once_to_a_busy_host_and_close(parts_dir, tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(BUSY_LOOPS)]
     try:
         with running_cluster(parts_dir, log_dir=tmp_path) as servers:
