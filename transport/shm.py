@@ -64,6 +64,7 @@ TOKEN_BYTES = 16
 HEADER = 64          # bytes before a slot's payload (the token lives here)
 ALIGN = 64           # every tensor starts at a multiple of this offset
 WATCH_INTERVAL = 0.2  # seconds between checks for requests that waited too long for a slot (and growths)
+OPEN_SLOTS = 2        # slots a ring opens with; the channel's thread adds the others at once (a group forms sooner)
 MIB = 1 << 20
 GROWTH = 1.25        # a grown slot holds the batch that asked for it x this, rounded up to a MiB
 
@@ -219,6 +220,7 @@ class _Ring:
         self.wanted = 0                 # slot bytes a too-big batch asked for (0: no growth asked)
         self.can_grow = True            # False once a growth failed: the part stays on its slots
         self.starved = False            # a request waited out the slot wait since the last release
+        self.owed = 0                   # slots still to add (a ring opens with OPEN_SLOTS; the rest come after)
         self.lock = threading.RLock()
 
     def submit(self, ask: _Ask) -> bool:
@@ -274,14 +276,37 @@ class _Ring:
         return target >= needed
 
     def take_growth(self) -> tuple[int, list[int]]:
-        """``(slot bytes, fresh slot ids)`` of the growth asked for, or ``(0, [])`` when none is due."""
+        """``(slot bytes, fresh slot ids)`` of the growth asked for, or ``(0, [])`` when none is due.  A growth
+        makes every slot the ring is to have, those still owed included."""
         with self.lock:
             size, self.wanted = self.wanted, 0
             if not self.can_grow or size <= self.slot_bytes:
                 return 0, []
+            self.slots, self.owed = self.slots + self.owed, 0
             ids = list(range(self.next_id, self.next_id + self.slots))
             self.next_id += self.slots
         return size, ids
+
+    def take_owed(self) -> tuple[int, list[int]]:
+        """``(slot bytes, fresh slot ids)`` of the slots still owed, or ``(0, [])``."""
+        with self.lock:
+            if not self.owed:
+                return 0, []
+            ids = list(range(self.next_id, self.next_id + self.owed))
+            self.next_id, self.owed = self.next_id + self.owed, 0
+            return self.slot_bytes, ids
+
+    def add(self, maps: dict[int, mmap.mmap], slot_bytes: int) -> None:
+        """Add the owed slots ``maps`` (of ``slot_bytes``) as free ones; slots of a size the ring grew past
+        meanwhile are dropped instead (the worker is told to unmap them)."""
+        with self.lock:
+            if slot_bytes != self.slot_bytes:
+                self.unmapped += list(maps)
+                return
+            self.maps.update(maps)
+            self.free.extend(maps)
+            self.slots += len(maps)
+        self.pump()
 
     def swap(self, maps: dict[int, mmap.mmap], slot_bytes: int) -> None:
         """Make ``maps`` the ring's slots: the old free ones are unmapped now, the others once released."""
@@ -353,10 +378,12 @@ class ShmChannel(BatchChannel):
         tag = (re.sub(r"[^0-9a-f]", "", group.lower()) or secrets.token_hex(4))[-12:]
         channel = cls(rpc_timeout, slot_wait, max_slot_bytes, tag, calls)
         problems, no_room = {}, False
+        first = min(slots, OPEN_SLOTS)   # reserving every slot's pages up front costs ~0.2 s per 64 MiB slot
         for part in parts:
             try:
-                maps = _attach(channel.calls, part, tag, list(range(slots)), slot_bytes, rpc_timeout)
+                maps = _attach(channel.calls, part, tag, list(range(first)), slot_bytes, rpc_timeout)
                 channel.rings[part] = _Ring(channel, part, maps, slot_bytes)
+                channel.rings[part].owed = slots - first   # added by the channel's thread right after
             except Exception as exc:  # noqa: BLE001 -- any failure: this part is pulled over torch RPC
                 problems[part] = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 no_room = no_room or isinstance(exc, NoRoom)
@@ -439,6 +466,7 @@ class ShmChannel(BatchChannel):
             for ring in list(self.rings.values()):
                 try:
                     self._pull_overdue(ring)
+                    self._add_owed(ring)
                     self._grow(ring)
                     self._detach_unmapped(ring)
                 except Exception:  # noqa: BLE001 -- this thread must outlive any one failure: it bounds the waits
@@ -452,6 +480,26 @@ class ShmChannel(BatchChannel):
                                     f"{self.calls.label} meanwhile (drop batches sooner or raise shm_slots)")
             pulled = self.rpc.request(ring.part, *ask.args)
             pulled.add_done_callback(functools.partial(_forward, dst=ask.pending))
+
+    def _add_owed(self, ring: _Ring) -> None:
+        """Give ``ring`` the slots it opened without; on failure it keeps the slots it has (one log line)."""
+        size, ids = ring.take_owed()
+        if not ids or self._stop.is_set():
+            return
+        try:
+            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout)
+        except Exception as exc:  # noqa: BLE001 -- any failure: the part works on the slots it has
+            with ring.lock:
+                ring.unmapped += ids   # in case the worker mapped some of them before the failure
+            if not self._stop.is_set():
+                log.warning("shared-memory ring of part %d keeps %d slots: adding %d more failed (%s)", ring.part,
+                            ring.slots, len(ids), f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return
+        if self._stop.is_set():   # closed meanwhile: these slots are retired at once
+            with ring.lock:
+                ring.unmapped += ids
+            return
+        ring.add(maps, size)
 
     def _grow(self, ring: _Ring) -> None:
         """Give ``ring`` the larger slots a too-big batch asked for; on failure it keeps its slots for good."""

@@ -185,6 +185,28 @@ def test_a_ring_swaps_generations_and_unmaps_a_held_old_slot_when_its_batch_is_f
     assert not ring.maps and not _mine()
 
 
+def test_a_ring_opened_with_fewer_slots_takes_the_owed_ones_and_a_growth_makes_them_all():
+    """A ring opens with OPEN_SLOTS and is owed the rest (added as free slots, a waiting request takes one);
+    owed slots of a size the ring grew past are dropped; a growth makes every slot, owed ones included."""
+    channel = _RecordingChannel()
+    ring = shm._Ring(channel, 0, _slots([0], 4096), 4096)
+    ring.owed = 2
+    ring.submit(shm._Ask((), Pending(), time.monotonic()))
+    ring.submit(shm._Ask((), Pending(), time.monotonic()))
+    assert channel.sent == [0] and len(ring.waiting) == 1, "one slot: the second request waits"
+    assert ring.take_owed() == (4096, [1, 2]) and ring.take_owed() == (0, []), "fresh ids, once"
+    ring.add(_slots([1, 2], 4096), 4096)
+    assert channel.sent == [0, 1] and list(ring.free) == [2] and ring.slots == 3, "the waiting request got one"
+    ring.owed = 1
+    assert ring.ask_growth(5000, 1 << 30) and ring.take_growth() == (shm.MIB, [3, 4, 5, 6]), "3 slots + 1 owed"
+    assert ring.take_owed() == (0, []), "the growth made the owed slot"
+    ring.swap(_slots([3, 4, 5, 6], shm.MIB), shm.MIB)
+    ring.take_unmapped()
+    ring.add(_slots([8], 4096), 4096)   # owed slots made at the old size, added after the growth
+    assert 8 not in ring.maps and ring.take_unmapped() == [8], "dropped, the worker told to unmap it"
+    ring.retire_all()
+
+
 def test_a_starved_ring_sends_the_next_requests_past_it_until_a_slot_is_released():
     """A trainer that keeps every batch (``list(loader)``) holds every slot: once one request has waited out the
     slot wait, the next ones are not queued (the channel pulls them over its calls at once) until a release."""
@@ -227,6 +249,11 @@ def test_sweep_unlinks_only_segments_of_dead_trainers():
 
 # ---- through the servers -----------------------------------------------------------------------------
 
+def _wait_all_slots(channel, slots: int = 8) -> None:
+    """Until every ring holds ``slots`` slots (it opens with shm.OPEN_SLOTS and is given the rest at once)."""
+    _wait(lambda: all(r.slots == slots for r in channel.rings.values()), BOUND, f"every ring's {slots} slots")
+
+
 def test_ring_batches_equal_torch_rpc_batches_and_the_local_loader(cluster, parts_dir):
     addresses = [s.address for s in cluster]
     local = list(LocalNeighborLoader(parts_dir, FANOUTS, feature_dtype="bf16", **KW))
@@ -236,6 +263,7 @@ def test_ring_batches_equal_torch_rpc_batches_and_the_local_loader(cluster, part
     with gf.connect(addresses, timeout=60) as client:
         channel = client.group.channel
         assert channel.kind == "shm" and sorted(channel.rings) == [0, 1], "loopback servers share this host"
+        _wait_all_slots(channel)
         assert not _segments_of(os.getpid()), "names are unlinked once both sides mapped them"
         assert len(_mapped_segments(os.getpid())) == 2 * 8, "the trainer maps 8 slots per server"
         over_shm = list(client.neighbor_loader("train", FANOUTS, prefetch=2, feature_dtype="bf16", **KW))
@@ -339,6 +367,7 @@ def test_no_room_to_grow_keeps_the_old_slots_and_the_batches_come_over_rpc(clust
     with caplog.at_level(logging.INFO, logger="graphfeed.transport.shm"), \
             gf.connect([s.address for s in cluster], timeout=60) as client:
         channel = client.group.channel
+        _wait_all_slots(channel)
         monkeypatch.setattr(os, "posix_fallocate", _no_room)   # set up, then /dev/shm is full
         loader = client.neighbor_loader("train", FANOUTS, prefetch=2, **KW)
         first = _epoch(loader, local)
