@@ -29,6 +29,8 @@ COMMANDS = {
     "serve": ("graphfeed.cli.serve", "run a sampler-server daemon for one partition"),
     "demo": ("graphfeed.cli.demo", "end-to-end demo: generate, partition, serve, train with 2 DDP ranks"),
     "status": ("graphfeed.cli.status", "cluster health, sessions and throughput from the control plane"),
+    "drain": ("graphfeed.cli.drain", "drain a server remotely, as SIGTERM does (rolling upgrades); --wait until "
+                                     "it is gone"),
     "build-native": ("graphfeed.cli.build_native", "build the native sampling ops against the installed torch"),
 }
 

@@ -69,7 +69,7 @@ def run(args) -> int:
         raise ValueError(f"--timeout must be positive, got {args.timeout:g}")
     if args.wait < 0:
         raise ValueError(f"--wait must be 0 or more seconds, got {args.wait:g}")
-    addresses, open_channel = _targets(args)
+    addresses, open_channel = targets(args)
     with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
         if args.wait:
             deadline = time.monotonic() + args.wait
@@ -88,7 +88,7 @@ def run(args) -> int:
     return 0 if all(r.up and r.health == "SERVING" for r in rows) else 1
 
 
-def _targets(args):
+def targets(args):
     """The addresses, and a function opening a control channel to one of them."""
     from graphfeed.cli.main import UsageError
 
@@ -138,7 +138,7 @@ def wait_serving(address: str, open_channel, deadline: float, timeout: float) ->
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             why = "unreachable" if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
-                else _rpc_error(exc)[1]
+                else rpc_error(exc)[1]
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
@@ -160,7 +160,7 @@ def probe(address: str, open_channel, timeout: float) -> ServerRow:
             info = control.GetClusterInfo(pb.ClusterInfoRequest(), timeout=timeout)
             stats = control.GetStats(pb.StatsRequest(), timeout=timeout)
     except grpc.RpcError as exc:
-        row.health, row.error = _rpc_error(exc)
+        row.health, row.error = rpc_error(exc)
         return row
     except Exception as exc:  # noqa: BLE001 -- e.g. unreadable TLS files: still one row
         row.health, row.error = "ERROR", f"{type(exc).__name__}: {exc}"
@@ -174,7 +174,7 @@ def probe(address: str, open_channel, timeout: float) -> ServerRow:
     return row
 
 
-def _rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
+def rpc_error(exc: grpc.RpcError) -> tuple[str, str]:
     """``(health column, reason)`` for a failed call."""
     code = exc.code() if hasattr(exc, "code") else None
     details = ((exc.details() if hasattr(exc, "details") else "") or "").strip()
@@ -231,7 +231,25 @@ def format_table(rows: list[ServerRow]) -> str:
     graphs = sorted({r.graph for r in rows if r.graph})
     down = sum(1 for r in rows if not (r.up and r.health == "SERVING"))
     summary = f"{len(rows)} server(s), {down} down or not serving"
-    return "\n".join(lines + [summary + (f"; graph {', '.join(graphs)}" if graphs else "")])
+    return "\n".join(lines + [summary + (f"; graph {', '.join(graphs)}" if graphs else "")] + replica_lines(rows))
+
+
+def replica_lines(rows: list[ServerRow]) -> list[str]:
+    """Where a part has replicas (more than one server of it answered): how many of each part's serve, and a
+    warning for a part down to one serving replica (the next loss stalls its jobs)."""
+    by_part: dict[str, list[ServerRow]] = {}
+    for r in rows:
+        if r.part != "-":
+            part = r.part.split("/")[0]
+            by_part.setdefault(f"{r.graph} part {part}" if r.graph else f"part {part}", []).append(r)
+    if not any(len(found) > 1 for found in by_part.values()):
+        return []
+    serving = {part: sum(1 for r in found if r.health == "SERVING") for part, found in by_part.items()}
+    lines = ["replicas: " + ", ".join(f"{part} {serving[part]}/{len(found)} serving"
+                                      for part, found in sorted(by_part.items()))]
+    lines += [f"warning: {part} has one serving replica left" for part, found in sorted(by_part.items())
+              if len(found) > 1 and serving[part] == 1]
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,3 +20,19 @@ TRAINER = "trainer"
 def worker_name(part: int) -> str:
     """torch RPC name of part ``part``'s session worker in a trainer's group."""
     return f"part{part}"
+
+
+# A Drain call's reason (``graphfeed drain --reason``): the daemon logs it, on one line.
+MAX_DRAIN_REASON = 200       # characters
+
+
+def check_drain_reason(reason: str) -> str:
+    """``reason`` when it is a Drain's reason the daemon logs: at most MAX_DRAIN_REASON printable characters;
+    ValueError naming what is wrong otherwise."""
+    if len(reason) > MAX_DRAIN_REASON:
+        raise ValueError(f"the drain reason has {len(reason)} characters: give at most {MAX_DRAIN_REASON} "
+                         f"(it is logged)")
+    if not reason.isprintable():
+        raise ValueError("the drain reason holds control characters (a line break, a tab, ...): give one line of "
+                         "printable text (it is logged)")
+    return reason

@@ -398,3 +398,17 @@ class ServerStats(_message.Message):
     metrics_port: int
     sampler: str
     def __init__(self, state: _Optional[str] = ..., part_id: _Optional[int] = ..., groups_open: _Optional[int] = ..., sessions_open: _Optional[int] = ..., sessions_opened_total: _Optional[int] = ..., sessions_reaped_total: _Optional[int] = ..., sessions: _Optional[_Iterable[_Union[SessionStats, _Mapping]]] = ..., uptime_seconds: _Optional[float] = ..., batches_served_total: _Optional[int] = ..., bytes_served_total: _Optional[int] = ..., buffered_batches: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., sessions_closed_total: _Optional[int] = ..., metrics_port: _Optional[int] = ..., sampler: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("state", "grace_seconds")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    grace_seconds: float
+    def __init__(self, state: _Optional[str] = ..., grace_seconds: _Optional[float] = ...) -> None: ...

@@ -79,6 +79,11 @@ class ControlStub:
                 request_serializer=graphfeed_dot_proto_dot_control__pb2.StatsRequest.SerializeToString,
                 response_deserializer=graphfeed_dot_proto_dot_control__pb2.ServerStats.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/graphfeed.control.v1.Control/Drain',
+                request_serializer=graphfeed_dot_proto_dot_control__pb2.DrainRequest.SerializeToString,
+                response_deserializer=graphfeed_dot_proto_dot_control__pb2.DrainReply.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -147,6 +152,17 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Start the drain SIGTERM starts (health NOT_SERVING, new groups and sessions refused, open groups
+        served for drain_grace_seconds, then exit 0): the remote stop of a rolling upgrade (`graphfeed
+        drain`).  Idempotent: a repeat answers the same and does not restart the grace.  On a daemon with
+        an admin_token only that token may drain (PERMISSION_DENIED otherwise); else the token every call
+        carries (or none on a daemon without one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -194,6 +210,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=graphfeed_dot_proto_dot_control__pb2.StatsRequest.FromString,
                     response_serializer=graphfeed_dot_proto_dot_control__pb2.ServerStats.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=graphfeed_dot_proto_dot_control__pb2.DrainRequest.FromString,
+                    response_serializer=graphfeed_dot_proto_dot_control__pb2.DrainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -439,6 +460,33 @@ class Control:
             '/graphfeed.control.v1.Control/GetStats',
             graphfeed_dot_proto_dot_control__pb2.StatsRequest.SerializeToString,
             graphfeed_dot_proto_dot_control__pb2.ServerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graphfeed.control.v1.Control/Drain',
+            graphfeed_dot_proto_dot_control__pb2.DrainRequest.SerializeToString,
+            graphfeed_dot_proto_dot_control__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,12 +7,14 @@
   ``graphfeed.control.v1.Control``), write ``--port-file``, print the ready line
   ``graphfeed-serve listening port=N ...`` on stdout and tell systemd ``READY=1``
   (:mod:`.sdnotify`; ``WATCHDOG=1`` pings follow when the unit asks for them).
-- **serve** until SIGTERM or SIGINT.  Signal handlers only set events.
+- **serve** until SIGTERM or SIGINT, or a ``Drain`` control call (``graphfeed drain``): each starts the
+  same drain (:meth:`Daemon.start_drain`, once).  Signal handlers only set events.
 - **drain**: systemd ``STOPPING=1``, health NOT_SERVING, new OpenGroup/OpenSession get UNAVAILABLE,
   open groups get up to ``drain_grace_seconds`` to close (their trainers keep
   pulling meanwhile), then the remaining workers are stopped.
 - **shutdown**: stop the gRPC server, exit 0.  A second signal forces exit (130):
-  workers are SIGKILLed and nothing more is waited for.
+  workers are SIGKILLed and nothing more is waited for (a Drain call counts as no signal: the first
+  signal after one joins its drain).
 
 Startup failures raise :class:`StartupError` with the exit code of :mod:`.exitcodes`.
 """
@@ -44,7 +46,7 @@ from graphfeed.server.daemon.metrics import MetricsEndpoint, WorkerFigures
 from graphfeed.server.daemon.registry import WORKER_STOP_GRACE, Registry
 from graphfeed.server.daemon.served import ServedPartition, load_partition
 from graphfeed.server.worker.commands import GroupSpec
-from graphfeed.server.worker.handle import SessionWorkerHandle
+from graphfeed.server.worker.handle import SessionWorkerHandle, SpawnedWorker, WarmWorkers
 from graphfeed.server.worker.memory import map_large_blocks
 from graphfeed.transport import registry
 
@@ -92,16 +94,29 @@ def check_bindable(host: str, port: int) -> None:
             raise StartupError(ExitCode.BIND, f"cannot bind {host}:{port}: {exc.strerror}{hint}") from None
 
 
-def default_factory(spec: GroupSpec, start_timeout: float) -> SessionWorkerHandle:
-    """Start a real session worker process, waiting up to ``start_timeout`` s for it (tests pass
-    ``Daemon(worker_factory=...)`` instead); what it prints becomes one ``worker_output`` log line per line
-    (so JSON logs stay JSON)."""
+def spawn_worker(part: int) -> SpawnedWorker:
+    """A session worker process of part ``part``, not yet given a group; what it prints becomes one
+    ``worker_output`` log line per line (so JSON logs stay JSON), naming its group once it has one."""
     log = logs.get()
+    spawned: list[SpawnedWorker] = []
 
     def output(line: str) -> None:
-        log.warning("worker_output", group=spec.group_id, part=spec.part_id, line=line)
+        log.warning("worker_output", group=spawned[0].group if spawned else None, part=part, line=line)
 
-    return SessionWorkerHandle.start(spec, start_timeout=start_timeout, output=output)
+    spawned.append(SpawnedWorker.spawn(output))
+    return spawned[0]
+
+
+def default_factory(spec: GroupSpec, start_timeout: float, warm: WarmWorkers | None = None) -> SessionWorkerHandle:
+    """The group's session worker -- a warm one when ``warm`` holds one, else a new process -- started within
+    ``start_timeout`` s (tests pass ``Daemon(worker_factory=...)`` instead).  A warm worker taken is replaced
+    once this one started."""
+    spawned = warm.take() if warm is not None else None
+    try:
+        return (spawned or spawn_worker(spec.part_id)).begin(spec, start_timeout)
+    finally:
+        if warm is not None:
+            warm.fill()
 
 
 #: what a token without TLS protects, and what not (docs/how-to/security.md has the table)
@@ -119,8 +134,13 @@ class Daemon:
                  port_file: str | os.PathLike | None = None, ready_stream: TextIO | None = None,
                  install_signals: bool = True, log: logs.EventLogger | None = None):
         self.config = config
-        self.worker_factory = worker_factory or functools.partial(default_factory,
-                                                                  start_timeout=config.worker_start_seconds)
+        # session workers started ahead of their groups (warm_workers; only for the real worker processes)
+        self.warm = WarmWorkers(config.warm_workers, functools.partial(spawn_worker, config.part)) \
+            if config.warm_workers and worker_factory is None else None
+        factory: WorkerFactory = functools.partial(default_factory, start_timeout=config.worker_start_seconds)
+        if self.warm is not None:   # (a stand-in default_factory of the tests takes no warm=)
+            factory = functools.partial(default_factory, start_timeout=config.worker_start_seconds, warm=self.warm)
+        self.worker_factory = worker_factory or factory
         self.port_file = Path(port_file) if port_file else None
         self.ready_stream = ready_stream if ready_stream is not None else sys.stdout
         self.install_signals = install_signals
@@ -146,13 +166,24 @@ class Daemon:
         self._signals = 0
         self.ready = asyncio.Event()
 
-    # ---- signals: only set events ----------------------------------------------------------------
+    # ---- the drain's start: SIGTERM/SIGINT and the Drain call; only set events -------------------
+
+    def start_drain(self) -> bool:
+        """Start the drain :meth:`run` then carries out (the one start of both SIGTERM/SIGINT and the Drain
+        call): from now on the daemon counts as draining (new groups and sessions refused, GetStats says so).
+        True when this call started it; a later call changes nothing (the grace is not restarted)."""
+        if self._stop.is_set():
+            return False
+        self.draining = True
+        self._stop.set()
+        return True
 
     def request_stop(self, signame: str = "request") -> None:
+        """A signal: the first starts the drain (or joins the one a Drain call started), a second forces exit."""
         self._signals += 1
         if self._signals == 1:
-            self.log.info("signal", signal=signame, action="drain")
-            self._stop.set()
+            started = self.start_drain()
+            self.log.info("signal", signal=signame, action="drain" if started else "drain (already draining)")
         else:
             self.log.warning("signal", signal=signame, action="force exit")
             self._force.set()
@@ -207,7 +238,7 @@ class Daemon:
         self.figures = figures = WorkerFigures(registry, c.call_timeout)
         registry.before_stop = figures.retire  # a stopping worker's last figures are kept
         control = ControlServicer(c, served, registry, self.log, self.worker_factory,
-                                  is_draining=lambda: self.draining, figures=figures)
+                                  is_draining=lambda: self.draining, figures=figures, start_drain=self.start_drain)
         control.sampler = self.implementation + on_device
         control.gpu_topology = gpu_topology
         pb_grpc.add_ControlServicer_to_server(control, server)
@@ -233,6 +264,8 @@ class Daemon:
         await self._health.set("", SERVING)
         await self._health.set(SERVICE_NAME, SERVING)
         await self._health.set(DATA_PATH_SERVICE, SERVING)
+        if self.warm is not None:   # after the sampler check: a first-use native build is in the cache by now
+            self.warm.fill()
         self._announce(served)
         self._notify(f"READY=1\nSTATUS=serving part {c.part} on port {self.port}\nMAINPID={os.getpid()}")
         interval = sdnotify.watchdog_interval()
@@ -406,6 +439,7 @@ class Daemon:
 
     async def drain(self) -> None:
         self.draining = True
+        self._discard_warm()
         self._notify("STOPPING=1\nSTATUS=draining")
         if self._health is not None:
             await self._health.set("", NOT_SERVING)
@@ -423,7 +457,12 @@ class Daemon:
             self.log.error("drain_workers_left", cause="some session workers did not stop in time")
         self.log.info("drain_done", seconds=round(time.monotonic() - started, 3))
 
+    def _discard_warm(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
+
     async def _close_server(self, grace: float | None = 1.0) -> None:
+        self._discard_warm()
         if self._reaper is not None:
             self._reaper.cancel()
         if self._idle is not None:

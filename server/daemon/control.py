@@ -4,7 +4,9 @@ Every request is validated before any worker is touched; refusals are gRPC statu
 codes with a message saying what was wrong and how to fix it.  Worker commands run in
 a thread (``asyncio.to_thread``) with a timeout; a worker that died or stopped
 answering gets its group reaped and the caller gets UNAVAILABLE naming the group.
-No error here takes the daemon down, and there is deliberately no RPC that stops it.
+No error here takes the daemon down.  The one call that ends it is ``Drain``, the remote SIGTERM of a
+rolling upgrade: it starts the daemon's own drain, and on a daemon with an ``admin_token`` only that
+token may make it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 import grpc
 
-from graphfeed.core.constants import SPLITS, worker_name
+from graphfeed.core.constants import SPLITS, check_drain_reason, worker_name
 from graphfeed.core.spec import LinkInput, LoaderSpec, check_link_ids
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -153,14 +155,15 @@ def rpc(method):
 
 class ControlServicer(pb_grpc.ControlServicer):
     def __init__(self, config: ServerConfig, served: ServedPartition, registry: Registry, log: EventLogger,
-                 worker_factory: WorkerFactory, is_draining: Callable[[], bool], started_at: float | None = None,
-                 figures: WorkerFigures | None = None):
+                 worker_factory: WorkerFactory, is_draining: Callable[[], bool], start_drain: Callable[[], bool],
+                 started_at: float | None = None, figures: WorkerFigures | None = None):
         self.config = config
         self.served = served
         self.registry = registry
         self.log = log
         self.worker_factory = worker_factory
         self.is_draining = is_draining
+        self.start_drain = start_drain   # the daemon's drain start (Daemon.start_drain): True when it started it
         self.started_at = time.monotonic() if started_at is None else started_at
         self.errors: collections.Counter[str] = collections.Counter()   # refusals by status; the metrics read it
         self.figures = figures          # the workers' cumulative figures (GetStats totals)
@@ -621,6 +624,33 @@ class ControlServicer(pb_grpc.ControlServicer):
                 await self.expire_idle_sessions()
             except Exception as exc:  # noqa: BLE001 -- the scan must go on
                 self.log.error("idle_expiry_error", cause=repr(exc))
+
+    # ---- drain -----------------------------------------------------------------------------------
+
+    @rpc
+    async def Drain(self, request, context):
+        """Start the daemon's drain, as SIGTERM does; a repeat answers the same (the grace is not restarted).
+        PERMISSION_DENIED for a caller without the admin token on a daemon that has one; INVALID_ARGUMENT for
+        a reason that is too long or not printable."""
+        self._check_may_drain(context.invocation_metadata())
+        try:
+            reason = check_drain_reason(request.reason)
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        started = self.start_drain()
+        self.log.info("drain_requested", peer=context.peer(), reason=reason or None, started=started,
+                      grace_seconds=self.config.drain_grace_seconds)
+        return pb.DrainReply(state="draining", grace_seconds=self.config.drain_grace_seconds)
+
+    def _check_may_drain(self, metadata) -> None:
+        """Where the daemon has an admin token, only it may drain: the token check let the trainers' and the
+        teams' tokens through too, and a trainer must not stop a server other jobs use."""
+        if not self.authority.admin_token or self.authority.is_admin(metadata):
+            return
+        raise RequestError(grpc.StatusCode.PERMISSION_DENIED,
+                           "Drain needs the operators' admin token (admin_token) on this server, and this call "
+                           "carries another (a trainer's or a team's token): pass the admin token (graphfeed drain "
+                           "--token-file ADMIN_TOKEN_FILE, or GRAPHFEED_TOKEN)")
 
     # ---- stats -----------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ METRICS: dict[str, MetricSpec] = {
                                        "fallback, about 3x slower).", ("version", "python", "torch", "native")),
     "graphfeed_start_time_seconds": MetricSpec("gauge", "Unix time the daemon started serving."),
     "graphfeed_uptime_seconds": MetricSpec("gauge", "Seconds since the daemon started serving."),
-    "graphfeed_draining": MetricSpec("gauge", "1 while the daemon drains (SIGTERM received), else 0."),
+    "graphfeed_draining": MetricSpec("gauge", "1 while the daemon drains (SIGTERM, SIGINT or a Drain call), else 0."),
     # ---- the partition ---------------------------------------------------------------------------
     "graphfeed_partition_info": MetricSpec("gauge", "Always 1; labels name the graph and the part served.",
                                            ("graph", "part", "num_parts")),

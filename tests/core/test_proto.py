@@ -81,8 +81,9 @@ def test_control_service_surface():
     service = control_pb2.DESCRIPTOR.services_by_name["Control"]
     assert service.full_name == "graphfeed.control.v1.Control"
     assert {m.name for m in service.methods} == {"GetClusterInfo", "OpenGroup", "JoinGroup", "Heartbeat", "CloseGroup",
-                                                  "OpenSession", "StartEpoch", "CloseSession", "GetStats"}
-    # no RPC may stop a server: the daemon outlives its clients
+                                                  "OpenSession", "StartEpoch", "CloseSession", "GetStats", "Drain"}
+    # no RPC stops a server at once: the daemon outlives its clients; Drain (an operator's, with the admin token
+    # where there is one) starts the drain SIGTERM starts, which serves open groups for their grace
     assert not any("shutdown" in m.name.lower() or "stop" in m.name.lower() for m in service.methods)
 
 

@@ -112,6 +112,10 @@ NOT_RUN = {
                        "start's set-up (scripts/dev.sh) installs the same pins from PyPI and is run here",
     "docs/partition-scale.md": "the products-scale measurements (hours, OUT/NAME placeholders for the reader)",
     "docs/how-to/partition.md": "products-scale partitioning (hours) and a Dask scheduler at the reader's HOST",
+    "docs/how-to/multi-host.md": "a rolling upgrade of the reader's servers: systemctl and kubectl on their hosts "
+                                 "and cluster, graphfeed status at their HOST:PORT",
+    "docs/how-to/operations.md": "operators' commands against the reader's running servers (graphfeed drain at "
+                                 "their HOST:PORT, with their admin token)",
 }
 
 
