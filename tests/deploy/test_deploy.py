@@ -3,6 +3,7 @@ commands run as they would in production where that is feasible on a test box.""
 from __future__ import annotations
 
 import configparser
+import copy
 import json
 import re
 import shlex
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, k8s
 from helpers.cluster import SERVE_COMMAND, hermetic_env, running_cluster
 from helpers.graphs import synthetic_parts
 
+from graphfeed.cli.main import build_parser
 from graphfeed.core import metric_names
 from graphfeed.server.daemon import metrics
 from graphfeed.server.daemon.config import KEYS, ConfigError, ServerConfig, load_config
@@ -105,6 +107,24 @@ def test_unit_restart_policy_matches_exit_codes_and_drain(example):
         assert key in s, key
     argv = shlex.split(s["ExecStart"])
     assert argv[:2] == [UNIT_INSTALL_PATH, "serve"] and "/etc/graphfeed/server-%i.yaml" in argv and "%i" in argv
+
+
+def _header_commands(path: Path) -> list[list[str]]:
+    """The command lines a file's header comment shows (``#   command args  # comment``), split as a shell would."""
+    lines = [line[1:].split("#")[0].strip() for line in path.read_text().splitlines() if line.startswith("#   ")]
+    return [shlex.split(line) for line in lines if line]
+
+
+def test_unit_header_shows_a_rolling_restart_with_a_status_wait_the_cli_accepts():
+    """Replicas of a part restart one host at a time: ``systemctl restart graphfeed-server@K``, then ``graphfeed
+    status --wait`` on that replica before the next host; the status line is one the command line parses."""
+    commands = _header_commands(UNIT)
+    restart = commands.index(["systemctl", "restart", "graphfeed-server@K"])
+    wait = commands[restart + 1]
+    assert wait[0] == "graphfeed", wait
+    parser, _ = build_parser(wait[1:])
+    args = parser.parse_args(wait[1:])
+    assert args.command == "status" and args.wait > 0 and args.servers == ["HOST:PORT"], args
 
 
 def test_systemd_analyze_verify(tmp_path):
@@ -201,21 +221,34 @@ def test_container_entrypoint_and_healthcheck_run_as_in_the_image(parts_dir, tmp
 
 # ---- compose, Kubernetes, Prometheus ----------------------------------------------------------------
 
-def test_compose_two_partitions_and_prometheus(metrics_port):
-    doc = yaml.safe_load(COMPOSE.read_text())
-    services = doc["services"]
-    servers = {n: s for n, s in services.items() if n.startswith("server-")}
-    assert sorted(s["environment"]["GRAPHFEED_PART"] for s in servers.values()) == ["0", "1"]
+def _compose_servers() -> dict[str, dict]:
+    return {n: s for n, s in yaml.safe_load(COMPOSE.read_text())["services"].items() if n.startswith("server-")}
+
+
+def test_compose_two_replicas_of_each_part_and_prometheus(metrics_port):
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    servers = _compose_servers()
+    parts = [s["environment"]["GRAPHFEED_PART"] for s in servers.values()]
+    assert sorted(set(parts)) == ["0", "1"] and all(parts.count(p) >= 2 for p in parts), parts
+    published = []
     for name, s in servers.items():
         assert s["build"]["dockerfile"] == "deploy/container/Containerfile"
         assert (COMPOSE.parent / s["build"]["context"] / s["build"]["dockerfile"]).resolve() == CONTAINERFILE
         assert int(s["environment"]["GRAPHFEED_PORT"]) == CONTROL_PORT
-        targets = {int(p.rsplit(":", 1)[1]) for p in s["ports"]}
-        assert targets == {CONTROL_PORT, metrics_port}, name
+        assert s["environment"]["GRAPHFEED_DATA_ADDRESS"] == name, "each replica's data path on its own address"
+        targets = {int(p.rsplit(":", 1)[1]): p.rsplit(":", 1)[0] for p in s["ports"]}
+        assert set(targets) == {CONTROL_PORT, metrics_port}, name
+        published += targets.values()
         assert s["stop_grace_period"] == "60s" and s["read_only"] is True
+    assert len(set(published)) == len(published), f"two servers publish one host port: {published}"
+    # the trainers' addresses in the header are the published control ports: every replica of every part
+    header = "".join(line for line in COMPOSE.read_text().splitlines() if line.startswith("#"))
+    control = {p.rsplit(":", 1)[0] for s in servers.values() for p in s["ports"] if p.endswith(f":{CONTROL_PORT}")}
+    assert set(re.findall(r'"(127\.0\.0\.1:\d+)"', header)) == control
     prom = services["prometheus"]
     mount = prom["volumes"][0].split(":")[0]
     assert (COMPOSE.parent / mount).resolve() == PROMETHEUS
+    assert set(prom["depends_on"]) >= set(servers)
     scraped = _prometheus_targets()
     assert scraped == {f"{n}:{metrics_port}" for n in servers}
 
@@ -226,21 +259,35 @@ def _prometheus_targets() -> set[str]:
     return {t for sc in job["static_configs"] for t in sc["targets"]}
 
 
-def test_k8s_statefulset_service_and_grpc_probes(metrics_port):
-    docs = {d["kind"]: d for d in yaml.safe_load_all(K8S.read_text())}
-    svc, sts = docs["Service"], docs["StatefulSet"]
-    assert svc["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
-    assert {p["port"] for p in svc["spec"]["ports"]} == {CONTROL_PORT, metrics_port}
-    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"] == sts["spec"]["template"]["metadata"][
-        "labels"]
-    pod = sts["spec"]["template"]["spec"]
-    [c] = pod["containers"]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["GRAPHFEED_PART"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.labels['apps.kubernetes.io/pod-index']"
+def test_k8s_a_statefulset_of_replicas_per_part_service_and_grpc_probes(metrics_port):
+    """Parts 0..N-1 each have a StatefulSet of two or more replicas with GRAPHFEED_PART fixed to the part, its
+    pods labelled with the part and selected by it alone; the headless Service names every pod; readiness is
+    gRPC health of the control service (NOT_SERVING while a replica drains)."""
+    docs = k8s.documents(K8S)
+    [svc], [secret] = docs["Service"], docs["Secret"]
+    sets = k8s.statefulsets_by_part(docs)
+    assert sorted(sets) == list(range(len(sets))) and len(sets) >= 2, sorted(sets)
+    assert svc["spec"]["clusterIP"] == "None" and {p["port"] for p in svc["spec"]["ports"]} == {
+        CONTROL_PORT, metrics_port}
+    for part, sts in sets.items():
+        labels = k8s.pod_labels(sts)
+        assert sts["metadata"]["name"] == f"graphfeed-server-part{part}"
+        assert sts["spec"]["replicas"] >= 2, f"part {part}: one replica cannot restart while another serves"
+        assert labels == {"app.kubernetes.io/name": "graphfeed-server", k8s.PART_LABEL: str(part)}
+        assert k8s.selects(sts["spec"]["selector"], labels), f"part {part}: its selector misses its own pods"
+        for other, other_sts in sets.items():   # overlapping StatefulSet selectors would fight over pods
+            assert other == part or not k8s.selects(sts["spec"]["selector"], k8s.pod_labels(other_sts)), (part, other)
+        assert sts["spec"]["serviceName"] == svc["metadata"]["name"] and k8s.selects(svc["spec"]["selector"], labels)
+        # `kubectl rollout restart` replaces one pod at a time only with RollingUpdate (OnDelete: never)
+        assert sts["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
+        _check_server_pod(sts, secret, metrics_port)
+
+
+def _check_server_pod(sts: dict, secret: dict, metrics_port: int) -> None:
+    pod, c, env = sts["spec"]["template"]["spec"], k8s.server_container(sts), k8s.env(sts)
     assert int(env["GRAPHFEED_PORT"]["value"]) == CONTROL_PORT
     assert int(env["GRAPHFEED_METRICS_PORT"]["value"]) == metrics_port
-    assert env["GRAPHFEED_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == docs["Secret"]["metadata"]["name"]
+    assert env["GRAPHFEED_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == CONTROL_PORT, probe
     assert c["readinessProbe"]["grpc"]["service"] == "graphfeed.control.v1.Control"
@@ -250,6 +297,46 @@ def test_k8s_statefulset_service_and_grpc_probes(metrics_port):
     assert pod["terminationGracePeriodSeconds"] > grace + WORKER_STOP_GRACE + 5
     assert {p["containerPort"] for p in c["ports"]} == {CONTROL_PORT, metrics_port}
     assert env["GRAPHFEED_DATA_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert {v["name"]: v for v in pod["volumes"]}["parts"]["persistentVolumeClaim"]["readOnly"] is True
+
+
+def _as_part_k(sts: dict, part: int) -> dict:
+    """``sts`` with its part written as K: its name, its part label and its GRAPHFEED_PART value."""
+    text = json.dumps(sts)
+    text = text.replace(f"graphfeed-server-part{part}", "graphfeed-server-partK")
+    text = text.replace(f'"{k8s.PART_LABEL}": "{part}"', f'"{k8s.PART_LABEL}": "K"')
+    text = text.replace(f'"name": "{k8s.PART_ENV}", "value": "{part}"', f'"name": "{k8s.PART_ENV}", "value": "K"')
+    return json.loads(text)
+
+
+def test_k8s_part_statefulsets_differ_only_in_their_part():
+    """Each part's StatefulSet is a copy of part 0's with the part replaced (the header's way to add a part):
+    a setting changed in one copy only (an image, a probe, a limit) fails here."""
+    sets = k8s.statefulsets_by_part(k8s.documents(K8S))
+    first = _as_part_k(sets[0], 0)
+    assert first != sets[0] and "partK" in json.dumps(first)
+    for part, sts in sets.items():
+        assert _as_part_k(sts, part) == first, f"graphfeed-server-part{part} differs from part 0's beyond its part"
+    changed = copy.deepcopy(sets[1])
+    k8s.server_container(changed)["image"] = "graphfeed-server:0.0.9"
+    assert _as_part_k(changed, 1) != first
+
+
+def test_k8s_header_lists_every_replica_as_trainers_address_it():
+    """The cluster YAML shown in the header names every pod of every part's StatefulSet by its stable DNS name
+    (<StatefulSet>-<ordinal>.<headless Service>:<control port>), and nothing else."""
+    lines = K8S.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("#   servers:"))
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith("#     "):   # the list's continuation lines are indented deeper
+            break
+        block.append(line)
+    shown = yaml.safe_load("\n".join(line[1:] for line in block))["servers"]
+    docs = k8s.documents(K8S)
+    pods = [f"{sts['metadata']['name']}-{ordinal}.{sts['spec']['serviceName']}:{CONTROL_PORT}"
+            for sts in k8s.statefulsets_by_part(docs).values() for ordinal in range(sts["spec"]["replicas"])]
+    assert sorted(shown) == sorted(pods)
 
 
 def test_k8s_network_policy_admits_trainers_by_namespace_and_label():
@@ -269,8 +356,7 @@ def test_wildcard_host_needs_a_data_address_in_every_example(example):
         load_config(environ={}, flags={"partition": "p", "part": 0, "host": "0.0.0.0"})
     assert load_config(environ={}, flags={"partition": "p", "part": 0, "host": "::",
                                           "data_address": "10.0.0.5"}).effective_data_address == "10.0.0.5"
-    servers = {n: s for n, s in yaml.safe_load(COMPOSE.read_text())["services"].items() if n.startswith("server-")}
-    for name, s in servers.items():
+    for name, s in _compose_servers().items():
         assert s["environment"]["GRAPHFEED_HOST"] == "0.0.0.0" and s["environment"]["GRAPHFEED_DATA_ADDRESS"], name
     env = _env(_runtime_stage())
     assert env["GRAPHFEED_HOST"] == "0.0.0.0" and "GRAPHFEED_DATA_ADDRESS" in CONTAINERFILE.read_text()

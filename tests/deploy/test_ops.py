@@ -2,6 +2,7 @@
 implementation a server runs, the example config, and the client-only command line."""
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, k8s
 from helpers.cluster import SERVE_COMMAND, hermetic_env
 from helpers.graphs import synthetic_parts
 
@@ -61,32 +62,81 @@ def test_example_server_yaml_passes_the_daemon_config_loader(parts_dir):
 
 # ---- Kubernetes -------------------------------------------------------------------------------------
 
-def _k8s() -> dict:
-    return {d["kind"]: d for d in yaml.safe_load_all(K8S.read_text())}
+def _check_budgets(docs: dict[str, list[dict]]) -> None:
+    """Every part has one PodDisruptionBudget (policy/v1, maxUnavailable 1) that selects that part's pods and no
+    other part's, so a drain evicts at most one replica of a part and the others serve it; AssertionError naming
+    the budget otherwise."""
+    sets = k8s.statefulsets_by_part(docs)
+    pods = {part: k8s.pod_labels(sts) for part, sts in sets.items()}
+    budget_of: dict[int, str] = {}
+    for pdb in docs.get("PodDisruptionBudget", []):
+        name, spec = pdb["metadata"]["name"], pdb["spec"]
+        assert pdb["apiVersion"] == "policy/v1", name
+        assert spec.get("maxUnavailable") == 1 and "minAvailable" not in spec, f"{name}: {spec}"
+        parts = [part for part, labels in pods.items() if k8s.selects(spec["selector"], labels)]
+        assert len(parts) == 1, f"{name} selects the pods of parts {parts}: one budget per part"
+        assert parts[0] not in budget_of, f"part {parts[0]} has two budgets: {budget_of.get(parts[0])}, {name}"
+        budget_of[parts[0]] = name
+        assert sets[parts[0]]["spec"]["replicas"] - spec["maxUnavailable"] >= 1, f"{name} may evict every replica"
+    assert sorted(budget_of) == sorted(pods), f"parts without a budget: {sorted(set(pods) - set(budget_of))}"
 
 
 def test_k8s_disruption_budget_and_network_policy_select_the_servers():
-    docs = _k8s()
-    sts, pdb, netpol = docs["StatefulSet"], docs["PodDisruptionBudget"], docs["NetworkPolicy"]
-    labels = sts["spec"]["template"]["metadata"]["labels"]
-    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"] == labels
-    assert netpol["spec"]["podSelector"]["matchLabels"] == labels and netpol["spec"]["policyTypes"] == ["Ingress"]
+    docs = k8s.documents(K8S)
+    _check_budgets(docs)
+    pods = {part: k8s.pod_labels(sts) for part, sts in k8s.statefulsets_by_part(docs).items()}
+    [netpol] = docs["NetworkPolicy"]
+    assert netpol["spec"]["policyTypes"] == ["Ingress"]
+    for part, labels in pods.items():
+        assert k8s.selects(netpol["spec"]["podSelector"], labels), f"the policy leaves part {part}'s pods open"
     rules = netpol["spec"]["ingress"]
     # the rule without ports (any port: control plane and the torch RPC data path) admits trainers and servers
     [open_rule] = [r for r in rules if "ports" not in r]
-    sources = [p["podSelector"]["matchLabels"] for p in open_rule["from"]]
-    assert sources == [{"graphfeed.io/trainer": "true"}, labels]
-    # every other rule names only ports the container declares
-    [container] = sts["spec"]["template"]["spec"]["containers"]
-    declared = {p["name"] for p in container["ports"]} | {p["containerPort"] for p in container["ports"]}
-    for rule in rules:
-        for port in rule.get("ports", []):
-            assert port["port"] in declared, port
+    [trainers, servers] = open_rule["from"]
+    assert trainers["podSelector"]["matchLabels"] == {"graphfeed.io/trainer": "true"}
+    assert "namespaceSelector" in trainers
+    for part, labels in pods.items():   # peer calls go between every part's and every replica's workers
+        assert "namespaceSelector" not in servers and k8s.selects(servers["podSelector"], labels), part
+    # every other rule names only ports the containers declare
+    for sts in k8s.statefulsets_by_part(docs).values():
+        container = k8s.server_container(sts)
+        declared = {p["name"] for p in container["ports"]} | {p["containerPort"] for p in container["ports"]}
+        for rule in rules:
+            for port in rule.get("ports", []):
+                assert port["port"] in declared, port
+
+
+def _with_budget_selector(docs: dict[str, list[dict]], part: int, selector: dict) -> dict[str, list[dict]]:
+    changed = copy.deepcopy(docs)
+    [pdb] = [p for p in changed["PodDisruptionBudget"] if p["metadata"]["name"].endswith(f"part{part}")]
+    pdb["spec"]["selector"] = selector
+    return changed
+
+
+def test_k8s_budget_check_catches_a_budget_over_every_part_or_a_part_without_one():
+    docs = k8s.documents(K8S)
+    _check_budgets(docs)
+    every_server = {"matchLabels": {"app.kubernetes.io/name": "graphfeed-server"}}
+    with pytest.raises(AssertionError, match=r"selects the pods of parts \[0, 1\]"):
+        _check_budgets(_with_budget_selector(docs, 0, every_server))
+    with pytest.raises(AssertionError, match=r"selects the pods of parts \[\]"):
+        _check_budgets(_with_budget_selector(docs, 0, {"matchLabels": {k8s.PART_LABEL: "7"}}))
+    by_expression = {"matchExpressions": [{"key": k8s.PART_LABEL, "operator": "In", "values": ["1"]}]}
+    with pytest.raises(AssertionError, match="part 1 has two budgets"):
+        _check_budgets(_with_budget_selector(docs, 0, by_expression))
+    lax = copy.deepcopy(docs)
+    lax["PodDisruptionBudget"][0]["spec"]["maxUnavailable"] = 2
+    with pytest.raises(AssertionError, match="maxUnavailable"):
+        _check_budgets(lax)
+    missing = copy.deepcopy(docs)
+    del missing["PodDisruptionBudget"][-1]
+    with pytest.raises(AssertionError, match="parts without a budget"):
+        _check_budgets(missing)
 
 
 def test_k8s_placeholder_token_fails_the_daemon_config_validation(parts_dir):
-    placeholder = _k8s()["Secret"]["stringData"]["token"]
+    [secret] = k8s.documents(K8S)["Secret"]
+    placeholder = secret["stringData"]["token"]
     env = {"GRAPHFEED_PARTITION": str(parts_dir), "GRAPHFEED_PART": "0", "GRAPHFEED_TOKEN": placeholder}
     with pytest.raises(ConfigError, match="placeholder") as err:
         load_config(environ=env)
@@ -117,10 +167,13 @@ def _rule_metrics(expr: str) -> set[str]:
     """Metric names in a PromQL expression: identifiers before ``{``, ``[``, ``)`` or a comparison."""
     no_strings = re.sub(r'"[^"]*"', '""', expr)
     no_labels = re.sub(r"\{[^}]*\}", "{}", no_strings)
-    no_by = re.sub(r"\b(by|without)\s*\([^)]*\)", "", no_labels)
+    # label lists of aggregations and of vector matching name labels, not metrics
+    no_by = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", no_labels)
     words = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", no_by))
     functions = {"sum", "rate", "increase", "irate", "max", "min", "avg", "count", "histogram_quantile", "on",
-                 "ignoring", "and", "or", "unless", "bool", "offset"}
+                 "ignoring", "and", "or", "unless", "bool", "offset", "max_over_time", "min_over_time",
+                 "avg_over_time", "sum_over_time", "count_over_time", "absent", "absent_over_time", "changes",
+                 "resets", "delta", "deriv", "group_left", "group_right"}
     return {w for w in words if w not in functions and not re.fullmatch(r"\d+[smhd]?", w)}
 
 
@@ -149,6 +202,8 @@ def test_alert_rules_parse_cover_the_topics_and_name_exported_metrics():
 def test_alert_rule_check_catches_a_made_up_metric():
     used = _rule_metrics('sum by (instance) (rate(graphfeed_made_up_total{kind="x"}[5m])) > 0')
     assert used == {"graphfeed_made_up_total"} and not _exported("graphfeed_made_up_total")
+    matched = _rule_metrics("(count by (part) (up) == 1) and on (part) max_over_time(graphfeed_made_up_info[1h])")
+    assert matched == {"up", "graphfeed_made_up_info"}
     assert _exported("graphfeed_groups_reaped_total") and _exported("graphfeed_client_batch_wait_seconds_bucket")
 
 
