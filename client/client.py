@@ -16,12 +16,13 @@ from typing import Any, Callable, Mapping, NoReturn, Sequence, TypeVar
 
 from typing_extensions import Unpack
 
-from graphfeed.client.cluster import ServerConn, open_servers, parse_cluster
+from graphfeed.client.cluster import ServerConn, parse_cluster
 from graphfeed.client.embedding import RemoteEmbedding
 from graphfeed.client.errors import InvalidRequest, NotFound, ServerError, unanswered
 from graphfeed.client.group import PROBE_TIMEOUT, DataGroup
 from graphfeed.client.loader import RemoteNeighborLoader
 from graphfeed.client.online import OnlineSampler, online_spec, to_batch
+from graphfeed.client.replicas import Replicas, open_replicas
 from graphfeed.client.security import from_cluster
 from graphfeed.client.served import ServersServed
 from graphfeed.client.sessions import CONTROL_THREADS, SessionSet
@@ -58,8 +59,10 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
             **options: Any) -> Client:
     """Connect to the servers of ``cluster`` (a YAML file with ``servers: [host:port, ...]`` or a list).
 
-    Checks that the servers hold one graph's parts exactly once, starts a session worker on
-    each and forms the data-path group (rank 0 here).
+    Checks that the servers hold one graph's parts, each once or more (replicas: daemons serving the same part
+    of the same partition files), uses one server per part (at random among a part's replicas), starts a
+    session worker on each and forms the data-path group (rank 0 here).  A listed server that cannot be reached
+    is an error unless the others serve every part (it is then kept for failover, with a warning).
 
     ``transport`` (:func:`graphfeed.transport.registry.connect_choices`): how batches and calls travel.
 
@@ -90,14 +93,15 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
     ``lease_seconds`` how long servers keep this trainer's workers without a heartbeat (0/None: server
     default).
 
-    Server restarts: when a server dies under an open client, a running epoch waits up to
-    ``reconnect_timeout`` seconds for a server of the same graph and part to answer at that
-    address, re-forms the data-path group with every server, re-opens the loaders' sessions
-    and continues at the first batch the trainer has not received (each seed still exactly
-    once; batches equal to an uninterrupted run's).  ``0`` fails at once with
+    Server restarts: when a server dies under an open client, a running epoch takes another replica of its part
+    that serves now (:mod:`graphfeed.client.replicas`), or waits up to ``reconnect_timeout`` seconds for a
+    server of the same graph and part to answer at that address (or at a replica's), re-forms the data-path
+    group with every server, re-opens the loaders' sessions and continues at the first batch the trainer has
+    not received (each seed still exactly once; batches equal to an uninterrupted run's).  ``0`` fails at once with
     :class:`ServerError`, as does a server that comes back with another partition, and a server
     that stops on purpose: one whose health said NOT_SERVING (a daemon drains on SIGTERM/SIGINT;
-    its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for.
+    its trainers keep pulling during ``drain_grace_seconds``), as nothing will come back to wait for -- unless
+    its part has another replica, which the part then moves to.
 
     ``job`` names the job (1-64 letters, digits, ``.``, ``_``, ``-``; "" = ``default``): the servers keep
     its embedding tables' checkpoints in that namespace only (``embedding_dir/<job>/``).  Every call on the
@@ -135,16 +139,16 @@ def connect(cluster, *, transport: str = registry.AUTO, settings: ConnectSetting
         return reused
     security = from_cluster(cluster, token=settings.token, tls_ca=settings.tls_ca, tls_cert=settings.tls_cert,
                             tls_key=settings.tls_key)
-    servers = open_servers(addresses, settings.timeout, security)
+    replicas = open_replicas(addresses, settings.timeout, security)
     try:
-        group = DataGroup(servers, transport=route, settings=settings)
+        group = DataGroup(replicas.active(), transport=route, settings=settings)
         group.start()
     except BaseException:
-        for s in servers:
+        for s in replicas.all():
             s.close()
         raise
-    return Client(servers, group, timeout=settings.timeout, rpc_timeout=settings.rpc_timeout,
-                  reconnect_timeout=settings.reconnect_timeout)
+    return Client(group.servers, group, timeout=settings.timeout, rpc_timeout=settings.rpc_timeout,
+                  reconnect_timeout=settings.reconnect_timeout, replicas=replicas)
 
 
 def _route(transport: str, channel: str | None) -> registry.Route:
@@ -171,11 +175,12 @@ class Client:
     """An open connection: make loaders with :meth:`neighbor_loader`; ``close()`` (or ``with``) when done."""
 
     def __init__(self, servers: Sequence[ServerConn], group: DataGroup, *, timeout: float, rpc_timeout: float,
-                 reconnect_timeout: float = 0.0):
-        self.servers, self.group = list(servers), group
+                 reconnect_timeout: float = 0.0, replicas: Replicas | None = None):
+        self.servers, self.group = list(servers), group   # the server in use of each part, in part order
+        self.replicas = replicas if replicas is not None else Replicas(self.servers)   # every server of each part
         self.timeout, self.rpc_timeout = float(timeout), float(rpc_timeout)
         self.reconnect_timeout = float(reconnect_timeout)
-        for s in self.servers:   # a StartEpoch its server does not answer (paused, busy) is sent again this long
+        for s in self.replicas.all():   # a StartEpoch its server does not answer (paused, busy) is sent again this long
             s.patience = self.reconnect_timeout
         self.generation = 0      # +1 each time the data-path group is re-formed (sessions re-opened)
         self.reconnects = 0      # how often that happened (also in the log)
@@ -423,12 +428,15 @@ class Client:
                 return self.generation
             if not dead:
                 self._fail(where, cause)
-            silent = [name for name in dead if name in self.group.given_up]
-            if silent:   # it was waited for reconnect_timeout already: no second wait
+            # a server without a replica that was silent past reconnect_timeout (it was waited for already) or that
+            # drains (a stop on purpose: nothing comes back to wait for) ends the client; one with a replica moves
+            silent = self._without_replica(name for name in dead if name in self.group.given_up)
+            if silent:
                 self._fail((", ".join(silent), f"{dead[silent[0]]}; {where[1]}"), cause)
-            stopping = self.group.stopping(dead)
-            if stopping:   # a drain is a stop on purpose: nothing comes back to wait for
-                self._fail((", ".join(stopping), f"is shutting down (it announced a drain: SIGTERM/SIGINT), so the "
+            stopping = self._without_replica(self.group.stopping(dead))
+            if stopping:
+                self._fail((", ".join(stopping), f"is shutting down (it announced a drain: SIGTERM/SIGINT or graphfeed "
+                                                 f"drain) and its part has no other replica, so the "
                                                  f"client does not wait to reconnect; {where[1]}"), cause)
             log.warning("graphfeed: %s; waiting up to %g s for %s to come back (%s)", where[1],
                         self.reconnect_timeout, ", ".join(dead), "; ".join(f"{k}: {v}" for k, v in dead.items()))
@@ -488,6 +496,11 @@ class Client:
                 return ", ".join(dead), f"{what} failed: {exc}"
         return None
 
+    def _without_replica(self, names) -> list[str]:
+        """Those of the servers ``names`` in use whose part has no other server to move to."""
+        by_name = {s.name: s for s in self.servers}
+        return [n for n in names if n not in by_name or not self.replicas.has_other(by_name[n])]
+
     def server_name(self, part: int) -> str:
         """``host:port part K`` of part ``part``'s server (``part K`` when no server holds it)."""
         s = next((s for s in self.servers if s.part == part), None)
@@ -533,10 +546,10 @@ class Client:
         old.close()
         self.fail_pulls(", ".join(dead), "the group is being re-formed")
         while True:
-            for s in self.servers:
-                if s.name in dead:
-                    s.wait_back(deadline, self.reconnect_timeout)
-                    log.warning("graphfeed: %s answers again", s.name)
+            for i, s in enumerate(self.servers):
+                if s.name in dead:   # it, once back, or another replica of its part
+                    self.servers[i] = self.replicas.replace(s, deadline, self.reconnect_timeout)
+                    log.warning("graphfeed: %s serves part %d again", self.servers[i].name, s.part)
             group = DataGroup(self.servers, transport=old.route,
                               settings=dataclasses.replace(old.settings, advertise_host=old.host))
             try:
@@ -578,7 +591,7 @@ class Client:
             self.group.close()
         finally:
             self.control_pool.shutdown(wait=False)
-            for s in self.servers:
+            for s in self.replicas.all():
                 s.close()
 
     def __enter__(self):
@@ -597,7 +610,7 @@ def _open_client(addresses: list[str], job: str = "") -> Client | None:
     job names when it is another job's (its tables' checkpoints are another namespace)."""
     with _OPEN_LOCK:
         for client in _OPEN:
-            if sorted(s.address for s in client.servers) == sorted(addresses):
+            if sorted(client.replicas.addresses) == sorted(addresses):
                 if client.group.settings.job != job:
                     raise RuntimeError(f"this process already has an open graphfeed client to these servers for "
                                        f"job {client.group.settings.job or 'default'!r}, not {job or 'default'!r}: "
@@ -608,7 +621,7 @@ def _open_client(addresses: list[str], job: str = "") -> Client | None:
                 return client
         if _OPEN:
             raise RuntimeError(f"this process already has an open graphfeed client, to "
-                               f"{', '.join(s.address for s in _OPEN[0].servers)}, and torch allows one RPC "
+                               f"{', '.join(_OPEN[0].replicas.addresses)}, and torch allows one RPC "
                                f"group per process: close() it before connecting to {', '.join(addresses)} (if "
                                f"connect() runs twice because a module was imported twice, pass the same servers: "
                                f"connect() then returns the open client)")

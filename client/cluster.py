@@ -201,7 +201,7 @@ class ServerConn:
                 self.reopen()
                 info = self.stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=min(5.0, max(0.5, remaining)))
             except (ClusterError, grpc.RpcError) as exc:
-                why = _first_line(exc)
+                why = error_line(exc)
                 time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
                 continue
             if (info.fingerprint, info.part_id, info.num_parts) != (old.fingerprint, old.part_id, old.num_parts):
@@ -218,36 +218,30 @@ def _make_channel(address: str, security) -> grpc.Channel:
     return security.channel(address) if security is not None else grpc.insecure_channel(address)
 
 
-def _first_line(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     text = (exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else str(exc)) or ""
     text = text.strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def open_servers(addresses: Sequence[str], timeout: float, security=None) -> list[ServerConn]:
-    """Channels to every server, their ClusterInfo, checked for consistency; sorted by part.
-
-    ``security`` (:class:`graphfeed.client.security.ClientSecurity`): TLS and token; None = plain text.
-    """
-    for a in addresses:
-        probe_tcp(a)
-    servers = []
-    for a in addresses:
-        ch = _make_channel(a, security)
-        servers.append(ServerConn(a, ch, pb_grpc.ControlStub(ch), security=security))
+def reach(address: str, timeout: float, security=None) -> ServerConn:
+    """A control channel to ``address`` with the server's ClusterInfo (waits up to ``timeout`` s for it);
+    ClusterError naming why the server cannot be reached (the channel then closed)."""
+    probe_tcp(address)
+    s = unreached(address, security)
     try:
-        for s in servers:
-            try:
-                s.info = s.stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=timeout, wait_for_ready=True)
-            except grpc.RpcError as exc:
-                raise ClusterError(f"cannot reach graphfeed server {s.address}: {exc.code().name}: "
-                                   f"{exc.details()}{_security_hint(exc, security)}") from None
-        check_cluster(servers)
-    except BaseException:
-        for s in servers:
-            s.close()
-        raise
-    return sorted(servers, key=lambda s: s.part)
+        s.info = s.stub.GetClusterInfo(pb.ClusterInfoRequest(), timeout=timeout, wait_for_ready=True)
+    except grpc.RpcError as exc:
+        s.close()
+        raise ClusterError(f"cannot reach graphfeed server {address}: {exc.code().name}: "
+                           f"{exc.details()}{_security_hint(exc, security)}") from None
+    return s
+
+
+def unreached(address: str, security=None) -> ServerConn:
+    """A control channel to ``address`` whose server has not answered yet (no ClusterInfo: its part is unknown)."""
+    ch = _make_channel(address, security)
+    return ServerConn(address, ch, pb_grpc.ControlStub(ch), security=security)
 
 
 def probe_tcp(address: str, timeout: float = CONNECT_PROBE_TIMEOUT) -> None:
@@ -280,20 +274,27 @@ def _security_hint(exc: grpc.RpcError, security) -> str:
 
 
 def check_cluster(servers: Sequence[ServerConn]) -> None:
+    """ClusterError unless ``servers`` hold one partitioning (one fingerprint) and every part of it, each part
+    once or more (replicas)."""
+    check_one_graph(servers)
+    missing = missing_parts(servers)
+    if missing:
+        raise ClusterError(f"no server for part(s) {missing} of {servers[0].cluster_info.num_parts}: start them and "
+                           f"list them (servers given: {', '.join(s.name for s in servers)})")
+
+
+def check_one_graph(servers: Sequence[ServerConn]) -> None:
+    """ClusterError naming the first server whose partitioning (fingerprint: the parts' content) differs."""
     first = servers[0].cluster_info
     for s in servers[1:]:
         info = s.cluster_info
         if info.fingerprint != first.fingerprint or info.num_parts != first.num_parts:
             raise ClusterError(f"{s.address} serves a different graph than {servers[0].address} "
                                f"(fingerprint {info.fingerprint[:12]} vs {first.fingerprint[:12]}, "
-                               f"{info.num_parts} vs {first.num_parts} parts): list servers of one partitioning")
-    by_part: dict[int, list[str]] = {}
-    for s in servers:
-        by_part.setdefault(s.part, []).append(s.address)
-    doubled = {p: a for p, a in by_part.items() if len(a) > 1}
-    if doubled:
-        raise ClusterError(f"part(s) served more than once: {doubled}; list each part's server exactly once")
-    missing = sorted(set(range(first.num_parts)) - set(by_part))
-    if missing:
-        raise ClusterError(f"no server for part(s) {missing} of {first.num_parts}: start them and list them "
-                           f"(servers given: {', '.join(s.name for s in servers)})")
+                               f"{info.num_parts} vs {first.num_parts} parts): list servers of one partitioning "
+                               f"(a part's replicas serve the same partition files)")
+
+
+def missing_parts(servers: Sequence[ServerConn]) -> list[int]:
+    """The parts of the graph no server of ``servers`` serves."""
+    return sorted(set(range(servers[0].cluster_info.num_parts)) - {s.part for s in servers})

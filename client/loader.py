@@ -32,6 +32,7 @@ from graphfeed.core.spec import LoaderSpec
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto.convert import open_session_request
 from graphfeed.transport.errors import PeerLost
+from graphfeed.transport.path import first_line
 from graphfeed.transport.pending import Pending
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ class RemoteNeighborLoader(PygLoaderFace):
             return self._watched(self._filled(self.client.group.channel.request(
                 part, sessions.ids[part], sessions.secrets[part], epoch, seq)))
         except Exception as exc:  # noqa: BLE001 -- any failure to send is a failed pull, named like one
-            where = self._failure_text(part, epoch, seq, f"could not be sent: {_first_line(exc)}", {})
+            where = self._failure_text(part, epoch, seq, f"could not be sent: {first_line(exc)}", {})
             raise PullFailed(where) from exc
 
     def _watched(self, pending: Pending) -> Pending:
@@ -356,7 +357,7 @@ class RemoteNeighborLoader(PygLoaderFace):
             if client.generation != generation:
                 raise PullFailed((client.servers[part].name, "the group was re-formed")) from exc
             dead = client.group.probe()
-            raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {_first_line(exc)}", dead)) from exc
+            raise PullFailed(self._failure_text(part, epoch, seq, f"failed: {first_line(exc)}", dead)) from exc
 
 
     def _failure_text(self, part: int, epoch: int, seq: int, what: str, dead: dict) -> tuple[str, str]:
@@ -410,6 +411,3 @@ class _orphaned:
         return iter(list(enumerate(self.sessions)))
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

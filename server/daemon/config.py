@@ -91,6 +91,9 @@ class ServerConfig(WorkerSettings):
     # within worker_start_seconds: a burst of trainers then connects one after another instead of every start
     # sharing the CPUs until all of them pass the bound together
     worker_starts: int = 0
+    # session workers kept started ahead of their groups (torch imported, ~0.25 GB each): an OpenGroup -- a
+    # trainer's connect, or its move to another replica of a part -- then skips the process start and imports
+    warm_workers: int = 0
     max_hops: int = DEFAULT_MAX_HOPS   # a loader's hops at most
     max_batch_nodes: int = 0           # sampled nodes of one batch at most (0 = max_batch_bytes / 64)
     max_batch_edges: int = 0           # sampled edges of one batch at most (0 = max_batch_bytes / 32)
@@ -387,6 +390,7 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     "call_timeout": _seconds(0.0, 86400.0),
     "worker_start_seconds": _seconds(0.0, 3600.0),
     "worker_starts": _int(0, 4096),
+    "warm_workers": _int(0, 64),
     "max_hops": _int(1, 1000),
     "max_batch_nodes": _int(0),
     "max_batch_edges": _int(0),

@@ -15,6 +15,7 @@ as its own structured log lines (``log_format: json`` keeps every line JSON).  W
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import pickle
@@ -30,6 +31,7 @@ from typing import IO, Callable
 from graphfeed.server.worker.commands import START_ID, Command, GroupSpec, Started, Stop, WorkerError, WorkerGone
 
 START_TIMEOUT = 120.0   # seconds for the worker to import torch and map its partition
+DISCARD_WAIT = 10.0     # seconds a worker that never got a group has to exit once its pipe closed
 
 
 # Environment variables a session worker never needs: the daemon's own credentials (its bearer token,
@@ -73,6 +75,64 @@ def _relay(stream: IO[bytes], output: Callable[[str], None]) -> None:
                 output(line)
 
 
+class SpawnedWorker:
+    """A session worker process told nothing yet: it imports torch and graphfeed, then waits for its
+    :class:`GroupSpec` (:meth:`begin`).  A daemon may keep one ready (``warm_workers``) so that an ``OpenGroup``
+    costs no process start; what it prints goes to ``output(line)`` (:attr:`group` names its group once begun)."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection):
+        self.proc, self.pid, self._conn = proc, proc.pid, conn
+        self.group: str | None = None
+
+    @classmethod
+    def spawn(cls, output: Callable[[str], None] | None = None) -> "SpawnedWorker":
+        """Start the process (returns at once: it imports meanwhile); WorkerError if it cannot be spawned."""
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "graphfeed.server.worker.process", "--fd",
+                                     str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_environment())
+        except OSError as exc:
+            ours.close()
+            raise WorkerError(f"cannot spawn a session worker: {exc}") from None
+        finally:
+            theirs.close()
+        assert proc.stdout is not None
+        threading.Thread(target=_relay, args=(proc.stdout, output or _copy_to_stderr), daemon=True,
+                         name=f"worker-{proc.pid}-output").start()
+        return cls(proc, Connection(ours.detach()))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def begin(self, spec: GroupSpec, start_timeout: float = START_TIMEOUT) -> "SessionWorkerHandle":
+        """Hand the worker its group and wait until it mapped its partition; WorkerError (the worker killed) if it
+        cannot start within ``start_timeout`` s."""
+        self.group = spec.group_id
+        handle = SessionWorkerHandle(self.proc, self._conn, spec)
+        try:
+            try:
+                handle._conn.send_bytes(pickle.dumps(spec))
+            except (OSError, ValueError) as exc:
+                raise handle._gone(f"cannot hand worker pid {self.pid} its group: {exc} ({handle._exit_text()})") \
+                    from None
+            started = handle._expect(START_ID, Started, start_timeout, "start")
+            handle.endpoint = started.endpoint   # the worker's data-path listener ("" for a path without one)
+        except WorkerError:
+            handle._kill()
+            raise
+        return handle
+
+    def discard(self) -> None:
+        """End a worker that never got a group: closing its pipe ends it; SIGKILL if it lingers."""
+        self._conn.close()
+        try:
+            self.proc.wait(DISCARD_WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(DISCARD_WAIT)
+
+
 class SessionWorkerHandle:
     def __init__(self, proc: subprocess.Popen, conn: Connection, spec: GroupSpec):
         self.proc, self.spec = proc, spec
@@ -90,28 +150,7 @@ class SessionWorkerHandle:
 
         ``output(line)`` receives each line the worker prints (default: copied to stderr).
         """
-        ours, theirs = socket.socketpair()
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "graphfeed.server.worker.process", "--fd",
-                                     str(theirs.fileno())], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=worker_environment())
-        except OSError as exc:
-            ours.close()
-            raise WorkerError(f"cannot spawn a session worker: {exc}") from None
-        finally:
-            theirs.close()
-        assert proc.stdout is not None
-        threading.Thread(target=_relay, args=(proc.stdout, output or _copy_to_stderr), daemon=True,
-                         name=f"worker-{proc.pid}-output").start()
-        handle = cls(proc, Connection(ours.detach()), spec)
-        try:
-            handle._conn.send_bytes(pickle.dumps(spec))
-            started = handle._expect(START_ID, Started, start_timeout, "start")
-            handle.endpoint = started.endpoint   # the worker's data-path listener ("" for a path without one)
-        except WorkerError:
-            handle._kill()
-            raise
-        return handle
+        return SpawnedWorker.spawn(output).begin(spec, start_timeout)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -196,3 +235,48 @@ class SessionWorkerHandle:
     def __repr__(self) -> str:
         return f"SessionWorkerHandle(pid={self.pid}, group={self.spec.group_id!r}, part={self.spec.part_id})"
 
+
+
+class WarmWorkers:
+    """Up to ``count`` session workers spawned ahead of their groups (the daemon's ``warm_workers``), so an
+    ``OpenGroup`` waits for a worker to map its part and listen, not for a process to start and import torch.
+
+    :meth:`take` hands out the oldest live one; the daemon calls :meth:`fill` once that one has started (its
+    successor's imports would otherwise compete with that start for the CPUs).  Thread-safe."""
+
+    def __init__(self, count: int, spawn: Callable[[], SpawnedWorker]):
+        self.count, self._spawn = count, spawn
+        self._ready: collections.deque[SpawnedWorker] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def fill(self) -> None:
+        """Spawn workers until ``count`` wait (a spawn that fails is tried again at the next fill)."""
+        with self._lock:
+            while not self._closed and len(self._ready) < self.count:
+                try:
+                    self._ready.append(self._spawn())
+                except WorkerError:
+                    return
+
+    def take(self) -> SpawnedWorker | None:
+        """The oldest warm worker still alive (one that died meanwhile is dropped), or None."""
+        with self._lock:
+            while self._ready:
+                worker = self._ready.popleft()
+                if worker.alive():
+                    return worker
+                worker.discard()
+        return None
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.pid for w in self._ready]
+
+    def close(self) -> None:
+        """Discard every warm worker; later fills spawn none."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = list(self._ready), collections.deque()
+        for worker in ready:
+            worker.discard()

@@ -24,6 +24,7 @@ from graphfeed.server.worker.peer_cache import RowCache
 from graphfeed.server.worker.telemetry import WorkerTelemetry
 from graphfeed.transport import wire
 from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.path import first_line
 from graphfeed.transport.pending import Pending
 
 # what peers answer one_hop and gather with travels on the secure data path as these records
@@ -104,7 +105,7 @@ def replicate_hot_rows(graph: PartitionedGraph, part: Partition, budget_bytes: i
         try:
             caches = peer_cache.fill(part, wanted, gather)
         except Exception as exc:  # noqa: BLE001 -- that peer stays uncached; reported below
-            failed.append(f"part{p}: {_first_line(exc)}")
+            failed.append(f"part{p}: {first_line(exc)}")
             continue
         source.cached = caches.get(p, {})
         total += sum(c.nbytes for c in source.cached.values())
@@ -194,7 +195,7 @@ class PeerCall(Generic[T]):
             res = self.fut.result()
         except Exception as exc:  # RPC errors arrive as RuntimeError with the peer's message
             self.source.telemetry.count_error("remote")
-            raise PeerError(f"{self.what} on peer worker part{self.source.part_id} failed: {_first_line(exc)}") \
+            raise PeerError(f"{self.what} on peer worker part{self.source.part_id} failed: {first_line(exc)}") \
                 from exc
         return self.convert(res)
 
@@ -216,6 +217,3 @@ def _same(value):
     return value
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

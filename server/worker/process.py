@@ -374,7 +374,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
     conn = Connection(args.fd)
     try:
-        spec = pickle.loads(conn.recv_bytes())
+        first = conn.recv_bytes()   # a warm worker waits here, imports done, until a group takes it
+    except (EOFError, OSError):
+        return 0                    # the daemon discarded it (or died) before it got a group
+    try:
+        spec = pickle.loads(first)
         part = Partition(spec.partition_root, spec.part_id)
         part.topology(part.meta.topologies[0])  # map (and check) the files now, not on the first batch
     except Exception as exc:  # noqa: BLE001 -- any start failure goes back to the daemon as its reason

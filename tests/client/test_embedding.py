@@ -340,7 +340,7 @@ def _train_through(servers, parts, fanouts, weight, tag: str, kill_at=None) -> N
         _steps(it, opt, [authors, papers], weight, 2)
         if kill_at is not None:
             authors.flush(), papers.flush()   # the last push acknowledged by every owner
-            kill_at(servers)   # the next push or pull to the dead owner waits for it and re-forms the group
+            kill_at(servers, client)   # the next push or pull to the dead owner waits for it and re-forms the group
         _steps(it, opt, [authors, papers], weight, 4)
         assert client.reconnects == (0 if kill_at is None else 1)
         authors.save(tag), papers.save(tag)
@@ -356,7 +356,7 @@ def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_unin
     env = {"GRAPHFEED_EMBEDDING_DIR": str(tables)}
     weight = torch.randn(DIM)
 
-    def kill_and_restart(servers) -> None:
+    def kill_and_restart(servers, client) -> None:
         victim = servers[1]
         _kill(victim)
         servers[1] = start_server(parts, 1, log_dir=tmp_path / "restart", env=env, args=("--port", str(victim.port)))
@@ -374,6 +374,32 @@ def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_unin
             for key in want.state:
                 assert torch.equal(got.state[key], want.state[key]), (name, part, key)
     assert (tmp_path / "restart").is_dir()
+
+
+@pytest.mark.slow
+def test_a_killed_replica_hands_its_tables_to_another_with_every_acknowledged_step(shared_mag, tmp_path):
+    """Part 1 served twice over one embedding_dir (shared storage): kill -9 of the replica in use, never
+    restarted; the other restores checkpoint and update log, and the tables end equal to an uninterrupted run."""
+    parts, _ = shared_mag
+    fanouts = _fanouts(_local_graph(parts))
+    tables = tmp_path / "tables"
+    env = {"GRAPHFEED_EMBEDDING_DIR": str(tables)}
+    weight = torch.randn(DIM)
+
+    def kill_in_use(servers, client) -> None:
+        _kill(next(s for s in servers if s.address == client.servers[1].address))
+
+    with running_cluster(parts, [0, 1, 1], log_dir=tmp_path / "logs", env=env) as servers:
+        _train_through(servers, parts, fanouts, weight, "uninterrupted")
+        _train_through(servers, parts, fanouts, weight, "failed-over", kill_at=kill_in_use)
+    for name in ("author", "paper"):
+        for part in (0, 1):
+            want = PartTable.load(tables / "default", name, "uninterrupted", part)
+            got = PartTable.load(tables / "default", name, "failed-over", part)
+            assert got.seq == want.seq == 8, (name, part)
+            assert torch.equal(got.rows, want.rows), (name, part)
+            for key in want.state:
+                assert torch.equal(got.state[key], want.state[key]), (name, part, key)
 
 
 @pytest.mark.slow

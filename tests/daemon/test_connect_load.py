@@ -29,6 +29,7 @@ BUSY_LOOPS = 2
 REAP_WAIT = 60.0        # seconds an abandoned worker may take to come up and be stopped (a loaded host)
 TRAINERS_WAIT = 540.0   # seconds for every trainer to connect and close (8 workers starting on 2 busy cores)
 IN_TURN = 3             # trainers connecting at once to daemons that start one worker at a time
+WARM_IMPORTS = 5.0       # seconds given a warm worker to import torch before the trainer comes
 OVERLAP_SLACK = 0.1     # seconds two starts in turn may seem to overlap (ms log stamps, a release before the log)
 
 TRAINER = textwrap.dedent("""
@@ -159,3 +160,34 @@ def test_trainers_connect_at_once_to_a_busy_host_and_close(parts_dir, tmp_path):
         for p in busy:
             p.kill()
             p.wait(10)
+
+
+def wait_children(server, count: int, bound: float) -> list[int]:
+    """``server``'s child processes once there are ``count``; AssertionError naming them past ``bound`` s."""
+    started = time.monotonic()
+    while True:
+        found = children(server.pid)
+        if len(found) == count:
+            return found
+        assert time.monotonic() - started < bound, f"{server.name} has children {found}, not {count}, {bound:g} s on"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_warm_worker_is_taken_by_the_next_group_and_replaced(parts_dir, tmp_path):
+    """warm_workers=1: a worker waits before any trainer comes, the next OpenGroup takes it (its pid is the
+    group's worker) and a successor is started; the daemon drains and exits 0 with it."""
+    import graphfeed.client as gf
+
+    with running_cluster(parts_dir, log_dir=tmp_path, env={"GRAPHFEED_WARM_WORKERS": "1"}) as servers:
+        warm = [wait_children(s, 1, REAP_WAIT)[0] for s in servers]
+        time.sleep(WARM_IMPORTS)   # the warm workers finish their imports
+        with gf.connect([s.address for s in servers], timeout=60) as client:
+            assert [s.extra["worker_pid"] for s in client.servers] == warm
+            successors = [set(wait_children(s, 2, REAP_WAIT)) - {w} for s, w in zip(servers, warm)]
+            batch = next(iter(client.neighbor_loader("train", [2], batch_size=8)))
+            assert batch.batch_size == 8
+        for s, successor in zip(servers, successors):
+            assert set(wait_children(s, 1, REAP_WAIT)) == successor   # the group's worker stopped, the warm stays
+        starts = [opens(s.logs())[0][2] for s in servers]
+        print(f"warm worker starts (s): {starts}")

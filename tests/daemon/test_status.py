@@ -125,3 +125,18 @@ def test_status_wait_gives_up_at_its_bound_naming_the_server(capsys):
     assert "DOWN" in out and "1 server(s), 1 down" in out
     with pytest.raises(ValueError, match="--wait must be 0 or more"):
         status.run(parser.parse_args(["--wait", "-1", address]))
+
+
+def test_status_counts_a_parts_serving_replicas_and_warns_at_the_last():
+    def row(address: str, part: str, health: str) -> status.ServerRow:
+        return status.ServerRow(server=address, up=True, health=health, part=part, graph="g")
+
+    rows = [row("a:1", "0/2", "SERVING"), row("b:1", "1/2", "SERVING"), row("c:1", "1/2", "NOT_SERVING"),
+            status.ServerRow(server="d:1", up=False, health="DOWN", error="unreachable")]
+    table = status.format_table(rows)
+    assert "replicas: g part 0 1/1 serving, g part 1 1/2 serving" in table
+    assert "warning: g part 1 has one serving replica left" in table
+    assert "part 0 has one" not in table   # one server of a part that has no replica is no warning
+    rows[2].health = "SERVING"
+    assert "warning" not in status.format_table(rows)
+    assert "replicas:" not in status.format_table(rows[:2])   # no part served twice: no replica lines
