@@ -5,8 +5,6 @@ Run also with GRAPHFEED_TEST_DATA_PATH=secure (every call goes through DataCalls
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +14,7 @@ import urllib.request
 
 import pytest
 import torch
+from helpers.cluster import kill_server
 from helpers.graphs import assert_same_batch
 
 import graphfeed.client as gf
@@ -228,13 +227,6 @@ def scrape(server) -> dict:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def _kill(server) -> None:
-    server.expect_exit = -signal.SIGKILL
-    os.killpg(server.pid, signal.SIGKILL)   # the daemon and its session workers
-    server.wait(30)
-    server.checked = True
-
-
 @pytest.mark.slow
 def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(shared_mag, tmp_path):
     parts, _ = shared_mag
@@ -280,7 +272,7 @@ def test_checkpoint_round_trip_and_a_kill_9_restart_restore_rows_and_state(share
             assert ("graphfeed_embedding_rows", (("table", "huge"),)) not in samples
 
             victim = servers[1]
-            _kill(victim)
+            kill_server(victim)
             restarted: list = []
 
             def restart():
@@ -347,32 +339,42 @@ def _train_through(servers, parts, fanouts, weight, tag: str, kill_at=None) -> N
         it.close()
 
 
-@pytest.mark.slow
-def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_uninterrupted_run(shared_mag,
-                                                                                               tmp_path):
+def _tables_env(tmp_path) -> dict[str, str]:
+    """The daemons' shared embedding_dir (one folder: every daemon of the test sees it)."""
+    return {"GRAPHFEED_EMBEDDING_DIR": str(tmp_path / "tables")}
+
+
+def _killed_run_equals_an_uninterrupted_one(shared_mag, tmp_path, served, kill_at) -> None:
+    """Train the two tables through 8 steps on daemons of parts ``served`` twice -- uninterrupted, then with
+    ``kill_at(servers, client)`` after step 4 -- and check both parts' saved rows, step numbers and Adam state are
+    bit-equal between the two runs."""
     parts, _ = shared_mag
     fanouts = _fanouts(_local_graph(parts))
-    tables = tmp_path / "tables"
-    env = {"GRAPHFEED_EMBEDDING_DIR": str(tables)}
     weight = torch.randn(DIM)
-
-    def kill_and_restart(servers, client) -> None:
-        victim = servers[1]
-        _kill(victim)
-        servers[1] = start_server(parts, 1, log_dir=tmp_path / "restart", env=env, args=("--port", str(victim.port)))
-
-    with running_cluster(parts, log_dir=tmp_path / "logs", env=env) as servers:
+    with running_cluster(parts, served, log_dir=tmp_path / "logs", env=_tables_env(tmp_path)) as servers:
         _train_through(servers, parts, fanouts, weight, "uninterrupted")
-        _train_through(servers, parts, fanouts, weight, "killed", kill_at=kill_and_restart)
+        _train_through(servers, parts, fanouts, weight, "killed", kill_at=kill_at)
     for name in ("author", "paper"):
         for part in (0, 1):
-            want = PartTable.load(tables / "default", name, "uninterrupted", part)
-            got = PartTable.load(tables / "default", name, "killed", part)
+            want = PartTable.load(tmp_path / "tables" / "default", name, "uninterrupted", part)
+            got = PartTable.load(tmp_path / "tables" / "default", name, "killed", part)
             assert got.seq == want.seq == 8, (name, part)
             assert torch.equal(got.rows, want.rows), (name, part)
             assert sorted(got.state) == ["exp_avg", "exp_avg_sq", "step"]
             for key in want.state:
                 assert torch.equal(got.state[key], want.state[key]), (name, part, key)
+
+
+@pytest.mark.slow
+def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_uninterrupted_run(shared_mag,
+                                                                                               tmp_path):
+    def kill_and_restart(servers, client) -> None:
+        victim = servers[1]
+        kill_server(victim)
+        servers[1] = start_server(shared_mag[0], 1, log_dir=tmp_path / "restart", env=_tables_env(tmp_path),
+                                  args=("--port", str(victim.port)))
+
+    _killed_run_equals_an_uninterrupted_one(shared_mag, tmp_path, None, kill_and_restart)
     assert (tmp_path / "restart").is_dir()
 
 
@@ -380,26 +382,10 @@ def test_a_kill_9_between_pushes_loses_no_step_rows_and_adam_state_equal_an_unin
 def test_a_killed_replica_hands_its_tables_to_another_with_every_acknowledged_step(shared_mag, tmp_path):
     """Part 1 served twice over one embedding_dir (shared storage): kill -9 of the replica in use, never
     restarted; the other restores checkpoint and update log, and the tables end equal to an uninterrupted run."""
-    parts, _ = shared_mag
-    fanouts = _fanouts(_local_graph(parts))
-    tables = tmp_path / "tables"
-    env = {"GRAPHFEED_EMBEDDING_DIR": str(tables)}
-    weight = torch.randn(DIM)
-
     def kill_in_use(servers, client) -> None:
-        _kill(next(s for s in servers if s.address == client.servers[1].address))
+        kill_server(next(s for s in servers if s.address == client.servers[1].address))
 
-    with running_cluster(parts, [0, 1, 1], log_dir=tmp_path / "logs", env=env) as servers:
-        _train_through(servers, parts, fanouts, weight, "uninterrupted")
-        _train_through(servers, parts, fanouts, weight, "failed-over", kill_at=kill_in_use)
-    for name in ("author", "paper"):
-        for part in (0, 1):
-            want = PartTable.load(tables / "default", name, "uninterrupted", part)
-            got = PartTable.load(tables / "default", name, "failed-over", part)
-            assert got.seq == want.seq == 8, (name, part)
-            assert torch.equal(got.rows, want.rows), (name, part)
-            for key in want.state:
-                assert torch.equal(got.state[key], want.state[key]), (name, part, key)
+    _killed_run_equals_an_uninterrupted_one(shared_mag, tmp_path, [0, 1, 1], kill_in_use)
 
 
 @pytest.mark.slow

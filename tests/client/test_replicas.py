@@ -6,12 +6,12 @@ Real ``graphfeed serve`` daemons on loopback: part 0 once, part 1 twice (same pa
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from helpers.cluster import kill_server
 from helpers.graphs import assert_same_batch, partition_arrays
 
 import graphfeed.client as gf
@@ -74,13 +74,6 @@ def _in_use(servers, client, part: int):
     return next(s for s in servers if s.address == client.servers[part].address)
 
 
-def _kill(server) -> None:
-    server.expect_exit = -signal.SIGKILL
-    os.killpg(server.pid, signal.SIGKILL)   # the daemon and its session workers
-    server.wait(30)
-    server.checked = True
-
-
 @pytest.mark.slow
 def test_a_killed_replica_hands_its_part_to_the_other(parts_dir, graph, edge_set, reference, tmp_path):
     """With a warm worker on every daemon (replicas' set-up: the group re-formed on the surviving servers takes
@@ -100,7 +93,7 @@ def test_a_killed_replica_hands_its_part_to_the_other(parts_dir, graph, edge_set
                     _check(batch, edge_set, x.shape[0])
                 if i == 2:
                     victim = _in_use(servers, client, 1)
-                    _kill(victim)   # never comes back: the epoch continues on the other replica
+                    kill_server(victim)   # never comes back: the epoch continues on the other replica
                 del batch
                 last = time.monotonic()
             assert i + 1 == len(reference) and sorted(seeds) == sorted(splits["test"].tolist())   # every seed once
@@ -144,7 +137,7 @@ def test_a_rolling_restart_of_a_parts_replicas_under_a_running_epoch(parts_dir, 
 def test_a_replica_down_at_connect_is_taken_once_it_answers(parts_dir, graph, edge_set, reference, tmp_path, caplog):
     with running_cluster(parts_dir, [0, 1, 1], log_dir=tmp_path) as servers:
         down = servers[2]
-        _kill(down)
+        kill_server(down)
         addresses = [s.address for s in servers]
         with caplog.at_level(logging.WARNING, logger="graphfeed.client"):
             client = gf.connect(addresses, timeout=60, reconnect_timeout=NEVER_BACK)
@@ -155,7 +148,7 @@ def test_a_replica_down_at_connect_is_taken_once_it_answers(parts_dir, graph, ed
             it = iter(client.neighbor_loader("test", FANOUTS, prefetch=2, **KWARGS))
             got = [next(it) for _ in range(3)]
             servers[2] = start_server(parts_dir, 1, log_dir=tmp_path / "back", args=("--port", str(down.port)))
-            _kill(servers[1])
+            kill_server(servers[1])
             got += list(it)
             assert client.servers[1].address == down.address and client.replicas.counts() == {0: 1, 1: 2}
             _check_epoch(got, reference, graph, edge_set)

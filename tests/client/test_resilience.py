@@ -6,7 +6,6 @@ DDP cases run two gloo ranks in subprocesses.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.cluster import kill_server
 from helpers.graphs import assert_same_batch, partition_arrays
 
 import graphfeed.client as gf
@@ -252,13 +252,6 @@ def test_ddp_ranks_compare_loader_fingerprints(parts_dir, graph, tmp_path, mode)
 
 # ---- transparent resume after a server restart ------------------------------------------------------
 
-def _kill(server) -> None:
-    server.expect_exit = -signal.SIGKILL
-    os.killpg(server.pid, signal.SIGKILL)   # the daemon and its session workers
-    server.wait(30)
-    server.checked = True
-
-
 def _restart_later(parts, part: int, port: int, log_dir, delay: float, out: list) -> threading.Thread:
     """Start part ``part`` of ``parts`` on ``port`` after ``delay`` s, from a thread (the trainer keeps waiting)."""
     def run():
@@ -284,7 +277,7 @@ def test_server_killed_mid_epoch_resumes_after_restart_on_the_same_port(parts_di
             val = client.neighbor_loader("val", FANOUTS, batch_size=64)
             it = iter(loader)
             got = [next(it) for _ in range(3)]
-            _kill(victim)
+            kill_server(victim)
             restarted: list = []
             thread = _restart_later(parts_dir, 1, victim.port, tmp_path / "restart", 1.0, restarted)
             got += list(it)             # the same trainer process finishes the epoch
@@ -334,7 +327,7 @@ def test_resume_refuses_another_partition_and_bounds_the_wait(parts_dir, graph, 
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=60) as client:
             it = iter(client.neighbor_loader("train", FANOUTS, batch_size=24, prefetch=1))
             next(it)
-            _kill(victim)
+            kill_server(victim)
             impostor = start_server(other, 1, log_dir=tmp_path / "impostor", args=("--port", str(victim.port)))
             try:
                 with pytest.raises(gf.ServerError, match="came back with a different partition") as err:
@@ -346,7 +339,7 @@ def test_resume_refuses_another_partition_and_bounds_the_wait(parts_dir, graph, 
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=2) as client:
             it = iter(client.neighbor_loader("train", FANOUTS, batch_size=24, prefetch=1))
             next(it)
-            _kill(servers[1])
+            kill_server(servers[1])
             t0 = time.monotonic()
             with pytest.raises(gf.ServerError, match=r"did not come back within reconnect_timeout=2 s") as err:
                 list(it)
@@ -378,7 +371,7 @@ def test_pygs_loader_over_graphfeeds_stores_resumes_after_a_server_kill(parts_di
                                     num_neighbors=FANOUTS, input_nodes=ids, batch_size=48, shuffle=False)
             it = iter(loader)
             got = [next(it) for _ in range(3)]
-            _kill(victim)
+            kill_server(victim)
             restarted: list = []
             thread = _restart_later(parts_dir, 1, victim.port, tmp_path / "restart", 1.0, restarted)
             got += list(it)

@@ -14,6 +14,7 @@ every config key, ``GRAPHFEED_CONFIG``) are removed for the whole test session
 from __future__ import annotations
 
 import os
+import signal
 
 from graphfeed.server.daemon.config import KEYS, env_name
 
@@ -34,3 +35,12 @@ def hermetic_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra or {})
     return env
+
+
+def kill_server(server) -> None:
+    """``kill -9`` of a test's daemon and its session workers (its process group); waits for the exit and marks
+    the exit as expected (the cluster's teardown then checks nothing of it)."""
+    server.expect_exit = -signal.SIGKILL
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(30)
+    server.checked = True
