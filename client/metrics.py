@@ -22,6 +22,7 @@ precomputed here.  The names match
 """
 from __future__ import annotations
 
+from graphfeed.client.replicas import FAILOVERS
 from graphfeed.core.loader_stats import LOADERS, LoaderStats
 from graphfeed.core.metric_names import CLIENT_METRICS, LATENCY_BUCKETS
 
@@ -52,6 +53,8 @@ class _LoaderCollector:
                 buckets.append((bound, running))
             families["graphfeed_client_batch_wait_seconds"].add_metric([name], buckets,
                                                                        sum(s.wait_sum for s in loaders))
+        for part, moves in sorted(FAILOVERS.items()):
+            families["graphfeed_client_failovers_total"].add_metric([str(part)], moves)
         return list(families.values())
 
 

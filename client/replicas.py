@@ -13,6 +13,7 @@ A server listed but not reachable at connect is kept as a candidate when the rea
 """
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import time
@@ -36,6 +37,8 @@ from graphfeed.proto import control_pb2 as pb
 
 log = logging.getLogger("graphfeed.client")
 CHECK_TIMEOUT = 2.0   # seconds one candidate may take to answer whether it serves the part
+# part -> times it moved to another replica in this process (graphfeed_client_failovers_total)
+FAILOVERS: collections.Counter[int] = collections.Counter()
 
 
 def open_replicas(addresses: Sequence[str], timeout: float, security=None) -> Replicas:
@@ -135,6 +138,7 @@ class Replicas:
             self.by_part.setdefault(chosen.part, []).append(chosen)
         if chosen is not lost:
             self.failovers += 1
+            FAILOVERS[chosen.part] += 1
             log.warning("graphfeed: part %d moves from %s to its replica %s", chosen.part, lost.address,
                         chosen.address)
         return chosen

@@ -30,6 +30,9 @@ CLIENT_METRICS: dict[str, MetricSpec] = {
     "graphfeed_client_resumes_total": MetricSpec("counter", "Epochs the loader resumed at its cursor after the "
                                                             "client re-formed its group (a server restarted).",
                                                  ("loader",)),
+    "graphfeed_client_failovers_total": MetricSpec("counter", "Times a part moved to another of its replicas (the "
+                                                              "server this trainer used for it was lost).",
+                                                   ("part",)),
 }
 # Ratios are derived in PromQL from the counters, so they aggregate over trainers and time windows:
 #   data-stall ratio  sum(rate(graphfeed_client_wait_seconds_total[5m]))

@@ -8,13 +8,17 @@ from __future__ import annotations
 import logging
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from helpers.cluster import kill_server
 from helpers.graphs import assert_same_batch, partition_arrays
+from prometheus_client.parser import text_string_to_metric_families
 
 import graphfeed.client as gf
+from graphfeed.client import replicas
+from graphfeed.client.metrics import start_metrics_server
 from graphfeed.server.loader.local import LocalNeighborLoader
 from graphfeed.server.partition.inputs import synth
 from graphfeed.testing.cluster import running_cluster, start_server
@@ -69,6 +73,18 @@ def _check_epoch(got, reference, graph, edge_set) -> None:
         _check(b, edge_set, x.shape[0])
 
 
+def _scraped_failovers(part: int) -> float:
+    """graphfeed_client_failovers_total of ``part`` on this process's trainer metrics endpoint."""
+    server = start_metrics_server(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.close()
+    return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "graphfeed_client_failovers_total" and s.labels == {"part": str(part)})
+
+
 def _in_use(servers, client, part: int):
     """The server process of ``part`` the client uses now."""
     return next(s for s in servers if s.address == client.servers[part].address)
@@ -83,6 +99,7 @@ def test_a_killed_replica_hands_its_part_to_the_other(parts_dir, graph, edge_set
     with running_cluster(parts_dir, [0, 1, 1], log_dir=tmp_path, env={"GRAPHFEED_WARM_WORKERS": "1"}) as servers:
         with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=NEVER_BACK) as client:
             assert client.replicas.counts() == {0: 1, 1: 2}
+            moved_before = replicas.FAILOVERS[1]   # this process's, for the trainer's metrics
             loader = client.neighbor_loader("test", FANOUTS, prefetch=2, **KWARGS)
             seeds, waits, last = [], [], time.monotonic()
             for i, batch in enumerate(loader):
@@ -101,6 +118,7 @@ def test_a_killed_replica_hands_its_part_to_the_other(parts_dir, graph, edge_set
             assert client.replicas.failovers == 1 and client.reconnects == 1 and loader.stats()["resumes"] == 1
             again = list(loader)   # the next epoch runs on the new group, from the surviving replica
             assert sorted(_seeds(again)) == sorted(splits["test"].tolist())
+            assert _scraped_failovers(part=1) == moved_before + 1
             print(f"failover: the longest batch wait {max(waits[3:]):.2f} s (before the kill {max(waits[1:3]):.2f} s)")
 
 
