@@ -31,7 +31,7 @@ from typing import IO, Callable
 from graphfeed.server.worker.commands import START_ID, Command, GroupSpec, Started, Stop, WorkerError, WorkerGone
 
 START_TIMEOUT = 120.0   # seconds for the worker to import torch and map its partition
-DISCARD_WAIT = 10.0     # seconds a worker that never got a group has to exit once its pipe closed
+DISCARD_WAIT = 10.0     # seconds a killed worker that never got a group may take to be reaped
 
 
 # Environment variables a session worker never needs: the daemon's own credentials (its bearer token,
@@ -124,13 +124,14 @@ class SpawnedWorker:
         return handle
 
     def discard(self) -> None:
-        """End a worker that never got a group: closing its pipe ends it; SIGKILL if it lingers."""
+        """End a worker that never got a group (it holds nothing: SIGKILL at once, so a drain running on the
+        daemon's event loop never waits for a worker still importing)."""
         self._conn.close()
         try:
-            self.proc.wait(DISCARD_WAIT)
-        except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(DISCARD_WAIT)
+        except OSError:
+            pass
+        self.proc.wait(DISCARD_WAIT)
 
 
 class SessionWorkerHandle:
