@@ -1,8 +1,10 @@
 """Issue 35's fault matrix: every caller of the workers, a fault mid-run, the run equal to an uninterrupted one.
 
 Faults: ``server`` (``kill -9`` of part 1's daemon and its session workers; restarted on its port about a second
-later) and ``worker`` (``kill -9`` of part 1's session worker alone; its daemon reaps the group, the trainer
-re-forms it with a new worker).  Callers: the node loader, the link loader, the typed loader, ``client.sample``,
+later), ``worker`` (``kill -9`` of part 1's session worker alone; its daemon reaps the group, the trainer
+re-forms it with a new worker) and ``replica`` (issue 37: part 1 served by two daemons, ``kill -9`` of the one
+in use, which stays down for the rest of the run: the trainer moves the part to the other replica instead of
+waiting; the killed one is started again after the cell, for the next).  Callers: the node loader, the link loader, the typed loader, ``client.sample``,
 PyG's ``NeighborLoader`` over graphfeed's stores, and embedding training with ``SparseAdam``.  Data paths: the
 default secure path, and token + TLS (server kills; the typed cells on the secure path only).  Each cell runs the
 caller twice on one client -- once uninterrupted, once with the fault after its third step -- and checks the
@@ -38,8 +40,8 @@ RESTART_DELAY = 1.0     # s between a server's kill and its restart on the same 
 WORKER_GONE = 30.0      # s for a killed worker's pid to disappear
 NODE = dict(batch_size=48, shuffle=True, seed=3, prefetch=2)
 CALLERS = ("node", "link", "typed", "sample", "pyg", "embedding")
-CELLS = [("secure", fault, caller) for fault in ("server", "worker") for caller in CALLERS] + \
-        [("tls", "server", caller) for caller in CALLERS if caller != "typed"]
+CELLS = [("secure", fault, caller) for fault in ("server", "worker", "replica") for caller in CALLERS] + \
+        [("tls", fault, caller) for fault in ("server", "replica") for caller in CALLERS if caller != "typed"]
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +63,12 @@ def typed_parts(tmp_path_factory) -> Path:
 
 
 class Cluster:
-    """Two daemons, how to connect to them, and how to start part 1 again after a kill."""
+    """The daemons (part 0, then part 1 once or -- the replica cells -- twice), how to connect to them, and how to
+    start part 1 again after a kill."""
 
     def __init__(self, parts: Path, servers: list, log_dir: Path, connect: dict, serve: dict):
         self.parts, self.servers, self.log_dir, self.connect_kw, self.serve = parts, servers, log_dir, connect, serve
+        self.down = None   # the replica killed by the running cell, started again after it
 
     def connect(self):
         return gf.connect([s.address for s in self.servers], timeout=60, reconnect_timeout=120, **self.connect_kw)
@@ -72,15 +76,16 @@ class Cluster:
     def restart(self, victim) -> None:
         """Part 1 again on ``victim``'s port, in place of ``victim`` (the teardown stops the new one)."""
         time.sleep(RESTART_DELAY)
-        self.servers[1] = start_server(self.parts, 1, log_dir=self.log_dir / f"restart-{time.monotonic_ns()}",
-                                       args=(*self.serve.get("args", ()), "--port", str(victim.port)),
-                                       env=self.serve.get("env"), tls=self.serve.get("tls"))
+        self.servers[self.servers.index(victim)] = start_server(
+            self.parts, 1, log_dir=self.log_dir / f"restart-{time.monotonic_ns()}",
+            args=(*self.serve.get("args", ()), "--port", str(victim.port)),
+            env=self.serve.get("env"), tls=self.serve.get("tls"))
 
 
-def _cluster(parts: Path, tmp: Path, connect: dict, **serve):
-    env = {"GRAPHFEED_EMBEDDING_DIR": str(tmp / "tables"), **serve.pop("env", {})}
+def _cluster(parts: Path, tmp: Path, connect: dict, replicas: bool = False, **serve):
+    env = {"GRAPHFEED_EMBEDDING_DIR": str(tmp / "tables"), **serve.pop("env", {})}   # shared by part 1's replicas
     serve["env"] = env
-    with running_cluster(parts, log_dir=tmp / "logs", **serve) as servers:
+    with running_cluster(parts, [0, 1, 1] if replicas else None, log_dir=tmp / "logs", **serve) as servers:
         yield Cluster(parts, servers, tmp, connect, serve)
 
 
@@ -95,14 +100,33 @@ def secure_typed(typed_parts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tls(parts_dir, tmp_path_factory):
+def secure_replica(parts_dir, tmp_path_factory):
+    yield from _cluster(parts_dir, tmp_path_factory.mktemp("secure_replica"), {}, replicas=True)
+
+
+@pytest.fixture(scope="module")
+def secure_typed_replica(typed_parts, tmp_path_factory):
+    yield from _cluster(typed_parts, tmp_path_factory.mktemp("secure_typed_replica"), {}, replicas=True)
+
+
+def _tls(parts_dir, tmp_path_factory, name: str, replicas: bool = False):
     import grpc
 
-    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    pki = make_pki(tmp_path_factory.mktemp(f"{name}_pki"))
     creds = grpc.ssl_channel_credentials(root_certificates=Path(pki.ca).read_bytes())
-    yield from _cluster(parts_dir, tmp_path_factory.mktemp("tls"), dict(token=TOKEN, tls_ca=pki.ca),
+    yield from _cluster(parts_dir, tmp_path_factory.mktemp(name), dict(token=TOKEN, tls_ca=pki.ca), replicas,
                         args=("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)),
                         env={"GRAPHFEED_TOKEN": TOKEN}, tls=creds)
+
+
+@pytest.fixture(scope="module")
+def tls(parts_dir, tmp_path_factory):
+    yield from _tls(parts_dir, tmp_path_factory, "tls")
+
+
+@pytest.fixture(scope="module")
+def tls_replica(parts_dir, tmp_path_factory):
+    yield from _tls(parts_dir, tmp_path_factory, "tls_replica", replicas=True)
 
 
 # ---- faults -------------------------------------------------------------------------------------------
@@ -114,6 +138,16 @@ def _kill_server(cluster: Cluster, client) -> None:
     victim.wait(30)
     victim.checked = True
     cluster.restart(victim)
+
+
+def _kill_replica(cluster: Cluster, client) -> None:
+    """``kill -9`` of the part-1 replica the trainer uses; it stays down until the cell ends."""
+    victim = next(s for s in cluster.servers if s.address == client.servers[1].address)
+    victim.expect_exit = -signal.SIGKILL
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait(30)
+    victim.checked = True
+    cluster.down = victim
 
 
 def _kill_worker(cluster: Cluster, client) -> None:
@@ -133,7 +167,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-FAULTS = {"server": _kill_server, "worker": _kill_worker}
+FAULTS = {"server": _kill_server, "worker": _kill_worker, "replica": _kill_replica}
 
 
 # ---- callers: each runs to its end, calling ``fault()`` after its third step, and returns what it made -----
@@ -234,12 +268,21 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize(("path", "fault", "caller"), CELLS, ids=["-".join(c) for c in CELLS])
 def test_a_fault_mid_run_leaves_the_run_equal_to_an_uninterrupted_one(path, fault, caller, request):
-    cluster: Cluster = request.getfixturevalue(f"{path}_typed" if caller == "typed" else path)
-    with cluster.connect() as client:
-        want = CALL[caller](client, None)
-        before = client.reconnects
-        got = CALL[caller](client, lambda: FAULTS[fault](cluster, client))
-        assert client.reconnects >= before + 1, "the fault did not reach the trainer: no recovery was needed"
+    name = path + ("_typed" if caller == "typed" else "") + ("_replica" if fault == "replica" else "")
+    cluster: Cluster = request.getfixturevalue(name)
+    try:
+        with cluster.connect() as client:
+            want = CALL[caller](client, None)
+            before, moved = client.reconnects, client.replicas.failovers
+            got = CALL[caller](client, lambda: FAULTS[fault](cluster, client))
+            assert client.reconnects >= before + 1, "the fault did not reach the trainer: no recovery was needed"
+            if fault == "replica":   # the part moved to the live replica; the killed one was not waited for
+                assert client.replicas.failovers >= moved + 1
+                assert client.servers[1].address != cluster.down.address
+    finally:
+        if cluster.down is not None:
+            down, cluster.down = cluster.down, None
+            cluster.restart(down)
     assert len(got) == len(want) and (caller == "embedding" or len(want) > 3)
     for k, (a, b) in enumerate(zip(got, want)):
         try:
