@@ -205,7 +205,7 @@ class Client:
         self._broken: ServerError | None = None
         self._closed = False
         self._online = OnlineSampler(self)
-        group.on_failure = self.fail_pulls
+        self._watch(group)
         self._holds = 1   # connect() calls that returned this client and were not closed yet
         with _OPEN_LOCK:
             if not _OPEN:
@@ -496,6 +496,12 @@ class Client:
                 return ", ".join(dead), f"{what} failed: {exc}"
         return None
 
+    def _watch(self, group: DataGroup) -> None:
+        """Hear ``group``'s lost servers (pulls waiting on them fail at once) and tell it which servers' parts
+        have another replica (a silent one of those is waited for only until its heartbeats lapse)."""
+        group.has_replica = lambda name: not self._without_replica([name])
+        group.on_failure = self.fail_pulls
+
     def _without_replica(self, names) -> list[str]:
         """Those of the servers ``names`` in use whose part has no other server to move to."""
         by_name = {s.name: s for s in self.servers}
@@ -514,7 +520,7 @@ class Client:
         group.probe()
         if not group.silent:
             return False
-        deadline = time.monotonic() + group.patience() + PROBE_TIMEOUT
+        deadline = time.monotonic() + max(group.patience(server=name) for name in list(group.silent)) + PROBE_TIMEOUT
         while group.silent and not (set(group.silent) <= group.given_up) and time.monotonic() < deadline:
             time.sleep(RECONNECT_RETRY)
             if group.probe():   # one is gone (it answered that it lost the group, or refuses): recover() re-forms
@@ -543,12 +549,13 @@ class Client:
         """
         old = self.group
         old.on_failure = None
-        old.close()
+        old.close(gone=dead)
         self.fail_pulls(", ".join(dead), "the group is being re-formed")
         while True:
             for i, s in enumerate(self.servers):
                 if s.name in dead:   # it, once back, or another replica of its part
-                    self.servers[i] = self.replicas.replace(s, deadline, self.reconnect_timeout)
+                    self.servers[i] = self.replicas.replace(s, deadline, self.reconnect_timeout,
+                                                            wait_for_lost=s.name not in old.given_up)
                     log.warning("graphfeed: %s serves part %d again", self.servers[i].name, s.part)
             group = DataGroup(self.servers, transport=old.route,
                               settings=dataclasses.replace(old.settings, advertise_host=old.host))
@@ -559,7 +566,7 @@ class Client:
                     session_sets = list(self._session_sets)
                 for sessions in session_sets:
                     sessions.reopen()
-                group.on_failure = self.fail_pulls
+                self._watch(group)
                 return
             except (ServerError, NotFound) as exc:
                 if time.monotonic() >= deadline:

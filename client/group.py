@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from graphfeed.client.cluster import ServerConn
 from graphfeed.client.errors import NotFound, ServerError, unanswered
@@ -46,6 +46,9 @@ _ACTIVE: list["DataGroup"] = []
 PROBE_TIMEOUT = 3.0
 GROUP_KEY_BYTES = 32
 HEARTBEAT_MISSES = 2   # consecutive failed heartbeats before a server counts as gone
+# seconds a silent server whose part has another replica is waited for at least (it then counts as gone and the
+# part moves): two heartbeats, and never less than this, so one slow answer on a loaded host moves nothing
+REPLICA_PATIENCE_MIN = 3.0
 # seconds an OpenGroup waits beyond the server's worker_start_seconds (ClusterInfo): the daemon's own slack
 # over the worker's start and its queueing on a busy host
 OPEN_GROUP_SLACK = 15.0
@@ -80,6 +83,10 @@ class DataGroup:
         # since when (time.monotonic()); a server silent past patience() counts as gone, and is in given_up
         self.silent: dict[str, float] = {}
         self.given_up: set[str] = set()
+        # has_replica(server name): whether its part has another server to move to (the client sets it); such a
+        # server is waited for only while its heartbeats lapse (:meth:`patience`), not reconnect_timeout
+        self.has_replica: Callable[[str], bool] | None = None
+        self._intervals: dict[str, float] = {}   # server name -> its heartbeat interval
         self._silence_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -244,6 +251,7 @@ class DataGroup:
         (it restarted), refuses HEARTBEAT_MISSES heartbeats in a row (its port closed: UNAVAILABLE) or stays
         silent past :meth:`patience`; a heartbeat that merely times out is a paused or busy server, waited for."""
         interval = max(0.2, min(5.0, (s.group_lease or 30.0) / 4))
+        self._intervals[s.name] = interval
         misses = 0
         while not self._stop.wait(interval):
             try:
@@ -270,11 +278,20 @@ class DataGroup:
             if s.draining(timeout=max(1.0, interval)):   # the daemon announced a drain
                 self.draining.add(s.name)
 
-    def patience(self, interval: float = 0.0) -> float:
+    def patience(self, interval: float = 0.0, server: str | None = None) -> float:
         """Seconds a server may stay silent (its control calls time out: paused, overloaded) before it counts
         as gone: ``reconnect_timeout`` -- the wait a lost server gets anyway -- and at least HEARTBEAT_MISSES
-        heartbeats of ``interval`` s (``reconnect_timeout=0``: a silent server fails as soon as that)."""
-        return max(float(self.settings.reconnect_timeout), HEARTBEAT_MISSES * interval)
+        heartbeats of ``interval`` s (``reconnect_timeout=0``: a silent server fails as soon as that).
+
+        A ``server`` whose part has another replica (:attr:`has_replica`) is waited for only until its
+        heartbeats lapse -- HEARTBEAT_MISSES of its interval, at least REPLICA_PATIENCE_MIN s, at most the
+        above -- and its part then moves, instead of the trainer stalling for it."""
+        if interval <= 0 and server is not None:
+            interval = self._intervals.get(server, 0.0)
+        wait = max(float(self.settings.reconnect_timeout), HEARTBEAT_MISSES * interval)
+        if server is not None and self.has_replica is not None and self.has_replica(server):
+            return min(wait, max(REPLICA_PATIENCE_MIN, HEARTBEAT_MISSES * interval))
+        return wait
 
     def _unanswered(self, server: str, exc: BaseException, interval: float = 0.0) -> str | None:
         """Note that ``server`` did not answer in time; the reason it counts as gone once silent past
@@ -282,14 +299,16 @@ class DataGroup:
         now = time.monotonic()
         with self._silence_lock:
             since = self.silent.setdefault(server, now)
-        silent_for, patience = now - since, self.patience(interval)
+        silent_for, patience = now - since, self.patience(interval, server)
         if since == now:
             log.warning("graphfeed: %s does not answer in time (%s): paused or busy; waiting up to %g s for it",
                         server, first_line(exc), patience)
         if silent_for < patience:
             return None
-        reason = (f"its control port has not answered for {silent_for:.0f} s ({first_line(exc)}; waited "
-                  f"reconnect_timeout={self.settings.reconnect_timeout:g} s for a paused or busy server)")
+        waited = (f"{patience:g} s, its heartbeats' lapse: its part has another replica" if
+                  patience < self.settings.reconnect_timeout else
+                  f"reconnect_timeout={self.settings.reconnect_timeout:g} s for a paused or busy server")
+        reason = f"its control port has not answered for {silent_for:.0f} s ({first_line(exc)}; waited {waited})"
         self.given_up.add(server)
         self._failed(server, reason)
         return reason
@@ -331,13 +350,16 @@ class DataGroup:
         """Those of the servers ``names`` that stop on purpose: they said they drain (SIGTERM/SIGINT;
         :meth:`ServerConn.draining`) at a heartbeat, or say so now."""
         by_name = {s.name: s for s in self.servers}
-        return [n for n in names if n in self.draining or (n in by_name and by_name[n].draining(PROBE_TIMEOUT))]
+        return [n for n in names if n in self.draining or
+                (n in by_name and n not in self.given_up and by_name[n].draining(PROBE_TIMEOUT))]
 
     def probe(self) -> dict[str, str]:
         """Servers that are gone now (name -> reason), checked in parallel: those that refuse a heartbeat (their
         port closed: UNAVAILABLE), no longer know the group, answer with another incarnation, or have been silent
         past :meth:`patience`.  A server that only does not answer in time is in :attr:`silent`, not here."""
         def check(s: ServerConn):
+            if s.name in self.given_up:   # silent past its patience: gone until its heartbeat is answered again
+                return self.failures.get(s.name, "its control port has not answered past the patience")
             try:
                 reply = s.call("Heartbeat", pb.HeartbeatRequest(group_id=self.group_id), timeout=PROBE_TIMEOUT)
             except NotFound as exc:   # the server's message says why: a worker's signal, a lapsed lease
@@ -357,7 +379,10 @@ class DataGroup:
 
     # ---- teardown -------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, gone: Iterable[str] = ()) -> None:
+        """Leave the group on every server; the servers named in ``gone`` (lost: killed, frozen) are told from a
+        background thread, so a frozen one does not hold up a failover (its lease reaps the group otherwise)."""
+        gone = set(gone)
         self._stop.set()
         if self._channel is not None:  # kept, closed: a late pull is refused with ChannelClosed
             self._channel.close()
@@ -372,10 +397,15 @@ class DataGroup:
                 pass
             s.capability = b""   # the group is gone: a next group's OpenGroup gets its own
 
-        if self.opened:
-            with ThreadPoolExecutor(len(self.opened)) as pool:
-                list(pool.map(close_one, self.opened))
-            self.opened = []
+        later = [s for s in self.opened if s.name in gone]
+        now = [s for s in self.opened if s.name not in gone]
+        if later:
+            threading.Thread(target=lambda: [close_one(s) for s in later], name="graphfeed-close-lost",
+                             daemon=True).start()
+        if now:
+            with ThreadPoolExecutor(len(now)) as pool:
+                list(pool.map(close_one, now))
+        self.opened = []
         for t in self._threads:
             t.join(timeout=10.0)
         with _ACTIVE_LOCK:

@@ -17,7 +17,7 @@ import collections
 import logging
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Sequence
 
 import grpc
@@ -104,10 +104,12 @@ class Replicas:
         """Whether another server may serve ``server``'s part: another replica of it, or one not reached yet."""
         return bool(self.unreached) or any(s is not server for s in self.by_part.get(server.part, ()))
 
-    def replace(self, lost: ServerConn, deadline: float, budget: float) -> ServerConn:
+    def replace(self, lost: ServerConn, deadline: float, budget: float, wait_for_lost: bool = True) -> ServerConn:
         """A live server of ``lost``'s part: ``lost`` itself when it serves again (a restart, a worker that died
         under a living daemon), else another replica that serves the part now; else wait until ``deadline``
         (``time.monotonic()``; ``budget`` is the wait in seconds, for the message) for any of them.
+        ``wait_for_lost=False`` (``lost`` was silent past its patience: frozen, or cut off) takes the first
+        candidate that serves instead of waiting for ``lost``'s answer first.
 
         A candidate serves the part when its port accepts, its ClusterInfo names the same graph and part, and its
         health says SERVING (a draining one says NOT_SERVING).  ServerError naming the part, its candidates and why
@@ -120,12 +122,9 @@ class Replicas:
         reasons: dict[str, str] = {}
         while True:
             candidates = [lost] + [s for s in self.by_part.get(lost.part, ()) if s is not lost] + self.unreached
-            with ThreadPoolExecutor(len(candidates)) as pool:
-                verdicts = list(pool.map(lambda s: _serves(s, want), candidates))
-            for s, why in zip(candidates, verdicts):
-                if why is None:
-                    return self._take(lost, s)
-                reasons[s.address] = why
+            chosen = _first_serving(candidates, want, reasons, in_order=wait_for_lost)
+            if chosen is not None:
+                return self._take(lost, chosen)
             if time.monotonic() >= deadline:
                 raise ServerError(lost.name, f"no server of part {want.part_id} serves it within reconnect_timeout="
                                              f"{budget:g} s (waited for any of {len(candidates)}: "
@@ -142,6 +141,25 @@ class Replicas:
             log.warning("graphfeed: part %d moves from %s to its replica %s", chosen.part, lost.address,
                         chosen.address)
         return chosen
+
+
+def _first_serving(candidates: list[ServerConn], want: pb.ClusterInfo, reasons: dict[str, str],
+                   in_order: bool) -> ServerConn | None:
+    """The first of ``candidates`` that serves ``want``'s part (:func:`_serves`, asked of all at once): first in
+    list order (``in_order``: each earlier one's answer is waited for), else the first to answer that it does.
+    Why each other one was not taken goes into ``reasons``; None when none serves."""
+    pool = ThreadPoolExecutor(len(candidates))
+    try:
+        futures = {pool.submit(_serves, s, want): s for s in candidates}
+        done = list(futures) if in_order else as_completed(futures)
+        for f in done:
+            why = f.result()
+            if why is None:
+                return futures[f]
+            reasons[futures[f].address] = why
+        return None
+    finally:
+        pool.shutdown(wait=False)   # a candidate still being asked answers within CHECK_TIMEOUT, to nobody
 
 
 def _serves(s: ServerConn, want: pb.ClusterInfo) -> str | None:

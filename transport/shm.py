@@ -51,7 +51,7 @@ from typing import Sequence
 import torch
 
 from graphfeed.transport import wire
-from graphfeed.transport.calls import DataCalls
+from graphfeed.transport.calls import SYNC_SLACK, DataCalls
 from graphfeed.transport.channel import BatchChannel, CallsChannel
 from graphfeed.transport.path import PullChannel
 from graphfeed.transport.pending import Pending
@@ -65,6 +65,7 @@ HEADER = 64          # bytes before a slot's payload (the token lives here)
 ALIGN = 64           # every tensor starts at a multiple of this offset
 WATCH_INTERVAL = 0.2  # seconds between checks for requests that waited too long for a slot (and growths)
 OPEN_SLOTS = 2        # slots a ring opens with; the channel's thread adds the others at once (a group forms sooner)
+STOP_POLL = 0.1       # seconds between checks whether the channel closed while its thread waits for a worker
 MIB = 1 << 20
 GROWTH = 1.25        # a grown slot holds the batch that asked for it x this, rounded up to a MiB
 
@@ -487,7 +488,7 @@ class ShmChannel(BatchChannel):
         if not ids or self._stop.is_set():
             return
         try:
-            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout)
+            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout, stop=self._stop)
         except Exception as exc:  # noqa: BLE001 -- any failure: the part works on the slots it has
             with ring.lock:
                 ring.unmapped += ids   # in case the worker mapped some of them before the failure
@@ -508,7 +509,7 @@ class ShmChannel(BatchChannel):
             return
         old = ring.slot_bytes
         try:
-            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout)
+            maps = _attach(self.calls, ring.part, self.tag, ids, size, self.rpc_timeout, stop=self._stop)
         except Exception as exc:  # noqa: BLE001 -- any failure: the part stays on its slots, batches too big use RPC
             with ring.lock:
                 ring.can_grow = False
@@ -560,9 +561,10 @@ class ShmChannel(BatchChannel):
 
 
 def _attach(calls: DataCalls, part: int, tag: str, ids: list[int], slot_bytes: int,
-            timeout: float) -> dict[int, mmap.mmap]:
+            timeout: float, stop: threading.Event | None = None) -> dict[int, mmap.mmap]:
     """Create one segment per slot id (:class:`NoRoom` when they cannot be reserved), have part ``part``'s
-    worker map them, check the tokens, unlink the names; ``{slot id: map}``."""
+    worker map them, check the tokens, unlink the names; ``{slot id: map}``.  ``stop`` set (the channel closes)
+    ends the wait for the worker at once: a frozen worker must not hold up the channel's close."""
     names = [f"{PREFIX}{os.getpid()}-{tag}-p{part}-s{k}" for k in ids]
     maps: list[mmap.mmap] = []
     try:
@@ -576,7 +578,7 @@ def _attach(calls: DataCalls, part: int, tag: str, ids: list[int], slot_bytes: i
             maps.append(mm)
             tokens.append(secrets.token_bytes(TOKEN_BYTES))
             mm[:TOKEN_BYTES] = tokens[-1]
-        got = calls.call_sync(part, "attach", (names, slot_bytes, ids), timeout)
+        got = _answer(calls.call(part, "attach", (names, slot_bytes, ids), timeout), timeout + SYNC_SLACK, stop)
         if not got:
             raise ShmUnavailable("its worker is on another host (no such segment in its /dev/shm)")
         if list(got) != tokens:
@@ -585,6 +587,17 @@ def _attach(calls: DataCalls, part: int, tag: str, ids: list[int], slot_bytes: i
     finally:
         for name in names:
             unlink_segment(name)
+
+
+def _answer(answer: Pending, timeout: float, stop: threading.Event | None):
+    """``answer``'s result within ``timeout`` s (TimeoutError after), or ShmUnavailable once ``stop`` is set."""
+    deadline = time.monotonic() + timeout
+    while not answer.wait_done(STOP_POLL if stop is not None else timeout):
+        if stop is not None and stop.is_set():
+            raise ShmUnavailable("the channel closed while its worker had not answered")
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the worker did not answer within {timeout:g} s")
+    return answer.result()
 
 
 def _forward(src: Pending, dst: Pending) -> None:

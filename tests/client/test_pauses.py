@@ -25,7 +25,7 @@ from helpers.graphs import partition_arrays
 import graphfeed.client as gf
 from graphfeed.client.cluster import ServerConn
 from graphfeed.client.errors import ServerError
-from graphfeed.client.group import DataGroup
+from graphfeed.client.group import REPLICA_PATIENCE_MIN, DataGroup
 from graphfeed.client.settings import ConnectSettings
 from graphfeed.proto import control_pb2 as pb
 from graphfeed.proto import control_pb2_grpc as pb_grpc
@@ -130,6 +130,24 @@ def test_a_server_silent_past_reconnect_timeout_counts_as_gone():
         _wait_until("failure", lambda: failed)
         assert "has not answered for" in failed[0] and "reconnect_timeout=1" in failed[0]
         assert group.servers[0].name in group.given_up
+    finally:
+        _stop(group)
+
+
+def test_a_silent_server_whose_part_has_a_replica_counts_as_gone_once_its_heartbeats_lapse():
+    """Not after reconnect_timeout (60 s here): its part can move to the replica, so the trainer does not stall."""
+    group, stub, failed = _group(reconnect_timeout=60)
+    name = group.servers[0].name
+    group.has_replica = lambda server: server == name
+    assert group.patience(server=name) == REPLICA_PATIENCE_MIN   # heartbeats every 0.2 s: the floor
+    assert group.patience(server="another:1 part 1") == 60
+    stub.error = grpc.StatusCode.DEADLINE_EXCEEDED
+    t0 = time.monotonic()
+    try:
+        _heartbeating(group)
+        _wait_until("failure", lambda: failed, timeout=REPLICA_PATIENCE_MIN + 5)
+        assert time.monotonic() - t0 >= REPLICA_PATIENCE_MIN
+        assert "its part has another replica" in failed[0] and name in group.given_up
     finally:
         _stop(group)
 

@@ -6,6 +6,7 @@ Real ``graphfeed serve`` daemons on loopback: part 0 once, part 1 twice (same pa
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import urllib.request
@@ -190,3 +191,32 @@ def test_a_cluster_of_replicas_is_still_checked_at_connect(parts_dir, graph, tmp
         assert refused in str(err.value)
         with pytest.raises(gf.ClusterError, match=r"no server for part\(s\) \[1\]"):
             gf.connect([servers[0].address], timeout=30)
+
+
+@pytest.mark.slow
+def test_a_frozen_replica_hands_its_part_over_once_its_heartbeats_lapse(parts_dir, graph, edge_set, reference,
+                                                                         tmp_path):
+    """SIGSTOP of the replica in use -- daemon and session worker: a frozen host -- for the rest of the epoch.  With
+    reconnect_timeout at 60 s the trainer would wait that long for a paused server without a replica; with one, the
+    part moves once the frozen one's heartbeats lapse: its first heartbeat unanswered (3.75 s apart, 3.75 s each:
+    a quarter of the 15 s lease), then 2 of them (7.5 s), then the group re-formed -- 17 s here."""
+    with running_cluster(parts_dir, [0, 1, 1], log_dir=tmp_path) as servers:
+        with gf.connect([s.address for s in servers], timeout=60, reconnect_timeout=NEVER_BACK) as client:
+            loader = client.neighbor_loader("test", FANOUTS, prefetch=2, **KWARGS)
+            got, waits, last, frozen = [], [], time.monotonic(), None
+            try:
+                for i, batch in enumerate(loader):
+                    waits.append(time.monotonic() - last)
+                    got.append(batch)
+                    if i == 2:
+                        frozen = _in_use(servers, client, 1)
+                        os.killpg(frozen.pid, signal.SIGSTOP)
+                    last = time.monotonic()
+                assert client.servers[1].address != frozen.address and client.replicas.failovers == 1
+            finally:
+                if frozen is not None:
+                    os.killpg(frozen.pid, signal.SIGCONT)   # thawed for the cluster's teardown
+            _check_epoch(got, reference, graph, edge_set)
+            longest = max(waits[3:])
+            assert longest < NEVER_BACK / 2, f"the trainer waited {longest:.1f} s: as for a server without a replica"
+            print(f"frozen replica: the longest batch wait {longest:.2f} s")
