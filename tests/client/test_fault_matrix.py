@@ -4,9 +4,10 @@ Faults: ``server`` (``kill -9`` of part 1's daemon and its session workers; rest
 later), ``worker`` (``kill -9`` of part 1's session worker alone; its daemon reaps the group, the trainer
 re-forms it with a new worker) and ``replica`` (issue 37: part 1 served by two daemons, ``kill -9`` of the one
 in use, which stays down for the rest of the run: the trainer moves the part to the other replica instead of
-waiting; the killed one is started again after the cell, for the next).  Callers: the node loader, the link loader, the typed loader, ``client.sample``,
-PyG's ``NeighborLoader`` over graphfeed's stores, and embedding training with ``SparseAdam``.  Data paths: the
-default secure path, and token + TLS (server kills; the typed cells on the secure path only).  Each cell runs the
+waiting; the killed one is started again after the cell, for the next).  Callers: the node loader, the link
+loader, the typed loader, ``client.sample``, PyG's ``NeighborLoader`` over graphfeed's stores, and embedding
+training with ``SparseAdam``.  Data paths: the default secure path, and token + TLS (server and replica kills; the
+typed cells on the secure path only).  Each cell runs the
 caller twice on one client -- once uninterrupted, once with the fault after its third step -- and checks the
 second run equals the first: batch for batch (every seed once), sample for sample, and for embeddings the table's
 rows bit for bit (the kill lands between steps, once every push was acknowledged: an acknowledged push is in the
