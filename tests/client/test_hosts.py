@@ -62,6 +62,8 @@ try:
     with gf.connect(cfg["servers"], timeout=cfg["timeout"], rpc_timeout=cfg["rpc_timeout"],
                     reconnect_timeout=cfg["reconnect_timeout"], lease_seconds=cfg["lease"]) as client:
         say("connected", client.group.channel.kind)
+        if cfg.get("say_servers"):
+            say("servers", *[s.address for s in client.servers])
         if cfg.get("wait_connected"):
             sys.stdin.readline()
         got = {}
@@ -133,6 +135,16 @@ def typed_hosts(tmp_path_factory):
             hosts.start_server(host, hosts.copy_parts(host, parts, [k]), k,
                                env={"GRAPHFEED_PEER_CACHE_BYTES": str(PEER_CACHE)})
         yield hosts, parts
+
+
+@pytest.fixture(scope="module")
+def replica_hosts(parts_dir, tmp_path_factory):
+    """Four hosts: the trainer's (host0), part 0's (host1) and two replicas of part 1 (host2, host3)."""
+    with EmulatedHosts(4, work_dir=tmp_path_factory.mktemp("hosts_replicas_work")) as hosts:
+        for host, part in zip(hosts.hosts[1:], [0, 1, 1]):
+            hosts.start_server(host, hosts.copy_parts(host, parts_dir, [part]), part,
+                               env={"GRAPHFEED_RPC_TIMEOUT": str(RPC_TIMEOUT)})
+        yield hosts
 
 
 def _servers(hosts) -> list[str]:
@@ -336,6 +348,36 @@ def test_server_link_down_beyond_reconnect_timeout_is_one_bounded_server_error(h
     assert line.startswith("error") and "ServerError" in line and "part 1" in line, line
     assert took < RPC_TIMEOUT + 5.0 + 45.0, f"the error took {took:.0f} s"
     _wait_no_sessions(hosts, LEASE * 3 + 10.0)   # the servers reap the trainer's group after its lease
+
+
+def test_a_replica_cut_off_hands_its_part_to_the_other_without_waiting_for_it(replica_hosts, parts_dir, tmp_path):
+    """Issue 37 across hosts: the cable of the host serving part 1 to the trainer is pulled for the rest of the
+    epoch.  The trainer would wait up to reconnect_timeout (120 s) for a server without a replica; with one, the
+    part moves once the cut-off server's heartbeats lapse (the 6 s lease: heartbeats 1.5 s apart, 3 s of silence),
+    the epoch goes on from the other replica on host3, equal to the in-process loader, every seed once."""
+    hosts = replica_hosts
+    trainer = Trainer(hosts, tmp_path, wait_after=1, reconnect_timeout=120.0, say_servers=True)
+    in_use = trainer.until("servers").split()[2]   # part 1's server
+    cut = next(h for h, s in zip(hosts.hosts[1:], hosts.servers) if s.address == in_use)
+    assert cut.index in (2, 3), (in_use, cut.name)
+    trainer.until("batch node 1")
+    cut.link(False)
+    try:
+        t0 = time.monotonic()
+        trainer.go()
+        line = trainer.until("done")
+        took = time.monotonic() - t0
+    finally:
+        cut.link(True)
+    got = trainer.finish()
+    assert line.startswith("done") and line.endswith("reconnects 1"), line
+    assert took < 60.0, f"the rest of the epoch took {took:.0f} s: as if the trainer waited for the cut-off server"
+    want = list(LocalNeighborLoader(parts_dir, FANOUTS, **NODE))
+    for a, b in zip(got["node"], want, strict=True):
+        assert_same_batch(a, b)
+    seeds = torch.cat([b.n_id[:b.batch_size] for b in got["node"]])
+    assert seeds.numel() == seeds.unique().numel() == sum(b.batch_size for b in want)
+    print(f"replica cut off: the rest of the epoch took {took:.1f} s")
 
 
 # ---- a partition between the servers --------------------------------------------------------------
