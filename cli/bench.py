@@ -17,7 +17,7 @@ from graphfeed.transport import registry
 
 HELP = ("benchmarks: `bench sample` (in-process sampler), `bench remote` (through servers), `bench online` (latency), "
         "`bench embedding` (server-held embeddings), `bench channel` (the secure data path's channel alone), "
-        "`bench pyg` (PyG's loader over graphfeed's stores)")
+        "`bench pyg` (PyG's loader over graphfeed's stores), `bench failover` (replicated parts under faults)")
 
 
 def _fanouts(text: str, flag: str = "--num-neighbors", example: str = "15,10,5") -> tuple[int, ...]:
@@ -37,7 +37,9 @@ def add_arguments(parser) -> None:
                           "throughput)", _add_embedding),
             ("channel", "CPU per GB of the secure data path's channel alone (loopback, TLS or MACs)", _add_channel),
             ("pyg", "PyG's NeighborLoader over graphfeed's stores vs client.neighbor_loader (seeds/s)", _add_pyg),
-            ("partition", "edge cut, node and training-node balance of each partition method", _add_partition)):
+            ("partition", "edge cut, node and training-node balance of each partition method", _add_partition),
+            ("failover", "replicated parts under kill -9s or a rolling restart: failed batches, longest wait",
+             _add_failover)):
         # a benchmark's own --help: its function's docstring (argparse refills the lines)
         add(sub.add_parser(name, help=help_, description=inspect.cleandoc(add.__doc__ or "")))
 
@@ -211,6 +213,25 @@ def _add_partition(p) -> None:
     add(p)
 
 
+def _add_failover(p) -> None:
+    """Every part on --replicas daemons; a fault-free epoch, then epochs under --kills kill -9s of the replica in
+    use (or a rolling restart of every daemon); prints one JSON line: failed batches, every seed once, failovers,
+    the median / p99 / longest wait for a batch (graphfeed.bench.failover)."""
+    from graphfeed.bench.failover import add_arguments as add
+
+    add(p)
+
+
+def _run_failover(args) -> int:
+    from graphfeed.bench.failover import bench_failover, config_of
+
+    try:
+        cfg = config_of(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return _print_result("failover", bench_failover, cfg)
+
+
 def _run_channel(args) -> int:
     from graphfeed.bench.channel import ChannelBenchConfig, bench_channel
 
@@ -319,6 +340,8 @@ def run(args) -> int:
         return _run_channel(args)
     if command == "pyg":
         return _run_pyg(args)
+    if command == "failover":
+        return _run_failover(args)
     if command == "partition":
         from graphfeed.bench.partition_quality import run as run_partition
 
