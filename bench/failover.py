@@ -5,9 +5,14 @@ one epoch of the input nodes without faults (the reference), then reads epochs a
 
 * ``--mode kill``: ``--kills`` times, spread evenly over the faulty epochs, ``kill -9`` of the replica the trainer
   uses for a part (the parts in turn; its daemon and session workers), started again on its port
-  ``--restart-after`` s later (so the next kill of that part finds a replica to move to);
+  ``--restart-after`` s later (so the next kill of that part finds a replica to move to); a kill waits for the
+  previous victim to be back;
 * ``--mode rolling``: a rolling restart of every daemon in turn -- SIGTERM (a drain), its exit, the new one on the
   same port SERVING -- while the trainer reads; each daemon is restarted once.
+
+The faults run on their own thread, one after another, asked for at evenly spread batches of ``--epochs``
+epochs: the trainer keeps reading meanwhile, as a training job would, for more epochs while faults are still
+going on.  The reference is then a second loader of the same arguments reading the same epochs without faults.
 
 Every batch is compared with the reference (sampled ids, edges, seeds, as signatures): prints one JSON line with
 the batches read, the batches that differed or were missing (``failed_batches``: the target is 0), whether every
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import statistics
 import sys
@@ -32,6 +38,7 @@ from pathlib import Path
 from graphfeed.testing.cluster import ServerProcess, running_cluster, start_server
 
 MODES = ("kill", "rolling")
+MAX_EPOCHS = 1000   # epochs read at most while faults are still going on
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class FailoverBenchConfig:
     prefetch: int = 4
     seed: int = 0
     warm_workers: int = 1
+    step_ms: float = 0.0          # a simulated training step per batch (a sleep)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -63,13 +71,45 @@ def _signature(batch) -> tuple:
 
 
 class _Faults:
-    """The fault schedule against a list of servers (replaced in place as daemons come back)."""
+    """The faults against a list of servers (replaced in place as daemons come back), done one after another by
+    the thread :meth:`start` starts, so the trainer keeps reading while a daemon stops and comes back."""
 
     def __init__(self, cfg: FailoverBenchConfig, servers: list[ServerProcess], log_dir: Path):
         self.cfg, self.servers, self.log_dir = cfg, servers, log_dir
         self.restarts: list[threading.Thread] = []
         self.errors: list[str] = []
         self.count = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._thread = threading.Thread(target=self._run, name="failover-faults", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, fault, *args) -> None:
+        """Do ``fault(*args)`` after the faults asked for before it."""
+        with self._lock:
+            self._outstanding += 1
+        self._queue.put((fault, args))
+
+    def finish(self, timeout: float = 300.0) -> None:
+        """Wait for every fault asked for and every restart (RuntimeError past ``timeout``)."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the faults did not finish within {timeout:g} s (logs in {self.log_dir})")
+        self.settle()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fault, args = item
+            try:
+                fault(*args)
+            except Exception as exc:  # noqa: BLE001 -- reported in the result
+                self.errors.append(f"{fault.__name__}{args[1:]}: {exc}")
+            with self._lock:
+                self._outstanding -= 1
 
     def _restart(self, victim: ServerProcess, part: int, delay: float) -> None:
         def run() -> None:
@@ -94,6 +134,10 @@ class _Faults:
             raise RuntimeError(f"{len(self.restarts)} daemon(s) did not come back within {timeout:g} s "
                                f"(logs in {self.log_dir})")
 
+    def busy(self) -> bool:
+        """Faults asked for and not done yet."""
+        return self._outstanding > 0
+
     def kill_in_use(self, client, part: int) -> None:
         """kill -9 of the replica ``client`` uses for ``part``; it comes back after ``restart_after`` s."""
         self.settle()   # the previous victim is back: the part has a replica to move to again
@@ -105,7 +149,7 @@ class _Faults:
         self.count += 1
         self._restart(victim, part, self.cfg.restart_after)
 
-    def roll(self, index: int) -> None:
+    def roll(self, client, index: int) -> None:
         """Restart daemon ``index``: SIGTERM (a drain), its exit, the new one on the same port."""
         victim = self.servers[index]
         part = victim.part
@@ -123,20 +167,17 @@ def _env(cfg: FailoverBenchConfig) -> dict[str, str]:
     return {"GRAPHFEED_WARM_WORKERS": str(cfg.warm_workers)}
 
 
-def _epoch(loader, reference: list | None, on_batch) -> tuple[list, list[float], int]:
-    """Read one epoch; ``(signatures, waits, batches differing from ``reference``)``; ``on_batch(i)`` after each."""
-    sigs, waits, differ = [], [], 0
+def _epoch(loader, on_batch) -> tuple[list, list[float]]:
+    """Read one epoch; ``(signatures, waits)``; ``on_batch(i)`` after each batch."""
+    sigs, waits = [], []
     last = time.monotonic()
     for i, batch in enumerate(loader):
         waits.append(time.monotonic() - last)
-        sig = _signature(batch)
-        sigs.append(sig)
-        if reference is not None and (i >= len(reference) or reference[i] != sig):
-            differ += 1
+        sigs.append(_signature(batch))
         del batch
         on_batch(i)
         last = time.monotonic()
-    return sigs, waits, differ
+    return sigs, waits
 
 
 def bench_failover(cfg: FailoverBenchConfig) -> dict:
@@ -151,47 +192,45 @@ def bench_failover(cfg: FailoverBenchConfig) -> dict:
         faults = _Faults(cfg, servers, log_dir)
         args = dict(batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed, prefetch=cfg.prefetch)
         with gf.connect([s.address for s in servers], timeout=120, reconnect_timeout=120) as client:
-            # the reference: a loader's epochs without faults (each epoch its own order); its first warms up
-            clean = client.neighbor_loader(cfg.input, list(cfg.num_neighbors), **args)
-            references, clean_waits = [], []
-            for _ in range(cfg.epochs):
-                sigs, got, _ = _epoch(clean, None, lambda i: None)
-                references.append(sigs)
-                clean_waits += got[1:]
-            clean.close()
-            loader = client.neighbor_loader(cfg.input, list(cfg.num_neighbors), **args)   # the same epochs again
-            n = len(references[0])
+            warm = client.neighbor_loader(cfg.input, list(cfg.num_neighbors), **args)
+            _epoch(warm, lambda i: None)   # workers, caches and the shared-memory rings grown
+            warm.close()
+            loader = client.neighbor_loader(cfg.input, list(cfg.num_neighbors), **args)
+            n = len(loader)
             total = cfg.epochs * n
-            if cfg.mode == "kill":
-                every = max(1, total // (cfg.kills + 1))
-                points = {every * (k + 1): k % parts for k in range(cfg.kills) if every * (k + 1) < total}
-            else:   # one daemon restarted at evenly spread batches
-                every = max(1, total // (len(servers) + 1))
-                points = {every * (k + 1): k for k in range(len(servers)) if every * (k + 1) < total}
+            count = cfg.kills if cfg.mode == "kill" else len(servers)
+            every = max(1, total // (count + 1))   # the faults asked for at evenly spread batches
+            points = {every * (k + 1): k % parts if cfg.mode == "kill" else k for k in range(count)}
+            got_sigs: list[list] = []
             waits: list[float] = []
-            differ = read = 0
-            seeds_once = True
-            for epoch in range(cfg.epochs):
-                def on_batch(i: int, base: int = epoch * n) -> None:
+            faults.start()
+            while len(got_sigs) < cfg.epochs or (faults.busy() and len(got_sigs) < MAX_EPOCHS):
+                def on_batch(i: int, base: int = len(got_sigs) * n) -> None:
+                    time.sleep(cfg.step_ms / 1e3)
                     what = points.get(base + i)
-                    if what is None:
-                        return
-                    if cfg.mode == "kill":
-                        faults.kill_in_use(client, what)
-                    else:
-                        faults.roll(what)
+                    if what is not None:
+                        faults.put(faults.kill_in_use if cfg.mode == "kill" else faults.roll, client, what)
 
-                sigs, got, bad = _epoch(loader, references[epoch], on_batch)
+                sigs, got = _epoch(loader, on_batch)   # read on while the faults go on
+                got_sigs.append(sigs)
                 waits += got[1:]   # the first batch of an epoch waits for the epoch's start, faults or not
-                read += len(sigs)
-                differ += bad + max(0, n - len(sigs))
-                seeds_once &= sigs == references[epoch]   # the same batches in order: every seed once
-            faults.settle()
+            faults.finish()
             failovers, reconnects = client.replicas.failovers, client.reconnects
+            # the reference: the same epochs of a loader of the same arguments, without faults
+            clean = client.neighbor_loader(cfg.input, list(cfg.num_neighbors), **args)
+            clean_waits: list[float] = []
+            differ = 0
+            seeds_once = True
+            for sigs in got_sigs:
+                want, got = _epoch(clean, lambda i: None)
+                clean_waits += got[1:]
+                differ += sum(a != b for a, b in zip(sigs, want)) + abs(len(want) - len(sigs))
+                seeds_once &= sigs == want   # the same batches in order: every seed once
+            read = sum(len(sigs) for sigs in got_sigs)
     waits_sorted = sorted(waits)
     return {
         "mode": cfg.mode, "graph": str(cfg.graph), "parts": parts, "replicas": cfg.replicas,
-        "faults": faults.count, "batches_per_epoch": n, "epochs": cfg.epochs, "batches": read,
+        "faults": faults.count, "batches_per_epoch": n, "epochs": len(got_sigs), "batches": read,
         "failed_batches": differ, "seeds_once": seeds_once, "failovers": failovers, "reconnects": reconnects,
         "wait_median_s": round(statistics.median(waits), 4),
         "wait_p99_s": round(waits_sorted[min(len(waits) - 1, int(0.99 * len(waits)))], 3),
@@ -215,13 +254,16 @@ def add_arguments(p) -> None:
     p.add_argument("--input", default="train", help="input nodes: train, val, test or all (default train)")
     p.add_argument("--prefetch", type=int, default=4, help="pulls in flight per server (default 4)")
     p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="a simulated training step per batch, a sleep (default 0); the waits are measured around it")
 
 
 def config_of(args) -> FailoverBenchConfig:
     return FailoverBenchConfig(graph=args.graph, mode=args.mode, replicas=args.replicas, kills=args.kills,
                                epochs=args.epochs, restart_after=args.restart_after,
                                num_neighbors=tuple(int(v) for v in args.num_neighbors.split(",")),
-                               batch_size=args.batch_size, input=args.input, prefetch=args.prefetch, seed=args.seed)
+                               batch_size=args.batch_size, input=args.input, prefetch=args.prefetch, seed=args.seed,
+                               step_ms=args.step_ms)
 
 
 def main(argv=None) -> int:

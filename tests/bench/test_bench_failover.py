@@ -21,12 +21,14 @@ def test_the_epochs_under_faults_equal_the_fault_free_ones(tiny_parts_dir, capsy
     the faults (it re-formed its group at least once)."""
     before = _children()
     rc = cli_main(["bench", "failover", "--graph", str(tiny_parts_dir), "--mode", mode, "--kills", "2",
-                   "--epochs", "1", "--batch-size", "64", "--num-neighbors", "5,3", "--prefetch", "1"])
+                   "--epochs", "1", "--batch-size", "64", "--num-neighbors", "5,3", "--prefetch", "1",
+                   "--step-ms", "20"])
     out = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and len(out) == 1, out
     r = json.loads(out[-1])
     assert (r["mode"], r["parts"], r["replicas"], r["faults"]) == (mode, 2, 2, faults), r
-    assert r["errors"] == [] and r["batches"] == r["batches_per_epoch"] > 2 * faults, r
+    assert r["errors"] == [] and r["batches"] == r["epochs"] * r["batches_per_epoch"], r
+    assert r["batches_per_epoch"] > 2 * faults, r
     assert r["failed_batches"] == 0 and r["seeds_once"] is True, r
     assert r["reconnects"] >= 1 and 0 <= r["wait_median_s"] <= r["wait_p99_s"] <= r["longest_wait_s"], r
     assert not _children() - before, "no child process may survive the bench"
