@@ -29,7 +29,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
-from graphfeed.client.cluster import ServerConn
+from graphfeed.client.cluster import CAPABILITY_HEADER, ServerConn
 from graphfeed.client.errors import NotFound, ServerError, unanswered
 from graphfeed.client.settings import ConnectSettings
 from graphfeed.proto import control_pb2 as pb
@@ -397,11 +397,23 @@ class DataGroup:
                 pass
             s.capability = b""   # the group is gone: a next group's OpenGroup gets its own
 
-        later = [s for s in self.opened if s.name in gone]
+        later = [(s, s.capability) for s in self.opened if s.name in gone]
         now = [s for s in self.opened if s.name not in gone]
+        for s, _ in later:
+            s.capability = b""   # now: the connection may be in the next group (a restarted server) before the
+                                 # background close below ran, and must not lose that group's capability then
+
+        def close_lost() -> None:
+            req = pb.CloseGroupRequest(group_id=self.group_id)
+            for s, capability in later:
+                try:
+                    s.stub.CloseGroup(req, timeout=min(self.timeout, 10.0),
+                                      metadata=[(CAPABILITY_HEADER, capability)] if capability else None)
+                except Exception:  # noqa: BLE001 -- a dead server reaps the group itself (lease)
+                    pass
+
         if later:
-            threading.Thread(target=lambda: [close_one(s) for s in later], name="graphfeed-close-lost",
-                             daemon=True).start()
+            threading.Thread(target=close_lost, name="graphfeed-close-lost", daemon=True).start()
         if now:
             with ThreadPoolExecutor(len(now)) as pool:
                 list(pool.map(close_one, now))
