@@ -25,10 +25,26 @@ TOKEN = "gf-downgrade-test-token-0123456789abcdef"
 KW = dict(input_nodes="train", num_neighbors=[4, 2], batch_size=256, shuffle=True, seed=3)
 
 
+_BEFORE: set[tuple[str, int]] = set()   # what this process listened on when the test began
+
+
+def _all_listening() -> set[tuple[str, int]]:
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.fixture(autouse=True)
+def _listening_before():
+    """The suite runs many tests per process: a port an earlier test left open is not this test's trainer's
+    (each test's own listeners are checked against what was open when it began)."""
+    _BEFORE.clear()
+    _BEFORE.update(_all_listening())
+    yield
+
+
 def _listening() -> list[tuple[str, int]]:
-    """The TCP ports this process listens on."""
-    return sorted((c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
-                  if c.status == psutil.CONN_LISTEN)
+    """The TCP ports this process listens on that it did not when the test began."""
+    return sorted(_all_listening() - _BEFORE)
 
 
 def _none_listening(within: float = 10.0) -> list[tuple[str, int]]:
@@ -64,7 +80,6 @@ def torch_rpc_cluster(tiny_parts_dir, tmp_path_factory):
 def test_a_daemon_without_token_or_tls_serves_the_secure_path_and_the_trainer_listens_on_nothing(
         default_cluster, tiny_graph, monkeypatch):
     monkeypatch.delenv("GRAPHFEED_TRANSPORT", raising=False)   # the default, whatever the suite's variant
-    assert _listening() == [], "this test process listened on something before it connected"
     with gf.connect([s.address for s in default_cluster], timeout=60) as client:
         assert [s.info.data_path for s in client.servers] == ["secure", "secure"]
         assert client.group.data_path == "secure" and client.group.calls.kind == "secure"

@@ -116,6 +116,8 @@ NOT_RUN = {
                                  "and cluster, graphfeed status at their HOST:PORT",
     "docs/how-to/operations.md": "operators' commands against the reader's running servers (graphfeed drain at "
                                  "their HOST:PORT, with their admin token)",
+    "docs/how-to/replicas.md": "benchmarks over the reader's parts/small (minutes each); tests/bench/"
+                               "test_bench_failover.py runs the same command on the tiny graph",
 }
 
 
