@@ -111,6 +111,7 @@ def run_rank(cfg: FailoverBenchConfig, rank: int, servers: list[str], stop_file:
             if client.reconnects != seen[0]:
                 seen[0] = client.reconnects
                 _say("uses", *[s.address for s in client.servers])
+                print(f"rank {rank}: re-form {client.reconnects}, rss {_rss_mb():.0f} MB", file=sys.stderr, flush=True)
 
         on_batch()
         _say("ready")
@@ -132,7 +133,19 @@ def run_rank(cfg: FailoverBenchConfig, rank: int, servers: list[str], stop_file:
     return {"rank": rank, "epochs": len(got_sigs), "batches_per_epoch": len(got_sigs[0]),
             "batches": sum(len(s) for s in got_sigs), "failed_batches": differ, "seeds_once": same,
             "failovers": failovers, "reconnects": reconnects, "waits": [round(w, 4) for w in waits],
-            "longest_wait_no_faults_s": round(max(clean_waits, default=0.0), 3)}
+            "longest_wait_no_faults_s": round(max(clean_waits, default=0.0), 3), "max_rss_mb": round(_max_rss_mb())}
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now, MB (anonymous and file pages; /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
 
 
 # ---- the faults ------------------------------------------------------------------------------------------
@@ -280,6 +293,7 @@ def bench_failover(cfg: FailoverBenchConfig) -> dict:
         "wait_p99_s": round(waits[min(len(waits) - 1, int(0.99 * len(waits)))], 3),
         "longest_wait_s": round(waits[-1], 3),
         "longest_wait_no_faults_s": max(r["longest_wait_no_faults_s"] for r in results),
+        "rank_max_rss_mb": max(r["max_rss_mb"] for r in results),
         "errors": faults.errors, "seconds": round(time.monotonic() - began, 1),
     }
 
@@ -304,6 +318,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffling and sampling seed (default 0)")
     p.add_argument("--step-ms", type=float, default=0.0,
                    help="a simulated training step per batch, a sleep (default 0); the waits are measured around it")
+    p.add_argument("--warm-workers", type=int, default=1,
+                   help="each daemon's warm_workers: session workers started ahead (default 1; a failover of "
+                        "every rank at once takes one per rank)")
 
 
 def config_of(args) -> FailoverBenchConfig:
@@ -312,7 +329,7 @@ def config_of(args) -> FailoverBenchConfig:
                                restart_after=args.restart_after,
                                num_neighbors=tuple(int(v) for v in args.num_neighbors.split(",")),
                                batch_size=args.batch_size, input=args.input, prefetch=args.prefetch, seed=args.seed,
-                               step_ms=args.step_ms)
+                               step_ms=args.step_ms, warm_workers=args.warm_workers)
 
 
 def main(argv=None) -> int:
