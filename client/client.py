@@ -520,7 +520,8 @@ class Client:
         group.probe()
         if not group.silent:
             return False
-        deadline = time.monotonic() + max(group.patience(server=name) for name in list(group.silent)) + PROBE_TIMEOUT
+        patience = max((group.patience(server=name) for name in list(group.silent)), default=group.patience())
+        deadline = time.monotonic() + patience + PROBE_TIMEOUT
         while group.silent and not (set(group.silent) <= group.given_up) and time.monotonic() < deadline:
             time.sleep(RECONNECT_RETRY)
             if group.probe():   # one is gone (it answered that it lost the group, or refuses): recover() re-forms

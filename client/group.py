@@ -390,33 +390,31 @@ class DataGroup:
             self._calls.close()
         self.end.close()   # leaves the group; frees a rendezvous a group that failed before its join reserved
 
-        def close_one(s: ServerConn):
+        # each server's capability is taken off its connection now: a restarted server may be in the next group
+        # before a background close below ran, and must keep that group's capability
+        closing = [(s, s.capability) for s in self.opened]
+        for s, _ in closing:
+            s.capability = b""
+        req = pb.CloseGroupRequest(group_id=self.group_id)
+
+        def close_one(s: ServerConn, capability: bytes) -> None:
             try:
-                s.call("CloseGroup", pb.CloseGroupRequest(group_id=self.group_id), timeout=min(self.timeout, 10.0))
+                s.stub.CloseGroup(req, timeout=min(self.timeout, 10.0),
+                                  metadata=[(CAPABILITY_HEADER, capability)] if capability else None)
             except Exception:  # noqa: BLE001 -- a dead server reaps the group itself (lease)
                 pass
-            s.capability = b""   # the group is gone: a next group's OpenGroup gets its own
 
-        later = [(s, s.capability) for s in self.opened if s.name in gone]
-        now = [s for s in self.opened if s.name not in gone]
-        for s, _ in later:
-            s.capability = b""   # now: the connection may be in the next group (a restarted server) before the
-                                 # background close below ran, and must not lose that group's capability then
-
-        def close_lost() -> None:
-            req = pb.CloseGroupRequest(group_id=self.group_id)
-            for s, capability in later:
-                try:
-                    s.stub.CloseGroup(req, timeout=min(self.timeout, 10.0),
-                                      metadata=[(CAPABILITY_HEADER, capability)] if capability else None)
-                except Exception:  # noqa: BLE001 -- a dead server reaps the group itself (lease)
-                    pass
+        later = [c for c in closing if c[0].name in gone]
+        now = [c for c in closing if c[0].name not in gone]
+        def close_all(which: list[tuple[ServerConn, bytes]]) -> None:
+            for c in which:
+                close_one(*c)
 
         if later:
-            threading.Thread(target=close_lost, name="graphfeed-close-lost", daemon=True).start()
+            threading.Thread(target=close_all, args=(later,), name="graphfeed-close-lost", daemon=True).start()
         if now:
             with ThreadPoolExecutor(len(now)) as pool:
-                list(pool.map(close_one, now))
+                list(pool.map(lambda c: close_one(*c), now))
         self.opened = []
         for t in self._threads:
             t.join(timeout=10.0)
